@@ -1,0 +1,360 @@
+//! Driver configuration: a TOML file with documented defaults
+//! (`config/defaults.toml`), overridden for the socket by `CSI_ENDPOINT`.
+//! Unknown keys and bad values stop start-up with an error naming the key.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::naming;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// CSI driver name, domain style (`GetPluginInfo.name`).
+    pub driver_name: String,
+    /// Node id reported by NodeGetInfo and used in topology; empty = hostname.
+    pub node_id: String,
+    /// Listen address (`unix:///path`). `CSI_ENDPOINT` and `--endpoint` win.
+    pub endpoint: String,
+    pub volume_group: String,
+    pub thin_pool: String,
+    /// Sum of virtual sizes may reach this multiple of the pool's data size.
+    pub overprovision_ratio: f64,
+    pub default_fs_type: String,
+    /// Size of a volume whose CreateVolume gives no capacity range.
+    #[serde(deserialize_with = "de_size")]
+    pub default_volume_size: u64,
+    /// Timeout for any external command (lvm, mkfs, ...), in seconds.
+    pub command_timeout_secs: u64,
+    /// How long a cached LVM report may serve reads before it is refreshed.
+    /// Our own writes invalidate it at once.
+    pub report_max_age_secs: u64,
+    /// `lvm` binary to run.
+    pub lvm_binary: String,
+    /// Whether LVM may rely on udev: "auto" (use it when udevd runs),
+    /// "on" or "off" (create /dev nodes itself, as in containers).
+    pub udev: UdevMode,
+    /// Loop-backed pool built when the volume group is absent.
+    pub loop_pool: Option<LoopPool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopPool {
+    /// Sparse backing file; created when missing.
+    pub backing_file: PathBuf,
+    /// Apparent size of the backing file.
+    #[serde(deserialize_with = "de_size")]
+    pub size: u64,
+    /// Percentage of the volume group the thin pool's data takes.
+    #[serde(default = "default_pool_percent")]
+    pub pool_percent: u8,
+}
+
+fn default_pool_percent() -> u8 {
+    80
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UdevMode {
+    Auto,
+    On,
+    Off,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            driver_name: "thinpool.csi.storage.dev".into(),
+            node_id: String::new(),
+            endpoint: "unix:///run/thinpool-csi/csi.sock".into(),
+            volume_group: "thinpool-csi".into(),
+            thin_pool: "pool".into(),
+            overprovision_ratio: 4.0,
+            default_fs_type: "ext4".into(),
+            default_volume_size: 1 << 30,
+            command_timeout_secs: 120,
+            report_max_age_secs: 10,
+            lvm_binary: "lvm".into(),
+            udev: UdevMode::Auto,
+            loop_pool: None,
+        }
+    }
+}
+
+pub const FS_TYPES: &[&str] = &["ext4", "xfs"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("config key `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: PathBuf::from("<text>"),
+            source: Box::new(source),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        naming::validate_driver_name(&self.driver_name).map_err(|r| invalid("driver_name", r))?;
+        if !self.node_id.is_empty() {
+            naming::validate_node_id(&self.node_id).map_err(|r| invalid("node_id", r))?;
+        }
+        naming::validate_lvm_name(&self.volume_group).map_err(|r| invalid("volume_group", r))?;
+        naming::validate_lvm_name(&self.thin_pool).map_err(|r| invalid("thin_pool", r))?;
+        if !(self.overprovision_ratio.is_finite() && self.overprovision_ratio >= 1.0) {
+            return Err(invalid(
+                "overprovision_ratio",
+                format!("must be a number >= 1.0, got {}", self.overprovision_ratio),
+            ));
+        }
+        if !FS_TYPES.contains(&self.default_fs_type.as_str()) {
+            return Err(invalid(
+                "default_fs_type",
+                format!(
+                    "must be one of {FS_TYPES:?}, got {:?}",
+                    self.default_fs_type
+                ),
+            ));
+        }
+        if self.default_volume_size == 0 {
+            return Err(invalid("default_volume_size", "must be > 0"));
+        }
+        if self.command_timeout_secs == 0 || self.command_timeout_secs > 3600 {
+            return Err(invalid(
+                "command_timeout_secs",
+                "must be between 1 and 3600",
+            ));
+        }
+        parse_endpoint(&self.endpoint).map_err(|r| invalid("endpoint", r))?;
+        if self.lvm_binary.is_empty() {
+            return Err(invalid("lvm_binary", "must not be empty"));
+        }
+        if let Some(lp) = &self.loop_pool {
+            if !lp.backing_file.is_absolute() {
+                return Err(invalid(
+                    "loop_pool.backing_file",
+                    "must be an absolute path",
+                ));
+            }
+            if lp.size < MIN_LOOP_SIZE {
+                return Err(invalid(
+                    "loop_pool.size",
+                    format!("must be at least {MIN_LOOP_SIZE} bytes, got {}", lp.size),
+                ));
+            }
+            if !(10..=95).contains(&lp.pool_percent) {
+                return Err(invalid(
+                    "loop_pool.pool_percent",
+                    "must be between 10 and 95",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn command_timeout(&self) -> Duration {
+        Duration::from_secs(self.command_timeout_secs)
+    }
+
+    /// The topology key this driver reports; its value is the node id.
+    pub fn topology_key(&self) -> String {
+        format!("topology.{}/node", self.driver_name)
+    }
+}
+
+/// Smallest loop-backed pool: room for LVM metadata, the pool's metadata
+/// and spare, and a few volumes.
+pub const MIN_LOOP_SIZE: u64 = 32 << 20;
+
+/// Turns `unix:///path`, `unix:/path` or `/path` into the socket path.
+pub fn parse_endpoint(endpoint: &str) -> Result<PathBuf, String> {
+    let path = if let Some(rest) = endpoint.strip_prefix("unix://") {
+        rest
+    } else if let Some(rest) = endpoint.strip_prefix("unix:") {
+        rest
+    } else {
+        endpoint
+    };
+    if !path.starts_with('/') {
+        return Err(format!(
+            "must be unix:///absolute/path (CSI serves only unix sockets), got {endpoint:?}"
+        ));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Sizes are bytes as an integer, or a string with a binary suffix
+/// (`"512MiB"`, `"2GiB"`, `"1TiB"`, `"4096"`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (expected e.g. 4096, \"512MiB\", \"2GiB\")"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "TiB" | "T" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(i64),
+        Str(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Int(i) if i >= 0 => Ok(i as u64),
+        Raw::Int(i) => Err(serde::de::Error::custom(format!(
+            "size must not be negative, got {i}"
+        ))),
+        Raw::Str(s) => parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.volume_group, "thinpool-csi");
+        assert_eq!(c.default_fs_type, "ext4");
+        assert!(c.loop_pool.is_none());
+        assert_eq!(c.topology_key(), "topology.thinpool.csi.storage.dev/node");
+    }
+
+    #[test]
+    fn shipped_configs_parse() {
+        for f in ["config/defaults.toml", "config/dev.toml"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(f);
+            Config::load(&path).unwrap_or_else(|e| panic!("{f}: {e}"));
+        }
+        let dev =
+            Config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/dev.toml")).unwrap();
+        assert!(
+            dev.loop_pool.is_some(),
+            "dev.toml must use a loop-backed pool"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::parse("volume_grup = \"x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("volume_grup"), "{e}");
+        let e = Config::parse("[loop_pool]\nbacking_file = \"/x\"\nsize = 1\nsizee = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sizee"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let cases = [
+            ("overprovision_ratio = 0.5", "overprovision_ratio"),
+            ("overprovision_ratio = nan", "overprovision_ratio"),
+            ("default_fs_type = \"btrfs\"", "default_fs_type"),
+            ("volume_group = \"../etc\"", "volume_group"),
+            ("thin_pool = \"\"", "thin_pool"),
+            ("driver_name = \"Not A Domain\"", "driver_name"),
+            ("endpoint = \"tcp://1.2.3.4:5\"", "endpoint"),
+            ("command_timeout_secs = 0", "command_timeout_secs"),
+            ("udev = \"maybe\"", "udev"),
+            ("default_volume_size = \"12XB\"", "default_volume_size"),
+            ("default_volume_size = -1", "default_volume_size"),
+            (
+                "[loop_pool]\nbacking_file = \"rel/path\"\nsize = \"1GiB\"",
+                "loop_pool.backing_file",
+            ),
+            (
+                "[loop_pool]\nbacking_file = \"/x\"\nsize = \"1MiB\"",
+                "loop_pool.size",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text:?} gave {e:?}, expected key {key}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert!(parse_size("1.5GiB").is_err());
+        assert!(parse_size("GiB").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+        let c = Config::parse("default_volume_size = \"64MiB\"").unwrap();
+        assert_eq!(c.default_volume_size, 64 << 20);
+    }
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(
+            parse_endpoint("unix:///run/x.sock").unwrap(),
+            PathBuf::from("/run/x.sock")
+        );
+        assert_eq!(
+            parse_endpoint("unix:/run/x.sock").unwrap(),
+            PathBuf::from("/run/x.sock")
+        );
+        assert_eq!(
+            parse_endpoint("/run/x.sock").unwrap(),
+            PathBuf::from("/run/x.sock")
+        );
+        assert!(parse_endpoint("unix://relative").is_err());
+        assert!(parse_endpoint("tcp://127.0.0.1:1").is_err());
+    }
+}

@@ -1,0 +1,81 @@
+//! CSI Identity service.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::driver::Driver;
+use crate::error::Error;
+use crate::proto::csi::v1::identity_server::Identity;
+use crate::proto::csi::v1::plugin_capability::{self, service, volume_expansion};
+use crate::proto::csi::v1::*;
+
+pub struct IdentityService {
+    pub driver: Arc<Driver>,
+}
+
+impl Driver {
+    /// Ready when the VG and thin pool exist and the pool can serve I/O.
+    /// A full pool still counts as usable: volumes can be deleted and
+    /// space reclaimed, and its condition is reported per volume.
+    pub async fn probe(&self) -> Result<(), Error> {
+        let report = self.lvm.report().await?;
+        let pool = self.pool(&report)?;
+        match pool.problem() {
+            Some(p) if !p.contains("full") => Err(Error::FailedPrecondition(p)),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _r: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        Ok(Response::new(GetPluginInfoResponse {
+            name: self.driver.cfg.driver_name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: [
+                ("volume_group".to_string(), self.driver.lvm.vg.clone()),
+                ("thin_pool".to_string(), self.driver.lvm.pool.clone()),
+            ]
+            .into(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _r: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        let service = |t: service::Type| PluginCapability {
+            r#type: Some(plugin_capability::Type::Service(
+                plugin_capability::Service { r#type: t as i32 },
+            )),
+        };
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities: vec![
+                service(service::Type::ControllerService),
+                service(service::Type::VolumeAccessibilityConstraints),
+                PluginCapability {
+                    r#type: Some(plugin_capability::Type::VolumeExpansion(
+                        plugin_capability::VolumeExpansion {
+                            r#type: volume_expansion::Type::Online as i32,
+                        },
+                    )),
+                },
+            ],
+        }))
+    }
+
+    async fn probe(&self, _r: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        match self.driver.probe().await {
+            Ok(()) => Ok(Response::new(ProbeResponse { ready: Some(true) })),
+            Err(e) => {
+                tracing::warn!(error = %e, "Probe: not ready");
+                Err(Status::failed_precondition(e.to_string()))
+            }
+        }
+    }
+}

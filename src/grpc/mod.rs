@@ -1,0 +1,59 @@
+//! The gRPC layer: validates requests, calls the LVM and node layers, and
+//! maps errors (through `crate::error`). `serve` binds the unix socket.
+
+pub mod controller;
+pub mod identity;
+pub mod validate;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::proto::csi::v1::controller_server::ControllerServer;
+use crate::proto::csi::v1::identity_server::IdentityServer;
+
+/// Binds `socket`, replacing a stale socket file but nothing else.
+pub fn bind(socket: &Path) -> Result<UnixListener> {
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    }
+    match std::fs::symlink_metadata(socket) {
+        Ok(m) => {
+            use std::os::unix::fs::FileTypeExt;
+            if !m.file_type().is_socket() {
+                return Err(Error::FailedPrecondition(format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    socket.display()
+                )));
+            }
+            std::fs::remove_file(socket)
+                .map_err(|e| Error::io(format!("remove stale {}", socket.display()), e))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(format!("stat {}", socket.display()), e)),
+    }
+    UnixListener::bind(socket).map_err(|e| Error::io(format!("bind {}", socket.display()), e))
+}
+
+/// Serves the CSI services on `listener` until `shutdown` resolves.
+pub async fn serve(
+    driver: Arc<Driver>,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(identity::IdentityService {
+            driver: driver.clone(),
+        }))
+        .add_service(ControllerServer::new(controller::ControllerService {
+            driver: driver.clone(),
+        }))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
+}

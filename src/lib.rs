@@ -1,0 +1,15 @@
+//! thinpool-csi: a CSI driver whose volumes are thin LVs of one LVM thin
+//! pool. See ARCHITECTURE.md for the map of the code.
+
+pub mod config;
+pub mod driver;
+pub mod error;
+pub mod exec;
+pub mod grpc;
+pub mod guard;
+pub mod lvm;
+pub mod mountinfo;
+pub mod naming;
+pub mod pool;
+pub mod proto;
+pub mod sys;

@@ -1,0 +1,389 @@
+//! Parsing of `lvs --reportformat json --units b --nosuffix` output, and the
+//! facts derived from it: which LVs are thin volumes of our pool, the pool's
+//! health, and the capacity arithmetic.
+//!
+//! lvm2 2.03.16 prints every value as a JSON string; newer releases can
+//! print numbers (`json_std`). Both are accepted.
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// The columns we ask `lvs` for, in one call.
+pub const LVS_FIELDS: &str = "lv_name,vg_name,lv_attr,lv_size,pool_lv,segtype,data_percent,\
+metadata_percent,lv_tags,lv_health_status,lv_kernel_major,lv_kernel_minor,vg_extent_size,\
+vg_size,vg_free";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lv {
+    pub name: String,
+    pub vg: String,
+    pub attr: String,
+    pub size: u64,
+    pub pool: String,
+    pub segtype: String,
+    pub data_percent: Option<f64>,
+    pub metadata_percent: Option<f64>,
+    pub tags: Vec<String>,
+    pub health: String,
+    /// Device numbers when the LV is active in the kernel.
+    pub kernel: Option<(u32, u32)>,
+    pub vg_extent_size: u64,
+    pub vg_size: u64,
+    pub vg_free: u64,
+}
+
+impl Lv {
+    fn attr_char(&self, i: usize) -> char {
+        self.attr.chars().nth(i).unwrap_or('-')
+    }
+    pub fn is_thin_pool(&self) -> bool {
+        self.attr_char(0) == 't'
+    }
+    pub fn is_thin_volume(&self) -> bool {
+        self.attr_char(0) == 'V' || self.segtype == "thin"
+    }
+    /// State column of lv_attr: `a` is active.
+    pub fn is_active(&self) -> bool {
+        self.attr_char(4) == 'a'
+    }
+    /// Bytes of the pool this LV has allocated (size × Data%).
+    pub fn allocated_bytes(&self) -> Option<u64> {
+        self.data_percent
+            .map(|p| (self.size as f64 * p / 100.0).round() as u64)
+    }
+
+    /// Why this LV cannot serve I/O, in words a person can act on; `None`
+    /// when healthy. Reads the health column of lv_attr and
+    /// lv_health_status, which say the same in two ways.
+    pub fn problem(&self) -> Option<String> {
+        let what = if self.is_thin_pool() {
+            "thin pool"
+        } else {
+            "logical volume"
+        };
+        let id = format!("{}/{}", self.vg, self.name);
+        let h = self.attr_char(8);
+        if h == 'F' || self.health == "failed" {
+            return Some(format!(
+                "{what} {id} has failed: check `lvs -a {}` and dmesg, then repair it (lvconvert --repair)",
+                self.vg
+            ));
+        }
+        if self.is_thin_pool() {
+            if h == 'D'
+                || self.health == "out_of_data"
+                || self.data_percent.is_some_and(|p| p >= 100.0)
+            {
+                return Some(format!(
+                    "thin pool {id} is 100% full: extend it (lvextend) or reclaim space"
+                ));
+            }
+            if h == 'M' || self.health == "metadata_read_only" {
+                return Some(format!(
+                    "thin pool {id} metadata is read-only: repair it (lvconvert --repair {id})"
+                ));
+            }
+            if self.metadata_percent.is_some_and(|p| p >= 100.0) {
+                return Some(format!(
+                    "thin pool {id} metadata is full: extend it (lvextend --poolmetadatasize)"
+                ));
+            }
+        }
+        if h == 'p' || self.health == "partial" {
+            return Some(format!("{what} {id} is missing physical volumes (partial)"));
+        }
+        None
+    }
+}
+
+/// One `lvs` snapshot of our volume group.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub lvs: Vec<Lv>,
+}
+
+impl Report {
+    pub fn parse(json: &str) -> Result<Report> {
+        let lvs = rows(json, "lv")?
+            .iter()
+            .map(parse_lv)
+            .collect::<Result<_>>()?;
+        Ok(Report { lvs })
+    }
+
+    pub fn find(&self, name: &str) -> Option<&Lv> {
+        self.lvs.iter().find(|lv| lv.name == name)
+    }
+
+    /// The thin volumes that live in `pool`.
+    pub fn thin_volumes<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a Lv> + 'a {
+        self.lvs
+            .iter()
+            .filter(move |lv| lv.is_thin_volume() && lv.pool == pool)
+    }
+}
+
+/// The rows of one kind (`lv`, `pv`, `vg`) in an LVM JSON report.
+pub fn rows(json: &str, kind: &str) -> Result<Vec<Value>> {
+    let root: Value = serde_json::from_str(json)
+        .map_err(|e| Error::Internal(format!("cannot parse LVM JSON report: {e}")))?;
+    let reports = root
+        .get("report")
+        .and_then(Value::as_array)
+        .ok_or_else(|| Error::Internal("LVM JSON has no \"report\" array".into()))?;
+    Ok(reports
+        .iter()
+        .flat_map(|rep| {
+            rep.get(kind)
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect())
+}
+
+/// A text column of a report row (lists are joined with commas).
+pub fn text(row: &Value, key: &str) -> Result<String> {
+    Ok(match field(row, key)? {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(","),
+        other => other.to_string(),
+    })
+}
+
+fn field<'a>(row: &'a Value, key: &str) -> Result<&'a Value> {
+    row.get(key)
+        .ok_or_else(|| Error::Internal(format!("lvs JSON row lacks {key:?}")))
+}
+
+fn number(row: &Value, key: &str) -> Result<Option<f64>> {
+    let v = field(row, key)?;
+    match v {
+        Value::Number(n) => Ok(n.as_f64()),
+        Value::Null => Ok(None),
+        Value::String(s) if s.trim().is_empty() => Ok(None),
+        Value::String(s) => s
+            .trim()
+            .parse::<f64>()
+            .map(Some)
+            .map_err(|_| Error::Internal(format!("lvs field {key} is not a number: {s:?}"))),
+        other => Err(Error::Internal(format!(
+            "lvs field {key} is not a number: {other}"
+        ))),
+    }
+}
+
+fn bytes(row: &Value, key: &str) -> Result<u64> {
+    match number(row, key)? {
+        Some(n) if n >= 0.0 => Ok(n as u64),
+        _ => Err(Error::Internal(format!(
+            "lvs field {key} is not a byte count"
+        ))),
+    }
+}
+
+fn parse_lv(row: &Value) -> Result<Lv> {
+    let major = number(row, "lv_kernel_major")?.unwrap_or(-1.0);
+    let minor = number(row, "lv_kernel_minor")?.unwrap_or(-1.0);
+    let tags = text(row, "lv_tags")?;
+    Ok(Lv {
+        name: text(row, "lv_name")?,
+        vg: text(row, "vg_name")?,
+        attr: text(row, "lv_attr")?,
+        size: bytes(row, "lv_size")?,
+        pool: text(row, "pool_lv")?,
+        segtype: text(row, "segtype")?,
+        data_percent: number(row, "data_percent")?,
+        metadata_percent: number(row, "metadata_percent")?,
+        tags: tags
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect(),
+        health: text(row, "lv_health_status")?,
+        kernel: (major >= 0.0 && minor >= 0.0).then_some((major as u32, minor as u32)),
+        vg_extent_size: bytes(row, "vg_extent_size")?,
+        vg_size: bytes(row, "vg_size")?,
+        vg_free: bytes(row, "vg_free")?,
+    })
+}
+
+/// Capacity of a thin pool for new volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// What new virtual sizes may still add: ratio × pool size − sum of the
+    /// virtual sizes already handed out.
+    pub virtual_headroom: u64,
+    /// What the pool can still physically hold at its current Data%.
+    pub physical_free: u64,
+}
+
+impl Capacity {
+    pub fn compute(pool_size: u64, data_percent: f64, ratio: f64, virtual_sum: u64) -> Capacity {
+        let limit = (pool_size as f64 * ratio).floor() as u64;
+        let used = (pool_size as f64 * data_percent.clamp(0.0, 100.0) / 100.0).ceil() as u64;
+        Capacity {
+            virtual_headroom: limit.saturating_sub(virtual_sum),
+            physical_free: pool_size.saturating_sub(used),
+        }
+    }
+    /// The figure GetCapacity reports: never more than either bound.
+    pub fn available(&self) -> u64 {
+        self.virtual_headroom.min(self.physical_free)
+    }
+}
+
+/// Rounds `bytes` up to a whole number of extents.
+pub fn round_up(bytes: u64, extent: u64) -> Option<u64> {
+    if extent == 0 {
+        return Some(bytes);
+    }
+    bytes.div_ceil(extent).checked_mul(extent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Shaped like lvm2 2.03.16 output: every value a string.
+    const SAMPLE: &str = r#"{
+      "report": [
+          {
+              "lv": [
+                  {"lv_name":"csi-pvc-1-0123456789abcdef", "vg_name":"vg0", "lv_attr":"Vwi-a-tz--", "lv_size":"1073741824", "pool_lv":"pool", "segtype":"thin", "data_percent":"12.50", "metadata_percent":"", "lv_tags":"tpcsi.owner=d.x,tpcsi.name=61", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"4", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304"},
+                  {"lv_name":"pool", "vg_name":"vg0", "lv_attr":"twi-aotz--", "lv_size":"209715200", "pool_lv":"", "segtype":"thin-pool", "data_percent":"25.00", "metadata_percent":"10.55", "lv_tags":"", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"2", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304"},
+                  {"lv_name":"root", "vg_name":"vg0", "lv_attr":"-wi-------", "lv_size":"8388608", "pool_lv":"", "segtype":"linear", "data_percent":"", "metadata_percent":"", "lv_tags":"", "lv_health_status":"", "lv_kernel_major":"-1", "lv_kernel_minor":"-1", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304"}
+              ]
+          }
+      ]
+      ,
+      "log": []
+  }"#;
+
+    #[test]
+    fn parses_string_valued_report() {
+        let r = Report::parse(SAMPLE).unwrap();
+        assert_eq!(r.lvs.len(), 3);
+        let v = r.find("csi-pvc-1-0123456789abcdef").unwrap();
+        assert!(v.is_thin_volume() && v.is_active() && !v.is_thin_pool());
+        assert_eq!(v.size, 1 << 30);
+        assert_eq!(v.kernel, Some((253, 4)));
+        assert_eq!(v.tags, vec!["tpcsi.owner=d.x", "tpcsi.name=61"]);
+        assert_eq!(v.allocated_bytes(), Some(134217728));
+        let pool = r.find("pool").unwrap();
+        assert!(pool.is_thin_pool());
+        assert_eq!(pool.metadata_percent, Some(10.55));
+        let root = r.find("root").unwrap();
+        assert_eq!(root.kernel, None);
+        assert_eq!(root.data_percent, None);
+        assert!(!root.is_active());
+        assert!(root.tags.is_empty());
+        assert_eq!(r.thin_volumes("pool").count(), 1);
+        assert_eq!(r.thin_volumes("other").count(), 0);
+    }
+
+    #[test]
+    fn parses_numeric_report() {
+        let json = r#"{"report":[{"lv":[{"lv_name":"p","vg_name":"v","lv_attr":"twi-a-tz--","lv_size":1048576,"pool_lv":"","segtype":"thin-pool","data_percent":50.0,"metadata_percent":1.5,"lv_tags":["a","b"],"lv_health_status":"","lv_kernel_major":253,"lv_kernel_minor":0,"vg_extent_size":4194304,"vg_size":8388608,"vg_free":0}]}]}"#;
+        let r = Report::parse(json).unwrap();
+        let p = &r.lvs[0];
+        assert_eq!(p.size, 1048576);
+        assert_eq!(p.data_percent, Some(50.0));
+        assert_eq!(p.tags, vec!["a", "b"]);
+        assert_eq!(p.kernel, Some((253, 0)));
+    }
+
+    #[test]
+    fn empty_and_broken_reports() {
+        assert!(Report::parse(r#"{"report":[{"lv":[]}]}"#)
+            .unwrap()
+            .lvs
+            .is_empty());
+        assert!(Report::parse("not json").is_err());
+        assert!(Report::parse(r#"{"nope":1}"#).is_err());
+        let missing = r#"{"report":[{"lv":[{"lv_name":"x"}]}]}"#;
+        assert!(Report::parse(missing)
+            .unwrap_err()
+            .to_string()
+            .contains("lacks"));
+        let bad = SAMPLE.replace("\"1073741824\"", "\"12abc\"");
+        assert!(Report::parse(&bad).is_err());
+    }
+
+    fn pool(attr: &str, health: &str, data: f64, meta: f64) -> Lv {
+        let mut lv = Report::parse(SAMPLE).unwrap().find("pool").unwrap().clone();
+        lv.attr = attr.into();
+        lv.health = health.into();
+        lv.data_percent = Some(data);
+        lv.metadata_percent = Some(meta);
+        lv
+    }
+
+    #[test]
+    fn pool_problems_are_decoded_from_attr_and_health() {
+        assert_eq!(pool("twi-aotz--", "", 50.0, 10.0).problem(), None);
+        let full = pool("twi-aotzD-", "out_of_data", 100.0, 10.0)
+            .problem()
+            .unwrap();
+        assert!(
+            full.contains("100% full") && full.contains("vg0/pool"),
+            "{full}"
+        );
+        assert!(pool("twi-aotz--", "", 100.0, 1.0)
+            .problem()
+            .unwrap()
+            .contains("full"));
+        assert!(pool("twi-aotzF-", "failed", 1.0, 1.0)
+            .problem()
+            .unwrap()
+            .contains("failed"));
+        assert!(pool("twi-aotzM-", "metadata_read_only", 1.0, 1.0)
+            .problem()
+            .unwrap()
+            .contains("read-only"));
+        assert!(pool("twi-aotz--", "", 1.0, 100.0)
+            .problem()
+            .unwrap()
+            .contains("metadata is full"));
+        let mut thin = Report::parse(SAMPLE).unwrap().lvs[0].clone();
+        assert_eq!(thin.problem(), None);
+        thin.attr = "Vwi-a-tzF-".into();
+        assert!(thin
+            .problem()
+            .unwrap()
+            .starts_with("logical volume vg0/csi-pvc-1"));
+    }
+
+    #[test]
+    fn capacity_arithmetic() {
+        let gib = 1u64 << 30;
+        // 10 GiB pool, ratio 2, 15 GiB handed out, 30% physically used.
+        let c = Capacity::compute(10 * gib, 30.0, 2.0, 15 * gib);
+        assert_eq!(c.virtual_headroom, 5 * gib);
+        assert_eq!(c.physical_free, 7 * gib);
+        assert_eq!(c.available(), 5 * gib);
+        // Physically nearly full: the physical bound wins.
+        let c = Capacity::compute(10 * gib, 95.0, 2.0, 0);
+        assert_eq!(c.available(), c.physical_free);
+        assert!(c.physical_free <= gib / 2 + 1);
+        // Over-committed beyond the ratio: no headroom, never negative.
+        assert_eq!(Capacity::compute(gib, 0.0, 1.0, 2 * gib).available(), 0);
+        assert_eq!(Capacity::compute(gib, 150.0, 1.0, 0).physical_free, 0);
+    }
+
+    #[test]
+    fn rounding() {
+        let e = 4 << 20;
+        assert_eq!(round_up(1, e), Some(e));
+        assert_eq!(round_up(e, e), Some(e));
+        assert_eq!(round_up(e + 1, e), Some(2 * e));
+        assert_eq!(round_up(0, e), Some(0));
+        assert_eq!(round_up(u64::MAX, e), None);
+    }
+}

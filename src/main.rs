@@ -1,0 +1,131 @@
+//! `thinpool-csi --config FILE [--endpoint unix:///path] [--node-id ID]`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use thinpool_csi::config::{parse_endpoint, Config};
+use thinpool_csi::driver::Driver;
+use thinpool_csi::{grpc, naming, pool};
+
+const USAGE: &str = "usage: thinpool-csi [--config FILE] [--endpoint unix:///path] [--node-id ID]
+
+  --config FILE     TOML configuration (see config/defaults.toml)
+  --endpoint ADDR   listen address; overrides CSI_ENDPOINT and the config
+  --node-id ID      node id; overrides the config (default: hostname)";
+
+struct Args {
+    config: Option<PathBuf>,
+    endpoint: Option<String>,
+    node_id: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        config: None,
+        endpoint: None,
+        node_id: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--config" => args.config = Some(PathBuf::from(value("--config")?)),
+            "--endpoint" => args.endpoint = Some(value("--endpoint")?),
+            "--node-id" => args.node_id = Some(value("--node-id")?),
+            "--version" => {
+                println!("thinpool-csi {}", env!("CARGO_PKG_VERSION"));
+                std::process::exit(0);
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
+fn setup() -> Result<(Config, String, PathBuf), String> {
+    let args = parse_args()?;
+    let mut cfg = match &args.config {
+        Some(path) => Config::load(path).map_err(|e| e.to_string())?,
+        None => Config::default(),
+    };
+    // The CO gives the socket in CSI_ENDPOINT; a flag wins over both.
+    if let Ok(ep) = std::env::var("CSI_ENDPOINT") {
+        cfg.endpoint = ep;
+    }
+    if let Some(ep) = args.endpoint {
+        cfg.endpoint = ep;
+    }
+    if let Some(id) = args.node_id {
+        cfg.node_id = id;
+    }
+    cfg.validate().map_err(|e| e.to_string())?;
+    let socket = parse_endpoint(&cfg.endpoint).map_err(|e| format!("endpoint: {e}"))?;
+    let node_id = if cfg.node_id.is_empty() {
+        nix::unistd::gethostname()
+            .map_err(|e| format!("cannot read hostname for node_id: {e}"))?
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        cfg.node_id.clone()
+    };
+    naming::validate_node_id(&node_id).map_err(|e| format!("node_id: {e}"))?;
+    Ok((cfg, node_id, socket))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    tracing::info!("signal received, shutting down");
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let (cfg, node_id, socket) = match setup() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("thinpool-csi: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing::info!(driver = cfg.driver_name, node_id, vg = cfg.volume_group, pool = cfg.thin_pool,
+        endpoint = %socket.display(), "starting");
+    let driver = Arc::new(Driver::new(cfg, node_id));
+    // A pool that cannot be brought up is reported by Probe; the driver
+    // still serves so the CO can see why.
+    if let Err(e) = pool::ensure(&driver.cfg, &driver.lvm).await {
+        tracing::error!(error = %e, "thin pool is not usable");
+    }
+    let listener = match grpc::bind(&socket) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(socket = %socket.display(), "serving CSI");
+    let res = grpc::serve(driver, listener, shutdown_signal()).await;
+    let _ = std::fs::remove_file(&socket);
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}

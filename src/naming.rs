@@ -1,0 +1,343 @@
+//! Names and tags: how a CO's volume name becomes an LV name, how what we
+//! must remember is written into LVM tags, and which ids we accept.
+//!
+//! The LVs are the driver's only state. Each LV we create carries:
+//! - `tpcsi.owner=<driver name>`: without it we never touch an LV;
+//! - `tpcsi.name=<hex of the CO name>`: the CO name, any bytes, reversible;
+//! - `tpcsi.access=block` or `tpcsi.access=mount:<fstype>`;
+//! - `tpcsi.p.<key>=<hex value>`: each creation parameter.
+//!
+//! Hex keeps every tag inside LVM's tag alphabet whatever the input.
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+/// CSI's general limit for strings (spec, "Size Limits").
+pub const MAX_STRING: usize = 128;
+const ID_PREFIX: &str = "csi-";
+const READABLE_LEN: usize = 40;
+const HASH_HEX: usize = 16;
+
+pub const TAG_OWNER: &str = "tpcsi.owner=";
+pub const TAG_NAME: &str = "tpcsi.name=";
+pub const TAG_ACCESS: &str = "tpcsi.access=";
+pub const TAG_PARAM: &str = "tpcsi.p.";
+
+/// The LV name (and CSI volume id) for a CO volume name: a readable part
+/// from the name's safe characters, then 64 bits of its SHA-256, so two
+/// different names never share an LV.
+pub fn lv_name_for(co_name: &str) -> String {
+    let readable: String = co_name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .take(READABLE_LEN)
+        .collect();
+    let digest = Sha256::digest(co_name.as_bytes());
+    let hash = hex(&digest[..HASH_HEX / 2]);
+    format!("{ID_PREFIX}{readable}-{hash}")
+}
+
+/// True when `id` has the exact shape of an id [`lv_name_for`] makes. Only
+/// such ids are ever passed to LVM, so `vg0/root`, `../x` or the pool name
+/// can never reach an LVM command line.
+pub fn is_volume_id(id: &str) -> bool {
+    let Some(rest) = id.strip_prefix(ID_PREFIX) else {
+        return false;
+    };
+    if rest.len() < HASH_HEX + 1 || rest.len() > READABLE_LEN + 1 + HASH_HEX {
+        return false;
+    }
+    let (readable, tail) = rest.split_at(rest.len() - HASH_HEX - 1);
+    let (dash, hash) = tail.split_at(1);
+    dash == "-"
+        && readable
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && hash
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// How a volume is consumed, as recorded at creation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    Block,
+    Mount { fs_type: String },
+}
+
+/// What we store about a volume in its tags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeTags {
+    pub owner: String,
+    pub co_name: String,
+    pub access: Option<Access>,
+    pub params: BTreeMap<String, String>,
+}
+
+impl VolumeTags {
+    /// The tags to pass to `lvcreate --addtag`, in a stable order.
+    pub fn encode(&self) -> Vec<String> {
+        let mut tags = vec![
+            format!("{TAG_OWNER}{}", self.owner),
+            format!("{TAG_NAME}{}", hex(self.co_name.as_bytes())),
+        ];
+        match &self.access {
+            Some(Access::Block) => tags.push(format!("{TAG_ACCESS}block")),
+            Some(Access::Mount { fs_type }) => tags.push(format!("{TAG_ACCESS}mount:{fs_type}")),
+            None => {}
+        }
+        for (k, v) in &self.params {
+            tags.push(format!("{TAG_PARAM}{k}={}", hex(v.as_bytes())));
+        }
+        tags
+    }
+
+    /// Reads our tags back; `None` when the LV carries no owner tag, or
+    /// its name tag is damaged (such an LV is not ours to touch).
+    pub fn decode<'a>(tags: impl IntoIterator<Item = &'a str>) -> Option<VolumeTags> {
+        let mut owner = None;
+        let mut co_name = None;
+        let mut access = None;
+        let mut params = BTreeMap::new();
+        for t in tags {
+            if let Some(v) = t.strip_prefix(TAG_OWNER) {
+                owner = Some(v.to_string());
+            } else if let Some(v) = t.strip_prefix(TAG_NAME) {
+                co_name = Some(String::from_utf8(unhex(v)?).ok()?);
+            } else if let Some(v) = t.strip_prefix(TAG_ACCESS) {
+                access = match v {
+                    "block" => Some(Access::Block),
+                    _ => v.strip_prefix("mount:").map(|fs| Access::Mount {
+                        fs_type: fs.to_string(),
+                    }),
+                };
+            } else if let Some(kv) = t.strip_prefix(TAG_PARAM) {
+                let (k, v) = kv.split_once('=')?;
+                params.insert(k.to_string(), String::from_utf8(unhex(v)?).ok()?);
+            }
+        }
+        Some(VolumeTags {
+            owner: owner?,
+            co_name: co_name?,
+            access,
+            params,
+        })
+    }
+}
+
+/// CSI plugin names: at most 63 characters, domain style, starting and
+/// ending with an alphanumeric character.
+pub fn validate_driver_name(name: &str) -> Result<(), String> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    let ends_ok = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_alphanumeric());
+    if name.is_empty() || name.len() > 63 || !ok_chars || !ends_ok || !name.contains('.') {
+        return Err(format!(
+            "{name:?} is not a domain-style driver name (lowercase letters, digits, '-', '.', \
+             at most 63 characters, e.g. thinpool.csi.example.org)"
+        ));
+    }
+    Ok(())
+}
+
+/// Node ids end up in topology values and tags: keep them to a safe set.
+pub fn validate_node_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_STRING
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{id:?} is not a valid node id (letters, digits, '-', '.', '_', at most {MAX_STRING})"
+        ))
+    }
+}
+
+/// LVM's rules for VG and LV names, kept stricter than LVM's own.
+pub fn validate_lvm_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && !name.starts_with('-')
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid LVM name (letters, digits, '+', '_', '.', '-'; not starting with '-')"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lv_names_are_deterministic_valid_and_distinct() {
+        let a = lv_name_for("pvc-3f1e6a52-1b0c-4c4e-9e8a-1c2d3e4f5a6b");
+        assert_eq!(a, lv_name_for("pvc-3f1e6a52-1b0c-4c4e-9e8a-1c2d3e4f5a6b"));
+        assert!(
+            a.starts_with("csi-pvc-3f1e6a52-1b0c-4c4e-9e8a-1c2d3e4f"),
+            "{a}"
+        );
+        assert!(is_volume_id(&a), "{a}");
+        // Names that sanitize alike still differ by hash.
+        assert_ne!(lv_name_for("a/b"), lv_name_for("a.b"));
+        assert_ne!(lv_name_for("A"), lv_name_for("a"));
+        for hostile in [
+            "",
+            "../x",
+            "vg0/root",
+            "a\0b",
+            "ünïcødé",
+            &"x".repeat(128),
+            " -- --yes",
+        ] {
+            let n = lv_name_for(hostile);
+            assert!(is_volume_id(&n), "{hostile:?} -> {n}");
+            assert!(n.len() <= 4 + 40 + 1 + 16);
+            validate_lvm_name(&n).unwrap();
+        }
+    }
+
+    #[test]
+    fn foreign_ids_are_rejected() {
+        for id in [
+            "",
+            "root",
+            "vg0/root",
+            "../x",
+            "pool",
+            "csi-",
+            "csi-x-0123456789abcdeg",
+            "csi-X-0123456789abcdef",
+            "csi-x_0123456789abcdef",
+            "csi-x-0123456789abcdef/../../y",
+            "csi-x-0123456789abcde",
+            "csi-x-0123456789abcdef0",
+            &format!("csi-{}-0123456789abcdef", "a".repeat(41)),
+        ] {
+            assert!(!is_volume_id(id), "{id:?} accepted");
+        }
+        assert!(is_volume_id("csi--0123456789abcdef"));
+        assert!(is_volume_id(&format!(
+            "csi-{}-0123456789abcdef",
+            "a".repeat(40)
+        )));
+    }
+
+    #[test]
+    fn tags_round_trip_any_name_and_params() {
+        let mut params = BTreeMap::new();
+        params.insert(
+            "pvcns".to_string(),
+            "ns with spaces;$(rm -rf /)".to_string(),
+        );
+        let t = VolumeTags {
+            owner: "thinpool.csi.storage.dev".into(),
+            co_name: "weird/\u{0}name,with=tags ünï".into(),
+            access: Some(Access::Mount {
+                fs_type: "xfs".into(),
+            }),
+            params,
+        };
+        let enc = t.encode();
+        for tag in &enc {
+            assert!(
+                tag.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_+.-/=!:&#".contains(&b)),
+                "tag {tag:?} leaves LVM's alphabet"
+            );
+        }
+        let back = VolumeTags::decode(enc.iter().map(String::as_str)).unwrap();
+        assert_eq!(back, t);
+        let block = VolumeTags {
+            access: Some(Access::Block),
+            ..t
+        };
+        let back = VolumeTags::decode(block.encode().iter().map(String::as_str)).unwrap();
+        assert_eq!(back.access, Some(Access::Block));
+    }
+
+    #[test]
+    fn lvs_without_owner_or_with_damaged_tags_are_not_ours() {
+        assert!(VolumeTags::decode(["tpcsi.name=6161"]).is_none());
+        assert!(VolumeTags::decode(["tpcsi.owner=x", "tpcsi.name=zz"]).is_none());
+        assert!(VolumeTags::decode(["tpcsi.owner=x", "tpcsi.name=616"]).is_none());
+        assert!(VolumeTags::decode(["tpcsi.owner=x", "other"]).is_none());
+        let t = VolumeTags::decode(["tpcsi.owner=x", "tpcsi.name=6161", "foreign"]).unwrap();
+        assert_eq!(t.co_name, "aa");
+        assert_eq!(t.access, None);
+    }
+
+    #[test]
+    fn hex_round_trip() {
+        assert_eq!(hex(b"\x00\xffA"), "00ff41");
+        assert_eq!(unhex("00ff41").unwrap(), b"\x00\xffA");
+        assert!(unhex("0").is_none());
+        assert!(unhex("g0").is_none());
+        assert!(unhex("é0").is_none());
+    }
+
+    #[test]
+    fn driver_and_lvm_names() {
+        validate_driver_name("thinpool.csi.example.org").unwrap();
+        for bad in [
+            "",
+            "nodots",
+            "Upper.case",
+            "-a.b",
+            "a.b-",
+            &format!("{}.x", "a".repeat(63)),
+        ] {
+            assert!(validate_driver_name(bad).is_err(), "{bad:?}");
+        }
+        validate_lvm_name("vg_0+x.y-z").unwrap();
+        for bad in ["", "-a", "..", "a/b", "a b", "a\0"] {
+            assert!(validate_lvm_name(bad).is_err(), "{bad:?}");
+        }
+        validate_node_id("node-1.example_x").unwrap();
+        assert!(validate_node_id("a/b").is_err());
+        assert!(validate_node_id(&"n".repeat(129)).is_err());
+    }
+}

@@ -1,0 +1,197 @@
+//! Start-up of the thin pool. With `[loop_pool]` configured and the volume
+//! group absent, the driver builds it on a loop device over a sparse file:
+//! file, loop device, PV, VG, thin pool. Every step first looks for what an
+//! earlier run left, so a restart reuses the same file, loop device and VG
+//! and never makes a second of any.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crate::config::{Config, LoopPool};
+use crate::error::{Error, Result};
+use crate::lvm::report::{rows, text};
+use crate::lvm::Lvm;
+use crate::naming::TAG_OWNER;
+use crate::sys::{self, SparseFile};
+
+/// Makes sure the configured VG and thin pool exist and the pool is active.
+pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
+    let owner_tag = format!("{TAG_OWNER}{}", cfg.driver_name);
+    if !vg_exists(lvm).await? {
+        let Some(lp) = &cfg.loop_pool else {
+            return Err(Error::Unavailable(format!(
+                "volume group {} does not exist and no [loop_pool] is configured to build it",
+                lvm.vg
+            )));
+        };
+        build_vg_on_loop(lp, lvm, &owner_tag).await?;
+    } else if let Some(lp) = &cfg.loop_pool {
+        // The VG is there; keep its loop device attached for next time.
+        loop_device(lp)?;
+    }
+    let report = lvm.fresh_report().await?;
+    match report.find(&lvm.pool) {
+        Some(p) if p.is_thin_pool() => {
+            if !p.is_active() {
+                lvm.activate(&lvm.pool).await?;
+                tracing::info!(pool = lvm.lv_path(&lvm.pool), "activated thin pool");
+            }
+        }
+        Some(_) => {
+            return Err(Error::FailedPrecondition(format!(
+                "{} exists but is not a thin pool",
+                lvm.lv_path(&lvm.pool)
+            )))
+        }
+        None if vg_tags(lvm).await?.contains(&owner_tag) => {
+            let pct = cfg.loop_pool.as_ref().map_or(80, |lp| lp.pool_percent);
+            lvm.change(
+                "lvcreate",
+                crate::argv![
+                    "--type",
+                    "thin-pool",
+                    "--extents",
+                    format!("{pct}%VG"),
+                    "--name",
+                    lvm.pool.as_str(),
+                    lvm.vg.as_str()
+                ],
+            )
+            .await?;
+            tracing::info!(pool = lvm.lv_path(&lvm.pool), pct, "created thin pool");
+        }
+        None => {
+            return Err(Error::Unavailable(format!(
+                "thin pool {} does not exist, and volume group {} was not built by this driver",
+                lvm.lv_path(&lvm.pool),
+                lvm.vg
+            )))
+        }
+    }
+    Ok(())
+}
+
+async fn vg_exists(lvm: &Lvm) -> Result<bool> {
+    match lvm
+        .query(
+            "vgs",
+            crate::argv!["--reportformat", "json", "-o", "vg_name", lvm.vg.as_str()],
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(Error::Command { stderr, .. }) if stderr.contains("not found") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+async fn vg_tags(lvm: &Lvm) -> Result<Vec<String>> {
+    let out = lvm
+        .query(
+            "vgs",
+            crate::argv!["--reportformat", "json", "-o", "vg_tags", lvm.vg.as_str()],
+        )
+        .await?;
+    let mut tags = Vec::new();
+    for row in rows(&out.stdout, "vg")? {
+        tags.extend(
+            text(&row, "vg_tags")?
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .map(String::from),
+        );
+    }
+    Ok(tags)
+}
+
+/// The loop device over the backing file: the one already attached, or a
+/// new one. Creates the sparse file first if it is missing.
+fn loop_device(lp: &LoopPool) -> Result<(std::path::PathBuf, bool)> {
+    let created = match sys::create_sparse_file(&lp.backing_file, lp.size)? {
+        SparseFile::Created => {
+            tracing::info!(file = %lp.backing_file.display(), size = lp.size, "created sparse backing file");
+            true
+        }
+        SparseFile::Existed { len } => {
+            if len != lp.size {
+                tracing::warn!(file = %lp.backing_file.display(), len, configured = lp.size,
+                    "backing file exists with another size; keeping it as it is");
+            }
+            false
+        }
+    };
+    if let Some(dev) = sys::find_loop_for_file(&lp.backing_file)? {
+        tracing::info!(file = %lp.backing_file.display(), dev = %dev.display(), "reusing attached loop device");
+        return Ok((dev, created));
+    }
+    let dev = sys::attach_loop(&lp.backing_file)?;
+    tracing::info!(file = %lp.backing_file.display(), dev = %dev.display(), "attached loop device");
+    Ok((dev, created))
+}
+
+/// The VG a device belongs to: `None` when it is not a PV, `Some("")` for
+/// a PV in no VG.
+async fn pv_vg(lvm: &Lvm, dev: &Path) -> Result<Option<String>> {
+    let dev = dev.display().to_string();
+    match lvm
+        .query(
+            "pvs",
+            crate::argv![
+                "--reportformat",
+                "json",
+                "-o",
+                "pv_name,vg_name",
+                dev.as_str()
+            ],
+        )
+        .await
+    {
+        Ok(out) => match rows(&out.stdout, "pv")?.first() {
+            Some(row) => Ok(Some(text(row, "vg_name")?)),
+            None => Ok(None),
+        },
+        Err(Error::Command { stderr, .. })
+            if stderr.contains("Failed to find") || stderr.contains("not found") =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str) -> Result<()> {
+    let (dev, created) = loop_device(lp)?;
+    let dev_s = dev.display().to_string();
+    match pv_vg(lvm, &dev).await? {
+        Some(vg) if !vg.is_empty() => {
+            return Err(Error::FailedPrecondition(format!(
+                "{dev_s} (over {}) already belongs to volume group {vg}, not {}",
+                lp.backing_file.display(),
+                lvm.vg
+            )))
+        }
+        Some(_) => tracing::info!(dev = dev_s, "reusing physical volume"),
+        None => {
+            // Only a file we made, or one that holds no data at all, may
+            // become a PV: never overwrite an image someone pointed us at.
+            let meta = std::fs::metadata(&lp.backing_file)
+                .map_err(|e| Error::io(format!("stat {}", lp.backing_file.display()), e))?;
+            if !created && meta.blocks() > 0 {
+                return Err(Error::FailedPrecondition(format!(
+                    "{} already holds data and is not an LVM physical volume; refusing to overwrite it",
+                    lp.backing_file.display()
+                )));
+            }
+            // No --yes: pvcreate then refuses to wipe any signature it finds.
+            lvm.change("pvcreate", crate::argv![dev_s.as_str()]).await?;
+            tracing::info!(dev = dev_s, "created physical volume");
+        }
+    }
+    lvm.change(
+        "vgcreate",
+        crate::argv!["--addtag", owner_tag, lvm.vg.as_str(), dev_s.as_str()],
+    )
+    .await?;
+    tracing::info!(vg = lvm.vg, dev = dev_s, "created volume group");
+    Ok(())
+}
