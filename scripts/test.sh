@@ -32,6 +32,6 @@ vm() {
 case $what in
     native) native ;;
     vm) vm ;;
-    all) native ;;  # the LVM suite joins when the VM rig lands
+    all) native; vm ;;
     *) echo "usage: $0 [all|native|vm]" >&2; exit 2 ;;
 esac

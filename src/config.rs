@@ -38,6 +38,9 @@ pub struct Config {
     pub udev: UdevMode,
     /// Loop-backed pool built when the volume group is absent.
     pub loop_pool: Option<LoopPool>,
+    /// Absolute directories under which the node service accepts staging
+    /// and target paths; anything else is refused before it is touched.
+    pub allowed_roots: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,6 +84,7 @@ impl Default for Config {
             lvm_binary: "lvm".into(),
             udev: UdevMode::Auto,
             loop_pool: None,
+            allowed_roots: vec![PathBuf::from("/var/lib/kubelet")],
         }
     }
 }
@@ -169,6 +173,7 @@ impl Config {
         if self.lvm_binary.is_empty() {
             return Err(invalid("lvm_binary", "must not be empty"));
         }
+        validate_allowed_roots(&self.allowed_roots).map_err(|r| invalid("allowed_roots", r))?;
         if let Some(lp) = &self.loop_pool {
             if !lp.backing_file.is_absolute() {
                 return Err(invalid(
@@ -200,6 +205,28 @@ impl Config {
     pub fn topology_key(&self) -> String {
         format!("topology.{}/node", self.driver_name)
     }
+}
+
+/// Each root must be absolute and free of `.`/`..` components, so that a
+/// prefix check on normalized paths means what it says.
+fn validate_allowed_roots(roots: &[PathBuf]) -> Result<(), String> {
+    use std::path::Component;
+    if roots.is_empty() {
+        return Err("must name at least one directory (e.g. [\"/var/lib/kubelet\"])".into());
+    }
+    for root in roots {
+        let text = root.to_string_lossy();
+        if !root.is_absolute() {
+            return Err(format!("{text:?} is not an absolute path"));
+        }
+        let clean = root
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !clean || text.contains("/./") || text.ends_with("/.") {
+            return Err(format!("{text:?} must not contain '.' or '..' components"));
+        }
+    }
+    Ok(())
 }
 
 /// Smallest loop-backed pool: room for LVM metadata, the pool's metadata
@@ -321,11 +348,27 @@ mod tests {
                 "[loop_pool]\nbacking_file = \"/x\"\nsize = \"1MiB\"",
                 "loop_pool.size",
             ),
+            ("allowed_roots = []", "allowed_roots"),
+            ("allowed_roots = [\"var/lib/kubelet\"]", "allowed_roots"),
+            ("allowed_roots = [\"/var/lib/../etc\"]", "allowed_roots"),
+            ("allowed_roots = [\"/var/./lib\"]", "allowed_roots"),
         ];
         for (text, key) in cases {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(key), "{text:?} gave {e:?}, expected key {key}");
         }
+    }
+
+    #[test]
+    fn allowed_roots() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.allowed_roots, vec![PathBuf::from("/var/lib/kubelet")]);
+        let c = Config::parse("allowed_roots = [\"/var/lib/kubelet\", \"/tmp/t\"]").unwrap();
+        assert_eq!(c.allowed_roots.len(), 2);
+        let e = Config::parse("allowed_roots = [\"/ok\", \"../up\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("allowed_roots") && e.contains("../up"), "{e}");
     }
 
     #[test]

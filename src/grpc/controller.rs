@@ -101,18 +101,22 @@ impl Driver {
         }]
     }
 
-    fn volume(&self, o: &Owned) -> Volume {
+    fn volume(&self, id: &str, size: u64, tags: &VolumeTags) -> Volume {
         let mut ctx = HashMap::new();
-        if let Some(Access::Mount { fs_type }) = &o.tags.access {
+        if let Some(Access::Mount { fs_type }) = &tags.access {
             ctx.insert("fsType".to_string(), fs_type.clone());
         }
         Volume {
-            capacity_bytes: o.lv.size as i64,
-            volume_id: o.lv.name.clone(),
+            capacity_bytes: size as i64,
+            volume_id: id.to_string(),
             volume_context: ctx,
             content_source: None,
             accessible_topology: self.topology(),
         }
+    }
+
+    fn owned_volume(&self, o: &Owned) -> Volume {
+        self.volume(&o.lv.name, o.lv.size, &o.tags)
     }
 
     /// The condition of a volume and its pool, for ControllerGetVolume,
@@ -209,7 +213,7 @@ impl ControllerService {
                 "CreateVolume: already exists, returning it"
             );
             return Ok(CreateVolumeResponse {
-                volume: Some(d.volume(&existing)),
+                volume: Some(d.owned_volume(&existing)),
             });
         }
 
@@ -232,10 +236,10 @@ impl ControllerService {
         }
         d.lvm.create_thin(&lv_name, size, &tags.encode()).await?;
         tracing::info!(name, lv = lv_name, size, "CreateVolume: created");
-        let report = d.lvm.report().await?;
-        let created = d.must_own(&report, &lv_name)?;
+        // lvcreate made exactly this size (extent-aligned) with these
+        // tags: no need to read the report back.
         Ok(CreateVolumeResponse {
-            volume: Some(d.volume(&created)),
+            volume: Some(d.volume(&lv_name, size, &tags)),
         })
     }
 
@@ -337,7 +341,7 @@ impl ControllerService {
             .iter()
             .filter_map(|name| d.owned(&report, name).ok().flatten())
             .map(|o| list_volumes_response::Entry {
-                volume: Some(d.volume(&o)),
+                volume: Some(d.owned_volume(&o)),
                 status: Some(list_volumes_response::VolumeStatus {
                     published_node_ids: vec![],
                     volume_condition: Some(d.condition(&report, o.lv)),
@@ -421,16 +425,14 @@ impl ControllerService {
             )));
         }
         d.lvm.extend(id, target).await?;
-        let report = d.lvm.report().await?;
-        let grown = d.must_own(&report, id)?;
         tracing::info!(
             id,
             from = current,
-            to = grown.lv.size,
+            to = target,
             "ControllerExpandVolume: extended"
         );
         Ok(ControllerExpandVolumeResponse {
-            capacity_bytes: grown.lv.size as i64,
+            capacity_bytes: target as i64,
             node_expansion_required,
         })
     }
@@ -444,7 +446,7 @@ impl ControllerService {
         let report = d.lvm.report().await?;
         let vol = d.must_own(&report, id)?;
         Ok(ControllerGetVolumeResponse {
-            volume: Some(d.volume(&vol)),
+            volume: Some(d.owned_volume(&vol)),
             status: Some(controller_get_volume_response::VolumeStatus {
                 published_node_ids: vec![],
                 volume_condition: Some(d.condition(&report, vol.lv)),

@@ -1,0 +1,211 @@
+//! Staging and target paths: which ones the node service accepts, and how
+//! an accepted path is pinned to the real directory it names.
+//!
+//! Two steps, so that bad input is refused before anything is looked at:
+//!
+//! 1. [`check`] (pure, in the gRPC layer): the path is absolute, has no
+//!    `..` component, no NUL, and lies strictly under one of the configured
+//!    `allowed_roots`, compared component by component (so
+//!    `/var/lib/kubelet-evil` is not under `/var/lib/kubelet`). `.` and
+//!    repeated slashes are normalized away.
+//! 2. [`resolve`] (touches the filesystem): the parent directory is
+//!    canonicalized, so a symlink planted in a parent cannot carry a mount
+//!    out of the allowed roots, and the last component itself must not be a
+//!    symlink. The result is the path the kernel will show in mountinfo.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Longest path accepted (Linux PATH_MAX). CSI lets paths exceed its
+/// general 128-byte limit.
+pub const MAX_PATH: usize = 4096;
+
+fn invalid<T>(msg: String) -> Result<T> {
+    Err(Error::InvalidArgument(msg))
+}
+
+/// Checks a path from a request and returns it normalized. `field` names
+/// the request field in errors.
+pub fn check(field: &str, value: &str, roots: &[PathBuf]) -> Result<PathBuf> {
+    if value.is_empty() {
+        return invalid(format!("{field} is required"));
+    }
+    if value.len() > MAX_PATH {
+        return invalid(format!(
+            "{field} is {} bytes; the limit is {MAX_PATH}",
+            value.len()
+        ));
+    }
+    if value.contains('\0') {
+        return invalid(format!("{field} contains a NUL byte"));
+    }
+    let path = Path::new(value);
+    if !path.is_absolute() {
+        return invalid(format!("{field} {value:?} is not an absolute path"));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return invalid(format!(
+            "{field} {value:?} contains '..'; paths must be given without it"
+        ));
+    }
+    let normalized: PathBuf = path.components().collect();
+    if !roots.iter().any(|r| strictly_under(&normalized, r)) {
+        return invalid(format!(
+            "{field} {value:?} is outside the allowed roots {:?} (config key allowed_roots)",
+            roots
+        ));
+    }
+    Ok(normalized)
+}
+
+/// True when `path` lies below `root` (not equal to it). Both must be
+/// normalized; the comparison is by whole components.
+pub fn strictly_under(path: &Path, root: &Path) -> bool {
+    path != root && path.starts_with(root)
+}
+
+/// What [`resolve`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// The parent exists; this is the canonical parent joined with the last
+    /// component. The path itself may or may not exist.
+    At(PathBuf),
+    /// The parent directory does not exist, so neither does the path.
+    ParentMissing,
+}
+
+/// Pins a path that passed [`check`] to the directory it really is in. See
+/// the module documentation.
+pub fn resolve(path: &Path, roots: &[PathBuf]) -> Result<Resolved> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return invalid(format!("{} has no parent directory", path.display()));
+    };
+    let parent = match std::fs::canonicalize(parent) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Resolved::ParentMissing),
+        Err(e) => return Err(Error::io(format!("resolve {}", parent.display()), e)),
+    };
+    let real = parent.join(name);
+    let canonical_roots: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .collect();
+    if !canonical_roots.iter().any(|r| strictly_under(&real, r)) {
+        return invalid(format!(
+            "{} resolves to {}, outside the allowed roots {:?}",
+            path.display(),
+            real.display(),
+            roots
+        ));
+    }
+    match std::fs::symlink_metadata(&real) {
+        Ok(m) if m.file_type().is_symlink() => invalid(format!(
+            "{} is a symbolic link; the driver does not follow links at staging or target paths",
+            real.display()
+        )),
+        _ => Ok(Resolved::At(real)),
+    }
+}
+
+/// A short, stable name for a path (hex of its hash), for names that must
+/// not carry the path itself (device-mapper names).
+pub fn digest(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(path.as_os_str().as_bytes());
+    crate::naming::hex(&d[..8])
+}
+
+/// The path as text for logs and messages.
+pub fn show(path: &Path) -> String {
+    String::from_utf8_lossy(OsStr::as_bytes(path.as_os_str())).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roots() -> Vec<PathBuf> {
+        vec![PathBuf::from("/var/lib/kubelet"), PathBuf::from("/srv/t")]
+    }
+
+    #[test]
+    fn accepts_paths_under_a_root_and_normalizes_them() {
+        let p = check("target_path", "/var/lib/kubelet/pods/x/mount", &roots()).unwrap();
+        assert_eq!(p, PathBuf::from("/var/lib/kubelet/pods/x/mount"));
+        let p = check("target_path", "/srv/t//a/./b/", &roots()).unwrap();
+        assert_eq!(p, PathBuf::from("/srv/t/a/b"));
+        // Dots inside names are ordinary names.
+        let p = check("t", "/srv/t/pvc.1/..data", &roots()).unwrap();
+        assert_eq!(p, PathBuf::from("/srv/t/pvc.1/..data"));
+    }
+
+    #[test]
+    fn refuses_what_could_escape_or_is_malformed() {
+        let bad = [
+            ("", "is required"),
+            ("relative/path", "not an absolute path"),
+            ("./srv/t/x", "not an absolute path"),
+            ("/srv/t/../../etc", "contains '..'"),
+            ("/srv/t/x/..", "contains '..'"),
+            ("/var/lib/kubelet-evil/x", "outside the allowed roots"),
+            ("/var/lib/kubelet", "outside the allowed roots"),
+            ("/var/lib/kubelet/", "outside the allowed roots"),
+            ("/etc", "outside the allowed roots"),
+            ("/", "outside the allowed roots"),
+            ("/srv/t/a\0b", "NUL"),
+        ];
+        for (value, why) in bad {
+            let e = check("staging_target_path", value, &roots()).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{value:?}: {e:?}");
+            let msg = e.to_string();
+            assert!(msg.contains(why), "{value:?}: {msg}");
+            if !value.is_empty() {
+                assert!(msg.contains("staging_target_path"), "{msg}");
+            }
+        }
+        let long = format!("/srv/t/{}", "x".repeat(MAX_PATH));
+        assert!(check("t", &long, &roots()).is_err());
+    }
+
+    #[test]
+    fn resolve_follows_parent_links_but_stays_inside_roots() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("inner-link")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("escape")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("real/last-link")).unwrap();
+        let roots = vec![root.clone()];
+        let canon_root = std::fs::canonicalize(&root).unwrap();
+
+        assert_eq!(
+            resolve(&root.join("real/target"), &roots).unwrap(),
+            Resolved::At(canon_root.join("real/target"))
+        );
+        assert_eq!(
+            resolve(&root.join("inner-link/target"), &roots).unwrap(),
+            Resolved::At(canon_root.join("real/target"))
+        );
+        let e = resolve(&root.join("escape/target"), &roots).unwrap_err();
+        assert!(e.to_string().contains("outside the allowed roots"), "{e}");
+        let e = resolve(&root.join("real/last-link"), &roots).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(
+            resolve(&root.join("missing/target"), &roots).unwrap(),
+            Resolved::ParentMissing
+        );
+    }
+
+    #[test]
+    fn digests_are_short_and_stable() {
+        let a = digest(Path::new("/a"));
+        assert_eq!(a.len(), 16);
+        assert_eq!(a, digest(Path::new("/a")));
+        assert_ne!(a, digest(Path::new("/b")));
+    }
+}

@@ -1,0 +1,688 @@
+//! Controller and Identity over the socket, against real LVM.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use thinpool_csi::proto::csi::v1::volume_capability::{
+    AccessMode, AccessType, BlockVolume, MountVolume,
+};
+use thinpool_csi::proto::csi::v1::*;
+use tonic::Code;
+
+use crate::harness::{lvm, lvs, try_lvm, TestDriver, DRIVER_NAME, MIB, NODE_ID};
+
+pub fn mount_cap(fs: &str) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+    }
+}
+
+pub fn block_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    }
+}
+
+pub fn create_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap],
+        ..Default::default()
+    }
+}
+
+fn del(id: &str) -> DeleteVolumeRequest {
+    DeleteVolumeRequest {
+        volume_id: id.into(),
+        secrets: HashMap::new(),
+    }
+}
+
+fn thin_names(vg: &str) -> Vec<String> {
+    let mut v: Vec<String> = lvs(vg)
+        .thin_volumes("pool")
+        .map(|lv| lv.name.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn identity_and_full_controller_lifecycle() {
+    let d = TestDriver::start("life", 256 * MIB, "").await;
+    let mut id = d.identity().await;
+    let info = id
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, DRIVER_NAME);
+    assert!(!info.vendor_version.is_empty());
+    let caps = id
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(caps.capabilities.len(), 3, "{caps:?}");
+    assert_eq!(
+        id.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(true)
+    );
+
+    let mut c = d.controller().await;
+    let ccaps = c
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!ccaps.capabilities.is_empty());
+
+    // Create, and create again: same volume, one LV.
+    let req = create_req("pvc-life", 10 * MIB, mount_cap("ext4"));
+    let v1 = c
+        .create_volume(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let v2 = c
+        .create_volume(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v1, v2);
+    let extent = 4 * MIB;
+    assert_eq!(
+        v1.capacity_bytes as u64,
+        12 * MIB,
+        "10 MiB rounds up to 3 extents"
+    );
+    assert_eq!(
+        v1.accessible_topology[0]
+            .segments
+            .get(&format!("topology.{DRIVER_NAME}/node")),
+        Some(&NODE_ID.to_string())
+    );
+    let report = lvs(&d.vg);
+    let lv = report.find(&v1.volume_id).expect("LV exists");
+    assert_eq!(lv.size, 12 * MIB);
+    assert_eq!(lv.size % extent, 0);
+    assert!(
+        lv.tags
+            .iter()
+            .any(|t| t == &format!("tpcsi.owner={DRIVER_NAME}")),
+        "{:?}",
+        lv.tags
+    );
+    assert!(lv.tags.iter().any(|t| t.starts_with("tpcsi.name=")));
+    assert_eq!(thin_names(&d.vg).len(), 1);
+
+    // Get, validate, publish (twice), unpublish (twice).
+    let got = c
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: v1.volume_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cond = got.status.unwrap().volume_condition.unwrap();
+    assert!(!cond.abnormal, "{cond:?}");
+    let val = c
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: v1.volume_id.clone(),
+            volume_capabilities: vec![mount_cap("ext4")],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(val.confirmed.is_some(), "{val:?}");
+    let val = c
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: v1.volume_id.clone(),
+            volume_capabilities: vec![block_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(val.confirmed.is_none() && !val.message.is_empty());
+    for _ in 0..2 {
+        let p = c
+            .controller_publish_volume(ControllerPublishVolumeRequest {
+                volume_id: v1.volume_id.clone(),
+                node_id: NODE_ID.into(),
+                volume_capability: Some(mount_cap("ext4")),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            p.publish_context.get("devicePath"),
+            Some(&format!("/dev/{}/{}", d.vg, v1.volume_id))
+        );
+    }
+    let wrong_node = c
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: v1.volume_id.clone(),
+            node_id: "other-node".into(),
+            volume_capability: Some(mount_cap("ext4")),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(wrong_node.code(), Code::NotFound);
+    for _ in 0..2 {
+        c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: v1.volume_id.clone(),
+            node_id: NODE_ID.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+
+    // Expand (twice: the second is a no-op), then a smaller request.
+    for _ in 0..2 {
+        let e = c
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: v1.volume_id.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: (30 * MIB) as i64,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(e.capacity_bytes as u64, 32 * MIB);
+        assert!(
+            e.node_expansion_required,
+            "filesystem volumes need the node step"
+        );
+    }
+    assert_eq!(lvs(&d.vg).find(&v1.volume_id).unwrap().size, 32 * MIB);
+
+    // List shows it with its new size.
+    let list = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.entries.len(), 1);
+    assert_eq!(
+        list.entries[0].volume.as_ref().unwrap().capacity_bytes as u64,
+        32 * MIB
+    );
+
+    // Delete, and delete again.
+    c.delete_volume(del(&v1.volume_id)).await.unwrap();
+    c.delete_volume(del(&v1.volume_id)).await.unwrap();
+    assert!(thin_names(&d.vg).is_empty());
+    let gone = c
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: v1.volume_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn already_exists_exhausted_and_hostile_input() {
+    let d = TestDriver::start("bad", 128 * MIB, "overprovision_ratio = 2.0").await;
+    let mut c = d.controller().await;
+    let v = c
+        .create_volume(create_req("pvc-a", 8 * MIB, mount_cap("ext4")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+
+    // Same name, incompatible size / filesystem / access type.
+    let mut bigger = create_req("pvc-a", 8 * MIB, mount_cap("ext4"));
+    bigger.capacity_range = Some(CapacityRange {
+        required_bytes: (64 * MIB) as i64,
+        limit_bytes: 0,
+    });
+    for req in [
+        bigger,
+        create_req("pvc-a", 8 * MIB, mount_cap("xfs")),
+        create_req("pvc-a", 8 * MIB, block_cap()),
+    ] {
+        let e = c.create_volume(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    }
+
+    // Beyond ratio × pool: RESOURCE_EXHAUSTED, nothing created.
+    let before = thin_names(&d.vg);
+    let e = c
+        .create_volume(create_req("pvc-huge", 4096 * MIB, block_cap()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    // A requisite topology that excludes this node.
+    let mut elsewhere = create_req("pvc-elsewhere", 8 * MIB, block_cap());
+    elsewhere.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![Topology {
+            segments: [(format!("topology.{DRIVER_NAME}/node"), "node-9".to_string())].into(),
+        }],
+        preferred: vec![],
+    });
+    assert_eq!(
+        c.create_volume(elsewhere).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+
+    // Hostile names, sizes, parameters and capabilities.
+    let long = "x".repeat(10_000);
+    let mut cases: Vec<(CreateVolumeRequest, Code)> = vec![
+        (create_req("", MIB, block_cap()), Code::InvalidArgument),
+        (create_req(&long, MIB, block_cap()), Code::InvalidArgument),
+        (
+            create_req("n", MIB, mount_cap("btrfs")),
+            Code::InvalidArgument,
+        ),
+        (
+            create_req("n", MIB, mount_cap("ext4; rm -rf /")),
+            Code::InvalidArgument,
+        ),
+    ];
+    let mut neg = create_req("neg", MIB, block_cap());
+    neg.capacity_range = Some(CapacityRange {
+        required_bytes: -5,
+        limit_bytes: 0,
+    });
+    cases.push((neg, Code::InvalidArgument));
+    let mut absurd = create_req("absurd", MIB, block_cap());
+    absurd.capacity_range = Some(CapacityRange {
+        required_bytes: i64::MAX,
+        limit_bytes: 0,
+    });
+    cases.push((absurd, Code::OutOfRange));
+    let mut limit = create_req("limit", 5 * MIB, block_cap());
+    limit.capacity_range = Some(CapacityRange {
+        required_bytes: (5 * MIB) as i64,
+        limit_bytes: (6 * MIB) as i64,
+    });
+    cases.push((limit, Code::OutOfRange));
+    let mut inj = create_req("inj", MIB, block_cap());
+    inj.parameters = [("--yes; lvremove -y vg".to_string(), "x".to_string())].into();
+    cases.push((inj, Code::InvalidArgument));
+    let mut othervg = create_req("othervg", MIB, block_cap());
+    othervg.parameters = [("volumeGroup".to_string(), "vg0".to_string())].into();
+    cases.push((othervg, Code::InvalidArgument));
+    let mut nocaps = create_req("nocaps", MIB, block_cap());
+    nocaps.volume_capabilities.clear();
+    cases.push((nocaps, Code::InvalidArgument));
+    let mut multi = create_req("multi", MIB, block_cap());
+    multi.volume_capabilities[0].access_mode = Some(AccessMode {
+        mode: Mode::MultiNodeMultiWriter as i32,
+    });
+    cases.push((multi, Code::InvalidArgument));
+    for (req, code) in cases {
+        let name = req.name.chars().take(20).collect::<String>();
+        let e = c.create_volume(req).await.unwrap_err();
+        assert_eq!(e.code(), code, "{name}: {e:?}");
+        assert!(!e.message().is_empty());
+    }
+    // Names with any characters are fine, and map to distinct LVs.
+    let mut ids = vec![];
+    for name in ["../x", "vg0/root", "a\0b", "ünï cødé/../.."] {
+        let v = c
+            .create_volume(create_req(name, MIB, block_cap()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        ids.push(v.volume_id);
+    }
+    let after = thin_names(&d.vg);
+    assert_eq!(
+        after.len(),
+        before.len() + 4,
+        "only the four valid creates made LVs"
+    );
+    for id in ids {
+        c.delete_volume(del(&id)).await.unwrap();
+    }
+    assert_eq!(thin_names(&d.vg), before);
+    c.delete_volume(del(&v.volume_id)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_lvs_are_never_touched() {
+    let d = TestDriver::start("foreign", 128 * MIB, "").await;
+    let vg = d.vg.clone();
+    // A plain LV, an untagged thin LV with an id-shaped name, and one
+    // tagged for another driver.
+    lvm(&["lvcreate", "--yes", "-L", "4m", "-n", "root", &vg]);
+    let fake = "csi-fake-0123456789abcdef";
+    lvm(&[
+        "lvcreate",
+        "--yes",
+        "-an",
+        "-V",
+        "4m",
+        "--thinpool",
+        &format!("{vg}/pool"),
+        "-n",
+        fake,
+    ]);
+    let other = "csi-other-fedcba9876543210";
+    lvm(&[
+        "lvcreate",
+        "--yes",
+        "-an",
+        "-V",
+        "4m",
+        "--thinpool",
+        &format!("{vg}/pool"),
+        "-n",
+        other,
+        "--addtag",
+        "tpcsi.owner=other.driver",
+        "--addtag",
+        "tpcsi.name=6f",
+    ]);
+    let mut c = d.controller().await;
+    let vg_root = format!("{vg}/root");
+    let vg_pool = format!("{vg}/pool");
+    for id in [
+        "root",
+        "pool",
+        vg_root.as_str(),
+        vg_pool.as_str(),
+        "../x",
+        "/dev/x",
+        "--yes",
+    ] {
+        c.delete_volume(del(id))
+            .await
+            .unwrap_or_else(|e| panic!("{id}: {e:?}"));
+    }
+    for id in [fake, other] {
+        let e = c.delete_volume(del(id)).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{id}: {e:?}");
+        let e = c
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: id.into(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: (64 * MIB) as i64,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{id}: {e:?}");
+    }
+    for bad in [String::new(), "x".repeat(200), "a\0b".to_string()] {
+        let e = c.delete_volume(del(&bad)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+    }
+    let r = lvs(&vg);
+    for name in ["root", "pool", fake, other] {
+        assert!(r.find(name).is_some(), "{name} was removed");
+    }
+    assert_eq!(
+        r.find(fake).unwrap().size,
+        4 * MIB,
+        "expand must not touch it"
+    );
+    // They are not listed as ours either.
+    let list = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(list.entries.is_empty(), "{list:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pagination_across_creates_and_deletes() {
+    let d = TestDriver::start("page", 128 * MIB, "").await;
+    let mut c = d.controller().await;
+    let mut ids = vec![];
+    for i in 0..5 {
+        let v = c
+            .create_volume(create_req(&format!("pvc-page-{i}"), MIB, block_cap()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        ids.push(v.volume_id);
+    }
+    ids.sort();
+    let page = |token: &str, max: i32| ListVolumesRequest {
+        max_entries: max,
+        starting_token: token.into(),
+    };
+    let p1 = c.list_volumes(page("", 2)).await.unwrap().into_inner();
+    let p1_ids: Vec<String> = p1
+        .entries
+        .iter()
+        .map(|e| e.volume.as_ref().unwrap().volume_id.clone())
+        .collect();
+    assert_eq!(p1_ids, ids[..2].to_vec());
+    assert!(!p1.next_token.is_empty());
+    // Between pages: the last volume of page 1 and one later volume are
+    // deleted, and a new volume is created.
+    c.delete_volume(del(&ids[1])).await.unwrap();
+    c.delete_volume(del(&ids[3])).await.unwrap();
+    c.create_volume(create_req("pvc-page-new", MIB, block_cap()))
+        .await
+        .unwrap();
+    let mut rest = vec![];
+    let mut token = p1.next_token.clone();
+    loop {
+        let p = c.list_volumes(page(&token, 2)).await.unwrap().into_inner();
+        assert!(p.entries.len() <= 2);
+        rest.extend(
+            p.entries
+                .iter()
+                .map(|e| e.volume.as_ref().unwrap().volume_id.clone()),
+        );
+        if p.next_token.is_empty() {
+            break;
+        }
+        token = p.next_token;
+    }
+    // Nothing from page 1 repeats, the surviving volumes are all seen.
+    for id in [&ids[2], &ids[4]] {
+        assert!(rest.contains(id), "{id} missing from {rest:?}");
+    }
+    for id in &p1_ids {
+        assert!(!rest.contains(id), "{id} repeated");
+    }
+    assert!(!rest.contains(&ids[3]));
+    let e = c.list_volumes(page("not-a-token", 2)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Aborted);
+    let e = c.list_volumes(page("", -1)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_matches_lvs_and_restart_keeps_everything() {
+    let mut d = TestDriver::start("cap", 128 * MIB, "overprovision_ratio = 3.0").await;
+    let mut c = d.controller().await;
+    let v = c
+        .create_volume(create_req("pvc-cap", 40 * MIB, block_cap()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    // Write some data so Data% is not zero.
+    lvm(&["lvchange", "-ay", &format!("{}/{}", d.vg, v.volume_id)]);
+    crate::harness::sh(
+        "dd",
+        &[
+            "if=/dev/urandom",
+            &format!("of=/dev/{}/{}", d.vg, v.volume_id),
+            "bs=1M",
+            "count=8",
+            "oflag=direct",
+            "status=none",
+        ],
+    );
+    let cap = c
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let r = lvs(&d.vg);
+    let pool = r.find("pool").unwrap();
+    let virtual_sum: u64 = r.thin_volumes("pool").map(|lv| lv.size).sum();
+    let headroom = (pool.size as f64 * 3.0) as u64 - virtual_sum;
+    let physical =
+        pool.size - (pool.size as f64 * pool.data_percent.unwrap() / 100.0).ceil() as u64;
+    let extent = pool.vg_extent_size;
+    let expect = headroom.min(physical) / extent * extent;
+    eprintln!(
+        "capacity: pool {} B, data {:?}%, virtual {} B -> available {} (expected {expect})",
+        pool.size, pool.data_percent, virtual_sum, cap.available_capacity
+    );
+    assert!(pool.data_percent.unwrap() > 0.0);
+    assert_eq!(cap.available_capacity as u64, expect);
+    assert_eq!(
+        cap.maximum_volume_size,
+        Some((headroom / extent * extent) as i64)
+    );
+    // Another node's topology has no capacity here.
+    let elsewhere = c
+        .get_capacity(GetCapacityRequest {
+            accessible_topology: Some(Topology {
+                segments: [(format!("topology.{DRIVER_NAME}/node"), "node-9".to_string())].into(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(elsewhere.available_capacity, 0);
+    let bad = c
+        .get_capacity(GetCapacityRequest {
+            parameters: [("bogus".to_string(), "1".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+
+    // Restart: same loop device, same VG, same volumes.
+    let loop_before = thinpool_csi::sys::find_loop_for_file(&d.backing_file())
+        .unwrap()
+        .unwrap();
+    d.restart().await;
+    let loop_after = thinpool_csi::sys::find_loop_for_file(&d.backing_file())
+        .unwrap()
+        .unwrap();
+    assert_eq!(loop_before, loop_after);
+    let loops_on_file = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.unwrap().path().join("loop/backing_file")).ok())
+        .filter(|f| f.trim() == d.backing_file().display().to_string())
+        .count();
+    assert_eq!(loops_on_file, 1, "one loop device per backing file");
+    let vgs = lvm(&["vgs", "--noheadings", "-o", "vg_name"]);
+    assert_eq!(vgs.lines().filter(|l| l.trim() == d.vg).count(), 1);
+    assert!(
+        d.log().contains("reusing attached loop device"),
+        "{}",
+        d.log()
+    );
+    let mut c = d.controller().await;
+    let list = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.entries.len(), 1);
+    assert_eq!(
+        list.entries[0].volume.as_ref().unwrap().volume_id,
+        v.volume_id
+    );
+    c.delete_volume(del(&v.volume_id)).await.unwrap();
+}
+
+/// Prints CreateVolume latency against bare `lvcreate` of the same thin
+/// LV, measured in the same VM run; it asserts only that both worked.
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_create_volume_vs_lvcreate() {
+    // The default report cache, as a deployment runs it.
+    let d = TestDriver::start("bench", 256 * MIB, "report_max_age_secs = 10").await;
+    let mut c = d.controller().await;
+    const N: usize = 5;
+    let mut csi = vec![];
+    for i in 0..N {
+        let t = Instant::now();
+        c.create_volume(create_req(&format!("pvc-bench-{i}"), 4 * MIB, block_cap()))
+            .await
+            .unwrap();
+        csi.push(t.elapsed().as_secs_f64());
+    }
+    let mut bare = vec![];
+    for i in 0..N {
+        let t = Instant::now();
+        lvm(&[
+            "lvcreate",
+            "--yes",
+            "--type",
+            "thin",
+            "--virtualsize",
+            "4m",
+            "--thinpool",
+            &format!("{}/pool", d.vg),
+            "--name",
+            &format!("bare{i}"),
+            "--activate",
+            "n",
+            "--addtag",
+            "bench",
+        ]);
+        bare.push(t.elapsed().as_secs_f64());
+    }
+    let mut lvs_t = vec![];
+    for _ in 0..N {
+        let t = Instant::now();
+        lvs(&d.vg);
+        lvs_t.push(t.elapsed().as_secs_f64());
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (m_csi, m_bare, m_lvs) = (med(&mut csi), med(&mut bare), med(&mut lvs_t));
+    eprintln!(
+        "BENCH CreateVolume median {:.3} s, bare lvcreate median {:.3} s, ratio {:.2}; bare lvs {:.3} s (n={N})",
+        m_csi,
+        m_bare,
+        m_csi / m_bare,
+        m_lvs
+    );
+    assert_eq!(thin_names(&d.vg).len(), 2 * N);
+    assert!(try_lvm(&["lvs", &d.vg]).is_ok());
+}

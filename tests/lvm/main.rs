@@ -1,0 +1,20 @@
+//! The LVM suite: runs inside the VM (`scripts/test.sh vm`) against the real
+//! binary over its unix socket.
+
+mod harness;
+
+mod controller;
+
+/// Printed once per run, so CI output shows where the suite ran.
+#[test]
+fn environment() {
+    harness::require_lvm();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let version = harness::lvm(&["version"]);
+    eprintln!(
+        "LVM suite: kernel {} {}",
+        kernel.trim(),
+        version.lines().next().unwrap_or("")
+    );
+    assert!(version.contains("LVM version"));
+}
