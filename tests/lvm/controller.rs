@@ -686,3 +686,63 @@ async fn bench_create_volume_vs_lvcreate() {
     assert_eq!(thin_names(&d.vg).len(), 2 * N);
     assert!(try_lvm(&["lvs", &d.vg]).is_ok());
 }
+
+/// README's run command: `thinpool-csi --config config/dev.toml` starts on
+/// a loop-backed pool from nothing, serves, and finds its volumes after a
+/// restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_config_starts_from_nothing() {
+    crate::harness::require_lvm();
+    let cfg_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/dev.toml");
+    let cfg = thinpool_csi::config::Config::load(&cfg_path).unwrap();
+    let backing = cfg.loop_pool.as_ref().unwrap().backing_file.clone();
+    assert!(
+        !backing.exists(),
+        "{} must not exist before the test",
+        backing.display()
+    );
+    assert!(
+        try_lvm(&["vgs", &cfg.volume_group]).is_err(),
+        "VG must not exist yet"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut d =
+        TestDriver::with_config(dir, cfg_path, cfg.volume_group.clone(), backing.clone()).await;
+    assert!(backing.exists());
+    let mut c = d.controller().await;
+    let v = c
+        .create_volume(create_req("pvc-dev", 16 * MIB, mount_cap("")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(
+        v.volume_context.get("fsType").map(String::as_str),
+        Some("ext4")
+    );
+    c.controller_expand_volume(ControllerExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: (20 * MIB) as i64,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    d.restart().await;
+    let mut c = d.controller().await;
+    let list = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.entries.len(), 1);
+    let vol = list.entries[0].volume.as_ref().unwrap();
+    assert_eq!(vol.volume_id, v.volume_id);
+    assert_eq!(vol.capacity_bytes as u64, 20 * MIB);
+    c.delete_volume(del(&v.volume_id)).await.unwrap();
+    drop(d);
+    let _ = std::fs::remove_file(&backing);
+}

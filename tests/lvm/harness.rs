@@ -35,6 +35,7 @@ pub struct TestDriver {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub config: PathBuf,
+    pub backing: PathBuf,
     child: Option<Child>,
 }
 
@@ -48,7 +49,6 @@ impl TestDriver {
             .tempdir()
             .unwrap();
         let vg = format!("tpt-{name}");
-        let socket = dir.path().join("csi.sock");
         let config = dir.path().join("config.toml");
         let text = format!(
             "driver_name = \"{DRIVER_NAME}\"\nnode_id = \"{NODE_ID}\"\nvolume_group = \"{vg}\"\n\
@@ -64,11 +64,24 @@ impl TestDriver {
             format!("report_max_age_secs = 0\n{text}")
         };
         std::fs::write(&config, text).unwrap();
+        let backing = dir.path().join("pool.img");
+        Self::with_config(dir, config, vg, backing).await
+    }
+
+    /// Starts a driver on an existing config file whose VG and backing
+    /// file are `vg` and `backing`.
+    pub async fn with_config(
+        dir: tempfile::TempDir,
+        config: PathBuf,
+        vg: String,
+        backing: PathBuf,
+    ) -> TestDriver {
         let mut d = TestDriver {
             vg,
+            socket: dir.path().join("csi.sock"),
             dir,
-            socket,
             config,
+            backing,
             child: None,
         };
         d.spawn().await;
@@ -161,7 +174,7 @@ impl TestDriver {
     }
 
     pub fn backing_file(&self) -> PathBuf {
-        self.dir.path().join("pool.img")
+        self.backing.clone()
     }
 }
 

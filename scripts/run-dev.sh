@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the driver on the embedded default (config/dev.toml: a loop-backed
+# thin pool built on first start). On a kernel without device-mapper it runs
+# inside the project's VM (scripts/vm-run.sh) instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --bin thinpool-csi
+bin=target/release/thinpool-csi
+if grep -qw device-mapper /proc/misc; then
+    exec "$bin" --config config/dev.toml "$@"
+fi
+echo "run-dev: this kernel has no device-mapper; running in the VM (Ctrl-C or VM_TIMEOUT ends it)" >&2
+exec scripts/vm-run.sh "$bin" --config config/dev.toml "$@"
