@@ -38,6 +38,15 @@ pub struct Config {
     pub udev: UdevMode,
     /// Loop-backed pool built when the volume group is absent.
     pub loop_pool: Option<LoopPool>,
+    /// Listen address of the CSI-Addons services (Identity, ReclaimSpace,
+    /// NodeHealer), for the csi-addons sidecar; empty disables them.
+    pub csi_addons_endpoint: String,
+    /// Driver-owned directory for private mounts (ControllerReclaimSpace).
+    pub state_dir: PathBuf,
+    /// ControllerReclaimSpace on a raw block volume discards runs of this
+    /// many bytes that read back as zeroes (rounded up to the pool's chunk).
+    #[serde(deserialize_with = "de_size")]
+    pub reclaim_zero_run: u64,
     /// Absolute directories under which the node service accepts staging
     /// and target paths; anything else is refused before it is touched.
     pub allowed_roots: Vec<PathBuf>,
@@ -85,6 +94,9 @@ impl Default for Config {
             udev: UdevMode::Auto,
             loop_pool: None,
             allowed_roots: vec![PathBuf::from("/var/lib/kubelet")],
+            csi_addons_endpoint: "unix:///run/thinpool-csi/csi-addons.sock".into(),
+            state_dir: PathBuf::from("/run/thinpool-csi"),
+            reclaim_zero_run: 64 << 10,
         }
     }
 }
@@ -170,6 +182,22 @@ impl Config {
             ));
         }
         parse_endpoint(&self.endpoint).map_err(|r| invalid("endpoint", r))?;
+        if !self.csi_addons_endpoint.is_empty() {
+            let addons = parse_endpoint(&self.csi_addons_endpoint)
+                .map_err(|r| invalid("csi_addons_endpoint", r))?;
+            if parse_endpoint(&self.endpoint).ok() == Some(addons) {
+                return Err(invalid("csi_addons_endpoint", "must differ from endpoint"));
+            }
+        }
+        if !self.state_dir.is_absolute() {
+            return Err(invalid("state_dir", "must be an absolute path"));
+        }
+        if self.reclaim_zero_run == 0 || self.reclaim_zero_run % 512 != 0 {
+            return Err(invalid(
+                "reclaim_zero_run",
+                "must be a positive multiple of 512 bytes",
+            ));
+        }
         if self.lvm_binary.is_empty() {
             return Err(invalid("lvm_binary", "must not be empty"));
         }
@@ -338,6 +366,13 @@ mod tests {
             ("endpoint = \"tcp://1.2.3.4:5\"", "endpoint"),
             ("command_timeout_secs = 0", "command_timeout_secs"),
             ("udev = \"maybe\"", "udev"),
+            ("csi_addons_endpoint = \"tcp://x\"", "csi_addons_endpoint"),
+            (
+                "csi_addons_endpoint = \"unix:///run/thinpool-csi/csi.sock\"",
+                "csi_addons_endpoint",
+            ),
+            ("state_dir = \"run\"", "state_dir"),
+            ("reclaim_zero_run = 1000", "reclaim_zero_run"),
             ("default_volume_size = \"12XB\"", "default_volume_size"),
             ("default_volume_size = -1", "default_volume_size"),
             (

@@ -12,4 +12,5 @@ pub mod mountinfo;
 pub mod naming;
 pub mod pool;
 pub mod proto;
+pub mod reclaim;
 pub mod sys;

@@ -111,16 +111,47 @@ async fn main() -> ExitCode {
     if let Err(e) = pool::ensure(&driver.cfg, &driver.lvm).await {
         tracing::error!(error = %e, "thin pool is not usable");
     }
-    let listener = match grpc::bind(&socket) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen");
-            return ExitCode::FAILURE;
+    let bind = |path: &std::path::Path| {
+        grpc::bind(path)
+            .map_err(|e| tracing::error!(socket = %path.display(), error = %e, "cannot listen"))
+    };
+    let Ok(listener) = bind(&socket) else {
+        return ExitCode::FAILURE;
+    };
+    let addons_socket = match driver.cfg.csi_addons_endpoint.as_str() {
+        "" => None,
+        ep => Some(parse_endpoint(ep).expect("validated with the config")),
+    };
+    let addons_listener = match &addons_socket {
+        Some(path) => match bind(path) {
+            Ok(l) => Some(l),
+            Err(()) => return ExitCode::FAILURE,
+        },
+        None => None,
+    };
+    // One signal stops both servers.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    tracing::info!(socket = %socket.display(), addons = ?addons_socket, "serving CSI");
+    let csi = grpc::serve(driver.clone(), listener, stopped(stop_rx.clone()));
+    let addons = async {
+        match addons_listener {
+            Some(l) => grpc::serve_addons(driver.clone(), l, stopped(stop_rx.clone())).await,
+            None => Ok(()),
         }
     };
-    tracing::info!(socket = %socket.display(), "serving CSI");
-    let res = grpc::serve(driver, listener, shutdown_signal()).await;
+    let (res, addons_res) = tokio::join!(csi, addons);
     let _ = std::fs::remove_file(&socket);
+    if let Some(p) = &addons_socket {
+        let _ = std::fs::remove_file(p);
+    }
+    let res = res.and(addons_res);
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -416,6 +416,27 @@ impl ExclusiveDevice {
     }
 }
 
+impl ExclusiveDevice {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read
+    /// (fewer only at the end of the device).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = nix::sys::uio::pread(
+                self.fd.as_fd(),
+                &mut buf[done..],
+                (offset + done as u64) as i64,
+            )
+            .map_err(|e| SysError::new("pread", &self.path, e))?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+}
+
 impl AsFd for ExclusiveDevice {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -429,6 +450,15 @@ impl AsFd for ExclusiveDevice {
 /// [`ExclusiveDevice::discard`].
 pub fn discard_range(dev: &Path, offset: u64, len: u64) -> Result<()> {
     open_exclusive(dev)?.discard(offset, len)
+}
+
+/// Flushes the filesystem that holds `path` (`syncfs`), so that blocks freed
+/// by recent deletes are committed before a FITRIM looks for them.
+pub fn sync_filesystem(path: &Path) -> Result<()> {
+    let fd = open("open", path, OFlag::O_RDONLY)?;
+    nix::unistd::syncfs(fd.as_fd()).map_err(|e| SysError::new("syncfs", path, e))?;
+    tracing::debug!(path = %path.display(), "synced filesystem");
+    Ok(())
 }
 
 /// Asks the filesystem mounted at (or containing) `mountpoint` to discard its

@@ -1,6 +1,7 @@
 //! The gRPC layer: validates requests, calls the LVM and node layers, and
 //! maps errors (through `crate::error`). `serve` binds the unix socket.
 
+pub mod addons;
 pub mod controller;
 pub mod identity;
 pub mod validate;
@@ -56,4 +57,25 @@ pub async fn serve(
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
+}
+
+/// Serves the CSI-Addons services on `listener` until `shutdown` resolves.
+pub async fn serve_addons(
+    driver: Arc<Driver>,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    use crate::proto::identity::identity_server::IdentityServer as AddonsIdentityServer;
+    use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceControllerServer;
+    use crate::proto::reclaimspace::reclaim_space_node_server::ReclaimSpaceNodeServer;
+    let svc = || addons::AddonsService {
+        driver: driver.clone(),
+    };
+    tonic::transport::Server::builder()
+        .add_service(AddonsIdentityServer::new(svc()))
+        .add_service(ReclaimSpaceNodeServer::new(svc()))
+        .add_service(ReclaimSpaceControllerServer::new(svc()))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| Error::Internal(format!("CSI-Addons gRPC server: {e}")))
 }

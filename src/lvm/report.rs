@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 /// The columns we ask `lvs` for, in one call.
 pub const LVS_FIELDS: &str = "lv_name,vg_name,lv_attr,lv_size,pool_lv,segtype,data_percent,\
 metadata_percent,lv_tags,lv_health_status,lv_kernel_major,lv_kernel_minor,vg_extent_size,\
-vg_size,vg_free";
+vg_size,vg_free,chunk_size";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lv {
@@ -31,6 +31,8 @@ pub struct Lv {
     pub vg_extent_size: u64,
     pub vg_size: u64,
     pub vg_free: u64,
+    /// Thin pool allocation unit (0 for LVs that have none).
+    pub chunk_size: u64,
 }
 
 impl Lv {
@@ -42,6 +44,11 @@ impl Lv {
     }
     pub fn is_thin_volume(&self) -> bool {
         self.attr_char(0) == 'V' || self.segtype == "thin"
+    }
+    /// Device-open column of lv_attr: something holds the device open
+    /// (a mount, a process, a device-mapper table above it).
+    pub fn is_open(&self) -> bool {
+        self.attr_char(5) == 'o'
     }
     /// State column of lv_attr: `a` is active.
     pub fn is_active(&self) -> bool {
@@ -211,6 +218,7 @@ fn parse_lv(row: &Value) -> Result<Lv> {
         vg_extent_size: bytes(row, "vg_extent_size")?,
         vg_size: bytes(row, "vg_size")?,
         vg_free: bytes(row, "vg_free")?,
+        chunk_size: number(row, "chunk_size")?.unwrap_or(0.0).max(0.0) as u64,
     })
 }
 
@@ -256,9 +264,9 @@ mod tests {
       "report": [
           {
               "lv": [
-                  {"lv_name":"csi-pvc-1-0123456789abcdef", "vg_name":"vg0", "lv_attr":"Vwi-a-tz--", "lv_size":"1073741824", "pool_lv":"pool", "segtype":"thin", "data_percent":"12.50", "metadata_percent":"", "lv_tags":"tpcsi.owner=d.x,tpcsi.name=61", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"4", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304"},
-                  {"lv_name":"pool", "vg_name":"vg0", "lv_attr":"twi-aotz--", "lv_size":"209715200", "pool_lv":"", "segtype":"thin-pool", "data_percent":"25.00", "metadata_percent":"10.55", "lv_tags":"", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"2", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304"},
-                  {"lv_name":"root", "vg_name":"vg0", "lv_attr":"-wi-------", "lv_size":"8388608", "pool_lv":"", "segtype":"linear", "data_percent":"", "metadata_percent":"", "lv_tags":"", "lv_health_status":"", "lv_kernel_major":"-1", "lv_kernel_minor":"-1", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304"}
+                  {"lv_name":"csi-pvc-1-0123456789abcdef", "vg_name":"vg0", "lv_attr":"Vwi-a-tz--", "lv_size":"1073741824", "pool_lv":"pool", "segtype":"thin", "data_percent":"12.50", "metadata_percent":"", "lv_tags":"tpcsi.owner=d.x,tpcsi.name=61", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"4", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304", "chunk_size":"65536"},
+                  {"lv_name":"pool", "vg_name":"vg0", "lv_attr":"twi-aotz--", "lv_size":"209715200", "pool_lv":"", "segtype":"thin-pool", "data_percent":"25.00", "metadata_percent":"10.55", "lv_tags":"", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"2", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304", "chunk_size":"65536"},
+                  {"lv_name":"root", "vg_name":"vg0", "lv_attr":"-wi-------", "lv_size":"8388608", "pool_lv":"", "segtype":"linear", "data_percent":"", "metadata_percent":"", "lv_tags":"", "lv_health_status":"", "lv_kernel_major":"-1", "lv_kernel_minor":"-1", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304", "chunk_size":"65536"}
               ]
           }
       ]
@@ -279,6 +287,8 @@ mod tests {
         let pool = r.find("pool").unwrap();
         assert!(pool.is_thin_pool());
         assert_eq!(pool.metadata_percent, Some(10.55));
+        assert_eq!(pool.chunk_size, 65536);
+        assert!(pool.is_open() && !v.is_open());
         let root = r.find("root").unwrap();
         assert_eq!(root.kernel, None);
         assert_eq!(root.data_percent, None);
@@ -290,7 +300,7 @@ mod tests {
 
     #[test]
     fn parses_numeric_report() {
-        let json = r#"{"report":[{"lv":[{"lv_name":"p","vg_name":"v","lv_attr":"twi-a-tz--","lv_size":1048576,"pool_lv":"","segtype":"thin-pool","data_percent":50.0,"metadata_percent":1.5,"lv_tags":["a","b"],"lv_health_status":"","lv_kernel_major":253,"lv_kernel_minor":0,"vg_extent_size":4194304,"vg_size":8388608,"vg_free":0}]}]}"#;
+        let json = r#"{"report":[{"lv":[{"lv_name":"p","vg_name":"v","lv_attr":"twi-a-tz--","lv_size":1048576,"pool_lv":"","segtype":"thin-pool","data_percent":50.0,"metadata_percent":1.5,"lv_tags":["a","b"],"lv_health_status":"","lv_kernel_major":253,"lv_kernel_minor":0,"vg_extent_size":4194304,"vg_size":8388608,"vg_free":0,"chunk_size":65536}]}]}"#;
         let r = Report::parse(json).unwrap();
         let p = &r.lvs[0];
         assert_eq!(p.size, 1048576);

@@ -52,9 +52,10 @@ impl TestDriver {
         let config = dir.path().join("config.toml");
         let text = format!(
             "driver_name = \"{DRIVER_NAME}\"\nnode_id = \"{NODE_ID}\"\nvolume_group = \"{vg}\"\n\
-             thin_pool = \"pool\"\nudev = \"off\"\n{extra}\n\
-             [loop_pool]\nbacking_file = \"{}\"\nsize = {size}\npool_percent = 80\n",
-            dir.path().join("pool.img").display()
+             thin_pool = \"pool\"\nudev = \"off\"\n\
+             csi_addons_endpoint = \"unix://{dir}/addons.sock\"\nstate_dir = \"{dir}/state\"\n{extra}\n\
+             [loop_pool]\nbacking_file = \"{dir}/pool.img\"\nsize = {size}\npool_percent = 80\n",
+            dir = dir.path().display()
         );
         // Tests read LVM behind the driver's back: no cached reports
         // unless a test asks for them.
@@ -165,6 +166,11 @@ impl TestDriver {
 
     pub async fn identity(&self) -> IdentityClient<Channel> {
         self.try_identity().await.expect("connect identity")
+    }
+
+    /// The CSI-Addons socket of a driver started by [`TestDriver::start`].
+    pub fn addons_uri(&self) -> String {
+        format!("unix://{}", self.dir.path().join("addons.sock").display())
     }
 
     pub async fn controller(&self) -> ControllerClient<Channel> {

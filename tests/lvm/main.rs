@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod addons;
 mod controller;
 
 /// Printed once per run, so CI output shows where the suite ran.
