@@ -229,6 +229,16 @@ impl Config {
         Duration::from_secs(self.command_timeout_secs)
     }
 
+    /// Whether LVM and device-mapper tools must run without udev (create
+    /// /dev nodes themselves, not wait for udev events).
+    pub fn no_udev(&self) -> bool {
+        match self.udev {
+            UdevMode::On => false,
+            UdevMode::Off => true,
+            UdevMode::Auto => !Path::new("/run/udev/control").exists(),
+        }
+    }
+
     /// The topology key this driver reports; its value is the node id.
     pub fn topology_key(&self) -> String {
         format!("topology.{}/node", self.driver_name)

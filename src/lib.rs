@@ -10,6 +10,7 @@ pub mod guard;
 pub mod lvm;
 pub mod mountinfo;
 pub mod naming;
+pub mod node;
 pub mod pool;
 pub mod proto;
 pub mod reclaim;

@@ -226,6 +226,12 @@ impl ControllerService {
             extent,
             d.cfg.default_volume_size,
         )?;
+        let size = validate::fs_minimum(
+            tags.access.as_ref(),
+            size,
+            req.capacity_range.as_ref(),
+            extent,
+        )?;
         if size > cap.virtual_headroom {
             return Err(Error::ResourceExhausted(format!(
                 "{size} bytes requested but thin pool {} can hand out only {} more bytes at overprovision ratio {}",
@@ -333,15 +339,14 @@ impl ControllerService {
         }
         let report = d.lvm.report().await?;
         let (page, next_token) = paginate(
-            owned_names(d, &report),
+            owned_volumes(d, &report),
             &req.starting_token,
             req.max_entries as usize,
         );
         let entries = page
             .iter()
-            .filter_map(|name| d.owned(&report, name).ok().flatten())
             .map(|o| list_volumes_response::Entry {
-                volume: Some(d.owned_volume(&o)),
+                volume: Some(d.owned_volume(o)),
                 status: Some(list_volumes_response::VolumeStatus {
                     published_node_ids: vec![],
                     volume_condition: Some(d.condition(&report, o.lv)),
@@ -399,7 +404,9 @@ impl ControllerService {
         let report = d.lvm.report().await?;
         let vol = d.must_own(&report, id)?;
         let access = vol.tags.access.clone().or(requested_access);
-        let node_expansion_required = !matches!(access, Some(Access::Block));
+        // Block volumes need the node step too: a read-only publish is a
+        // device-mapper overlay that NodeExpandVolume resizes.
+        let node_expansion_required = access.is_some();
         let (cap, extent) = d.capacity(&report)?;
         let target = validate::size(Some(range), extent, vol.lv.size)?;
         let current = vol.lv.size;
@@ -467,31 +474,39 @@ fn check_access(vol: &Owned, wanted: &Access) -> Result<()> {
     }
 }
 
-/// Names of our volumes, sorted: the order ListVolumes pages through.
-fn owned_names(d: &Driver, report: &Report) -> Vec<String> {
-    let mut names: Vec<String> = report
+/// Our volumes, sorted by id: the order ListVolumes pages through.
+fn owned_volumes<'a>(d: &Driver, report: &'a Report) -> Vec<Owned<'a>> {
+    let mut vols: Vec<Owned> = report
         .thin_volumes(&d.lvm.pool)
         .filter(|lv| naming::is_volume_id(&lv.name))
-        .filter(|lv| matches!(d.owned(report, &lv.name), Ok(Some(_))))
-        .map(|lv| lv.name.clone())
+        .filter_map(|lv| d.owned(report, &lv.name).ok().flatten())
         .collect();
-    names.sort();
-    names
+    vols.sort_by(|a, b| a.lv.name.cmp(&b.lv.name));
+    vols
 }
 
-/// One page of `names` (sorted) after `token`. The token is the last name
-/// of the previous page, so creates and deletes between pages neither
-/// repeat nor skip the volumes that stayed.
-pub fn paginate(names: Vec<String>, token: &str, max: usize) -> (Vec<String>, String) {
-    let rest: Vec<String> = names
+impl AsRef<str> for Owned<'_> {
+    fn as_ref(&self) -> &str {
+        &self.lv.name
+    }
+}
+
+/// One page of `items` (sorted by name) after `token`. The token is the
+/// last name of the previous page, so creates and deletes between pages
+/// neither repeat nor skip the volumes that stayed.
+pub fn paginate<T: AsRef<str>>(items: Vec<T>, token: &str, max: usize) -> (Vec<T>, String) {
+    let rest: Vec<T> = items
         .into_iter()
-        .filter(|n| token.is_empty() || n.as_str() > token)
+        .filter(|n| token.is_empty() || n.as_ref() > token)
         .collect();
     if max == 0 || rest.len() <= max {
         return (rest, String::new());
     }
-    let page: Vec<String> = rest.into_iter().take(max).collect();
-    let next = page.last().cloned().unwrap_or_default();
+    let page: Vec<T> = rest.into_iter().take(max).collect();
+    let next = page
+        .last()
+        .map(|t| t.as_ref().to_string())
+        .unwrap_or_default();
     (page, next)
 }
 

@@ -4,6 +4,7 @@
 pub mod addons;
 pub mod controller;
 pub mod identity;
+pub mod node;
 pub mod validate;
 
 use std::path::Path;
@@ -16,6 +17,7 @@ use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::proto::csi::v1::controller_server::ControllerServer;
 use crate::proto::csi::v1::identity_server::IdentityServer;
+use crate::proto::csi::v1::node_server::NodeServer;
 
 /// Binds `socket`, replacing a stale socket file but nothing else.
 pub fn bind(socket: &Path) -> Result<UnixListener> {
@@ -54,6 +56,7 @@ pub async fn serve(
         .add_service(ControllerServer::new(controller::ControllerService {
             driver: driver.clone(),
         }))
+        .add_service(NodeServer::new(node::NodeService::new(driver.clone())))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| Error::Internal(format!("gRPC server: {e}")))

@@ -235,6 +235,33 @@ pub fn size(range: Option<&CapacityRange>, extent: u64, default: u64) -> Result<
     Ok(rounded)
 }
 
+/// mkfs.xfs refuses filesystems under 300 MB. A thin volume costs only
+/// what is written, so an xfs volume is raised to that minimum, unless
+/// limit_bytes forbids it (OUT_OF_RANGE).
+pub const XFS_MIN_BYTES: u64 = 300 * 1000 * 1000;
+
+pub fn fs_minimum(
+    access: Option<&Access>,
+    size: u64,
+    range: Option<&CapacityRange>,
+    extent: u64,
+) -> Result<u64> {
+    let min = match access {
+        Some(Access::Mount { fs_type }) if fs_type == "xfs" => XFS_MIN_BYTES,
+        _ => return Ok(size),
+    };
+    if size >= min {
+        return Ok(size);
+    }
+    let raised = round_up(min, extent).unwrap_or(min);
+    match range.map(|r| r.limit_bytes) {
+        Some(limit) if limit > 0 && raised > limit as u64 => Err(Error::OutOfRange(format!(
+            "xfs needs at least {min} bytes, but limit_bytes is {limit}"
+        ))),
+        _ => Ok(raised),
+    }
+}
+
 /// True when a volume of size `have` satisfies the range.
 pub fn size_fits(range: Option<&CapacityRange>, have: u64) -> bool {
     let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
@@ -402,6 +429,30 @@ mod tests {
         assert!(!size_fits(Some(&r(9, 0)), 8));
         assert!(!size_fits(Some(&r(1, 4)), 8));
         assert!(size_fits(None, 8));
+    }
+
+    #[test]
+    fn xfs_volumes_are_raised_to_its_minimum() {
+        let xfs = Access::Mount {
+            fs_type: "xfs".into(),
+        };
+        let ext4 = Access::Mount {
+            fs_type: "ext4".into(),
+        };
+        let e = 4 << 20;
+        assert_eq!(fs_minimum(Some(&ext4), e, None, e).unwrap(), e);
+        assert_eq!(fs_minimum(Some(&Access::Block), e, None, e).unwrap(), e);
+        let raised = fs_minimum(Some(&xfs), e, None, e).unwrap();
+        assert!(raised >= XFS_MIN_BYTES && raised % e == 0 && raised - XFS_MIN_BYTES < e);
+        assert_eq!(fs_minimum(Some(&xfs), 1 << 30, None, e).unwrap(), 1 << 30);
+        let tight = CapacityRange {
+            required_bytes: 1,
+            limit_bytes: 100 << 20,
+        };
+        assert!(matches!(
+            fs_minimum(Some(&xfs), e, Some(&tight), e),
+            Err(Error::OutOfRange(_))
+        ));
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub mod report;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, UdevMode};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::{self, Output};
 use report::{Report, LVS_FIELDS};
@@ -40,17 +40,12 @@ struct Cache {
 
 impl Lvm {
     pub fn new(cfg: &Config) -> Lvm {
-        let no_udev = match cfg.udev {
-            UdevMode::On => false,
-            UdevMode::Off => true,
-            UdevMode::Auto => !std::path::Path::new("/run/udev/control").exists(),
-        };
         Lvm {
             binary: cfg.lvm_binary.clone(),
             vg: cfg.volume_group.clone(),
             pool: cfg.thin_pool.clone(),
             timeout: cfg.command_timeout(),
-            no_udev,
+            no_udev: cfg.no_udev(),
             max_age: Duration::from_secs(cfg.report_max_age_secs),
             cache: Mutex::new(Cache::default()),
         }
@@ -220,6 +215,7 @@ impl Lvm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::UdevMode;
 
     fn lvm(udev: UdevMode) -> Lvm {
         let cfg = Config {

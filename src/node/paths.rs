@@ -13,7 +13,6 @@
 //!    out of the allowed roots, and the last component itself must not be a
 //!    symlink. The result is the path the kernel will show in mountinfo.
 
-use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -116,11 +115,6 @@ pub fn digest(path: &Path) -> String {
     use sha2::{Digest, Sha256};
     let d = Sha256::digest(path.as_os_str().as_bytes());
     crate::naming::hex(&d[..8])
-}
-
-/// The path as text for logs and messages.
-pub fn show(path: &Path) -> String {
-    String::from_utf8_lossy(OsStr::as_bytes(path.as_os_str())).into_owned()
 }
 
 #[cfg(test)]

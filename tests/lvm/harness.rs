@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::identity_client::IdentityClient;
+use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::ProbeRequest;
 use tonic::transport::Channel;
 
@@ -177,6 +178,10 @@ impl TestDriver {
         ControllerClient::connect(self.uri())
             .await
             .expect("connect controller")
+    }
+
+    pub async fn node(&self) -> NodeClient<Channel> {
+        NodeClient::connect(self.uri()).await.expect("connect node")
     }
 
     pub fn backing_file(&self) -> PathBuf {

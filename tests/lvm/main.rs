@@ -5,6 +5,7 @@ mod harness;
 
 mod addons;
 mod controller;
+mod node;
 
 /// Printed once per run, so CI output shows where the suite ran.
 #[test]

@@ -1,0 +1,256 @@
+//! Device-mapper, for what LVM does not offer the node:
+//!
+//! - **Mapped sectors of a thin volume** (`dmsetup status`): exact, where
+//!   the Data% of `lvs` is rounded to 0.01 % (one written chunk of a
+//!   100 GiB volume still shows 0.00). The format guard relies on it.
+//! - **Read-only overlays** for read-only raw block publishes. A device
+//!   node with mode 0400, or a read-only bind mount of a device node, does
+//!   not stop root from writing: the kernel checks neither for device
+//!   files. A device-mapper `linear` device created `--readonly` over the
+//!   LV does: the kernel fails every write to it with EPERM. Each
+//!   read-only publish gets its own overlay, named after the volume and a
+//!   hash of the target path, so the LV itself stays writable for
+//!   read-write publishes. The overlay holds the LV open, so LVM cannot
+//!   deactivate the LV under it.
+//!
+//! Devices are found again through sysfs (`/sys/dev/block/M:m/dm/name`,
+//! `slaves/`, `holders/`, `ro`), so no state is kept.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::node::Tools;
+
+/// Name prefix of the overlays this driver creates; nothing else is ever
+/// removed by the node service.
+pub const OVERLAY_PREFIX: &str = "tpcsi-ro-";
+
+const SYS_DEV_BLOCK: &str = "/sys/dev/block";
+
+/// The overlay name for one read-only publish of `volume_id` at `target`.
+/// Stable, so a retried publish finds the overlay a failed one left.
+pub fn overlay_name(volume_id: &str, target: &Path) -> String {
+    format!(
+        "{OVERLAY_PREFIX}{volume_id}-{}",
+        crate::node::paths::digest(target)
+    )
+}
+
+/// Parses the `dmsetup status` line of a thin device:
+/// `<start> <length> thin <mapped sectors> <highest mapped sector|->`.
+pub fn parse_thin_status(status: &str) -> Result<u64> {
+    let line = status.lines().next().unwrap_or("").trim();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    match fields.as_slice() {
+        [_, _, "thin", "Fail", ..] => Err(Error::FailedPrecondition(
+            "the thin volume is marked Fail by the kernel: check the thin pool (dmesg, lvs -a)"
+                .into(),
+        )),
+        [_, _, "thin", mapped, ..] => mapped.parse().map_err(|_| {
+            Error::Internal(format!(
+                "dmsetup status: bad mapped sector count in {line:?}"
+            ))
+        }),
+        _ => Err(Error::Internal(format!(
+            "dmsetup status: not a thin device: {line:?}"
+        ))),
+    }
+}
+
+/// How many sectors of the pool the active thin volume `major:minor` maps.
+pub async fn thin_mapped_sectors(tools: &Tools, major: u32, minor: u32) -> Result<u64> {
+    let out = tools
+        .run(
+            "dmsetup",
+            &[
+                "status".to_string(),
+                "-j".into(),
+                major.to_string(),
+                "-m".into(),
+                minor.to_string(),
+            ],
+        )
+        .await?;
+    parse_thin_status(&out.stdout)
+}
+
+fn sys_dir(major: u32, minor: u32) -> PathBuf {
+    Path::new(SYS_DEV_BLOCK).join(format!("{major}:{minor}"))
+}
+
+/// True when the kernel has a block device `major:minor`.
+pub fn device_exists(major: u32, minor: u32) -> bool {
+    sys_dir(major, minor).exists()
+}
+
+/// The kernel's name for a block device (`dm-4`).
+pub fn kernel_name(major: u32, minor: u32) -> Option<String> {
+    let link = std::fs::read_link(sys_dir(major, minor)).ok()?;
+    link.file_name().map(|n| n.to_string_lossy().into_owned())
+}
+
+/// The device-mapper name of `major:minor`, if it is a dm device.
+pub fn dm_name(major: u32, minor: u32) -> Option<String> {
+    std::fs::read_to_string(sys_dir(major, minor).join("dm/name"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn list(dir: PathBuf) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn numbers_of(kernel_name: &str) -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string(format!("/sys/class/block/{kernel_name}/dev")).ok()?;
+    let (ma, mi) = text.trim().split_once(':')?;
+    Some((ma.parse().ok()?, mi.parse().ok()?))
+}
+
+/// If `dev` is one of our read-only overlays stacked on the LV `lv`, its
+/// name.
+pub fn overlay_on(dev: (u32, u32), lv: (u32, u32)) -> Option<String> {
+    let name = dm_name(dev.0, dev.1)?;
+    let lv_kernel = kernel_name(lv.0, lv.1)?;
+    (name.starts_with(OVERLAY_PREFIX) && list(sys_dir(dev.0, dev.1).join("slaves")) == [lv_kernel])
+        .then_some(name)
+}
+
+/// Our overlays currently stacked on the LV `lv`: (name, numbers).
+pub fn overlays_of(lv: (u32, u32)) -> Vec<(String, (u32, u32))> {
+    list(sys_dir(lv.0, lv.1).join("holders"))
+        .iter()
+        .filter_map(|k| numbers_of(k))
+        .filter_map(|n| overlay_on(n, lv).map(|name| (name, n)))
+        .collect()
+}
+
+/// True when the kernel refuses writes to `major:minor`.
+pub fn is_read_only(major: u32, minor: u32) -> bool {
+    std::fs::read_to_string(sys_dir(major, minor).join("ro")).is_ok_and(|s| s.trim() == "1")
+}
+
+/// The numbers of the dm device called `name`, if it exists.
+fn find_by_name(name: &str) -> Option<(u32, u32)> {
+    list(PathBuf::from("/sys/block"))
+        .iter()
+        .filter(|k| k.starts_with("dm-"))
+        .filter_map(|k| numbers_of(k))
+        .find(|n| dm_name(n.0, n.1).as_deref() == Some(name))
+}
+
+fn udev_args(tools: &Tools) -> Vec<String> {
+    if tools.no_udev {
+        // Without udev, libdevmapper must not wait for it, and makes the
+        // /dev/mapper node itself.
+        crate::argv!["--noudevsync", "--noudevrules"]
+    } else {
+        Vec::new()
+    }
+}
+
+fn linear_table(lv: (u32, u32), sectors: u64) -> String {
+    format!("0 {sectors} linear {}:{} 0", lv.0, lv.1)
+}
+
+/// Creates (or finds, when a retried publish made it already) the
+/// read-only overlay `name` over the LV `lv` of `sectors` 512-byte
+/// sectors, and returns its device numbers. An existing device of that
+/// name that is not a read-only overlay of this LV is refused.
+pub async fn ensure_overlay(
+    tools: &Tools,
+    name: &str,
+    lv: (u32, u32),
+    sectors: u64,
+) -> Result<(u32, u32)> {
+    if let Some(n) = find_by_name(name) {
+        if overlay_on(n, lv).is_some() && is_read_only(n.0, n.1) {
+            tracing::info!(name, "read-only overlay already exists; reusing it");
+            return Ok(n);
+        }
+        return Err(Error::FailedPrecondition(format!(
+            "device-mapper device {name} exists but is not a read-only overlay of {}:{}; left alone",
+            lv.0, lv.1
+        )));
+    }
+    let mut args = crate::argv![
+        "create",
+        name,
+        "--readonly",
+        "--table",
+        linear_table(lv, sectors)
+    ];
+    args.extend(udev_args(tools));
+    tools.run("dmsetup", &args).await?;
+    let n = find_by_name(name).ok_or_else(|| {
+        Error::Internal(format!("dmsetup created {name} but sysfs does not show it"))
+    })?;
+    tracing::info!(name, lv = ?lv, overlay = ?n, sectors, "created read-only overlay");
+    Ok(n)
+}
+
+/// Removes one of our overlays. Fails (FAILED_PRECONDITION, "busy") while
+/// something still has it open.
+pub async fn remove_overlay(tools: &Tools, name: &str) -> Result<()> {
+    if !name.starts_with(OVERLAY_PREFIX) {
+        return Err(Error::Internal(format!(
+            "refusing to remove {name}: not an overlay of this driver"
+        )));
+    }
+    let mut args = crate::argv!["remove", name];
+    args.extend(udev_args(tools));
+    tools.run("dmsetup", &args).await?;
+    tracing::info!(name, "removed read-only overlay");
+    Ok(())
+}
+
+/// Grows an overlay to `sectors` after its LV grew (stays read-only).
+pub async fn resize_overlay(tools: &Tools, name: &str, lv: (u32, u32), sectors: u64) -> Result<()> {
+    let mut reload = crate::argv![
+        "reload",
+        name,
+        "--readonly",
+        "--table",
+        linear_table(lv, sectors)
+    ];
+    reload.extend(udev_args(tools));
+    tools.run("dmsetup", &reload).await?;
+    let mut resume = crate::argv!["resume", name];
+    resume.extend(udev_args(tools));
+    tools.run("dmsetup", &resume).await?;
+    tracing::info!(name, sectors, "resized read-only overlay");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thin_status_lines() {
+        assert_eq!(parse_thin_status("0 819200 thin 0 -\n").unwrap(), 0);
+        assert_eq!(parse_thin_status("0 819200 thin 384 13183\n").unwrap(), 384);
+        assert!(matches!(
+            parse_thin_status("0 819200 thin Fail\n"),
+            Err(Error::FailedPrecondition(_))
+        ));
+        assert!(parse_thin_status("0 819200 linear\n").is_err());
+        assert!(parse_thin_status("").is_err());
+    }
+
+    #[test]
+    fn overlay_names_are_stable_and_fit_device_mapper() {
+        let id = crate::naming::lv_name_for(&"x".repeat(128));
+        let a = overlay_name(&id, Path::new("/var/lib/kubelet/a"));
+        assert_eq!(a, overlay_name(&id, Path::new("/var/lib/kubelet/a")));
+        assert_ne!(a, overlay_name(&id, Path::new("/var/lib/kubelet/b")));
+        assert!(a.starts_with(OVERLAY_PREFIX));
+        assert!(a.len() < 128, "DM_NAME_LEN is 128: {a}");
+    }
+}

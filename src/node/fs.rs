@@ -1,0 +1,546 @@
+//! Filesystem volumes: mount options, mkfs, the staging mount, the publish
+//! bind mount, online growth, usage and health.
+
+use std::path::Path;
+
+use nix::errno::Errno;
+
+use crate::error::{Error, Result};
+use crate::mountinfo::{self, MountInfo};
+use crate::node::{blkid, block, dm, mount_table, Device, Tools};
+use crate::sys::{self, MsFlags};
+
+/// Mount flags as the kernel takes them: `MS_*` bits plus the
+/// filesystem's own option words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOptions {
+    pub flags: MsFlags,
+    pub data: Vec<String>,
+}
+
+/// Words of mount(8) that only steer mount(8) or fstab; they mean nothing
+/// to the kernel and are dropped.
+const IGNORED: &[&str] = &["defaults", "auto", "noauto", "nofail", "_netdev"];
+
+/// Words that would change *how* the mount is made (bind, move,
+/// propagation) rather than set an option; refused.
+const OPERATIONS: &[&str] = &[
+    "bind",
+    "rbind",
+    "move",
+    "remount",
+    "shared",
+    "rshared",
+    "slave",
+    "rslave",
+    "private",
+    "rprivate",
+    "unbindable",
+    "runbindable",
+];
+
+/// Generic option words and the `MS_*` bit each sets (`true`) or clears.
+const GENERIC: &[(&str, MsFlags, bool)] = &[
+    ("ro", MsFlags::MS_RDONLY, true),
+    ("rw", MsFlags::MS_RDONLY, false),
+    ("nosuid", MsFlags::MS_NOSUID, true),
+    ("suid", MsFlags::MS_NOSUID, false),
+    ("nodev", MsFlags::MS_NODEV, true),
+    ("dev", MsFlags::MS_NODEV, false),
+    ("noexec", MsFlags::MS_NOEXEC, true),
+    ("exec", MsFlags::MS_NOEXEC, false),
+    ("sync", MsFlags::MS_SYNCHRONOUS, true),
+    ("async", MsFlags::MS_SYNCHRONOUS, false),
+    ("dirsync", MsFlags::MS_DIRSYNC, true),
+    ("noatime", MsFlags::MS_NOATIME, true),
+    ("atime", MsFlags::MS_NOATIME, false),
+    ("nodiratime", MsFlags::MS_NODIRATIME, true),
+    ("diratime", MsFlags::MS_NODIRATIME, false),
+    ("relatime", MsFlags::MS_RELATIME, true),
+    ("norelatime", MsFlags::MS_RELATIME, false),
+    ("strictatime", MsFlags::MS_STRICTATIME, true),
+    ("nostrictatime", MsFlags::MS_STRICTATIME, false),
+    ("lazytime", MsFlags::MS_LAZYTIME, true),
+    ("nolazytime", MsFlags::MS_LAZYTIME, false),
+    ("silent", MsFlags::MS_SILENT, true),
+    ("loud", MsFlags::MS_SILENT, false),
+];
+
+impl MountOptions {
+    /// Turns the capability's mount flags (single words, already checked by
+    /// `validate::mount_flag`) into kernel flags and data. xfs always gets
+    /// `nouuid`: snapshots and clones of a volume share its UUID, and xfs
+    /// refuses to mount a second filesystem with a UUID it already has.
+    pub fn parse(fs_type: &str, words: &[String]) -> Result<MountOptions> {
+        let mut flags = MsFlags::empty();
+        let mut data: Vec<String> = Vec::new();
+        for w in words {
+            let w = w.as_str();
+            if IGNORED.contains(&w) {
+                continue;
+            }
+            if OPERATIONS.contains(&w) {
+                return Err(Error::InvalidArgument(format!(
+                    "mount flag {w:?} changes how a mount is made, it is not a mount option"
+                )));
+            }
+            if let Some((_, bit, set)) = GENERIC.iter().find(|(name, _, _)| *name == w) {
+                flags.set(*bit, *set);
+            } else if !data.iter().any(|d| d == w) {
+                data.push(w.to_string());
+            }
+        }
+        if fs_type == "xfs" && !data.iter().any(|d| d == "nouuid") {
+            data.push("nouuid".into());
+        }
+        Ok(MountOptions { flags, data })
+    }
+
+    /// The data argument of mount(2).
+    pub fn data(&self) -> Option<String> {
+        (!self.data.is_empty()).then(|| self.data.join(","))
+    }
+}
+
+/// The mkfs command line. No discard pass (a fresh thin volume has nothing
+/// to discard, and discarding 100 GiB takes long), and no inode table or
+/// journal zeroing: on ext4 `lazy_*_init`, and `assume_storage_prezeroed`
+/// when the pool zeroes newly provisioned chunks, which marks the tables
+/// as zeroed so the kernel's lazy-init thread does not write them either
+/// (thin volumes read zeros where never written).
+pub fn mkfs_command(fs_type: &str, dev: &Path, prezeroed: bool) -> Result<(String, Vec<String>)> {
+    let dev = dev.to_string_lossy().into_owned();
+    match fs_type {
+        "ext4" => {
+            let mut ext = String::from("nodiscard,lazy_itable_init=1,lazy_journal_init=1");
+            if prezeroed {
+                ext.push_str(",assume_storage_prezeroed=1");
+            }
+            Ok(("mkfs.ext4".into(), crate::argv!["-q", "-E", ext, dev]))
+        }
+        "xfs" => Ok(("mkfs.xfs".into(), crate::argv!["-q", "-K", dev])),
+        other => Err(Error::InvalidArgument(format!(
+            "fs_type {other:?} is not supported"
+        ))),
+    }
+}
+
+/// Makes a filesystem on `dev`. Never forced: mkfs.ext4 and mkfs.xfs
+/// themselves refuse a device that is mounted or holds a filesystem, a
+/// second guard behind blkid.
+async fn mkfs(tools: &Tools, fs_type: &str, dev: &Path, prezeroed: bool) -> Result<()> {
+    let started = std::time::Instant::now();
+    let (program, args) = mkfs_command(fs_type, dev, prezeroed)?;
+    match tools.run(&program, &args).await {
+        Err(Error::Command { stderr, .. })
+            if prezeroed && stderr.contains("assume_storage_prezeroed") =>
+        {
+            // e2fsprogs before 1.47 does not know the option; it rejects
+            // the command line before writing anything.
+            tracing::info!(
+                "mkfs.ext4 does not know assume_storage_prezeroed; using lazy init only"
+            );
+            let (program, args) = mkfs_command(fs_type, dev, false)?;
+            tools.run(&program, &args).await?;
+        }
+        other => {
+            other?;
+        }
+    }
+    tracing::info!(device = %dev.display(), fs_type, prezeroed, elapsed = ?started.elapsed(), "made filesystem");
+    Ok(())
+}
+
+/// What staging needs to know about the thin pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolState {
+    /// The pool zeroes newly provisioned chunks, so a never-written volume
+    /// reads zeros everywhere and mkfs may skip zeroing its tables.
+    pub zeroes_new_chunks: bool,
+    /// Why the pool cannot take writes now (full, failed, read-only
+    /// metadata); formatting is then refused, mounting still allowed.
+    pub problem: Option<String>,
+}
+
+/// NodeStageVolume for mount access: format only a never-written device
+/// without signature (see [`blkid`]), then mount it at `staging`.
+/// Idempotent: a staging path that already is a mount of this device is
+/// left as it is.
+pub async fn stage(
+    tools: &Tools,
+    dev: &Device,
+    staging: &Path,
+    fs_type: &str,
+    opts: &MountOptions,
+    pool: &PoolState,
+) -> Result<()> {
+    let info = mount_table()?;
+    if let Some(m) = info.top_mount_at(staging) {
+        if m.device() != dev.numbers() {
+            return Err(Error::FailedPrecondition(format!(
+                "staging path {} already is a mount of another device ({}:{}, {}); it is left alone",
+                staging.display(),
+                m.major,
+                m.minor,
+                m.fs_type
+            )));
+        }
+        if m.fs_type != fs_type {
+            return Err(Error::AlreadyExists(format!(
+                "volume {} is already staged at {} as {}, not {fs_type}",
+                dev.volume_id,
+                staging.display(),
+                m.fs_type
+            )));
+        }
+        tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: already staged");
+        return Ok(());
+    }
+    if let Some(record) = block::read_record(staging)? {
+        return Err(block::record_conflict(
+            &record,
+            &dev.volume_id,
+            staging,
+            "a filesystem",
+        ));
+    }
+    if let Some(m) = info.mounts_of_device(dev.major, dev.minor).first() {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {} is already mounted at {}; one volume has one staging path",
+            dev.volume_id,
+            m.mount_point.display()
+        )));
+    }
+    ensure_dir(staging)?;
+
+    let found = blkid::probe(tools, &dev.path).await?;
+    let mapped = match found {
+        blkid::Signature::None => dm::thin_mapped_sectors(tools, dev.major, dev.minor).await?,
+        _ => 0,
+    };
+    match blkid::plan(&found, fs_type, mapped) {
+        blkid::Plan::Refuse(why) => {
+            return Err(Error::FailedPrecondition(format!(
+                "cannot stage volume {} as {fs_type}: {why}",
+                dev.volume_id
+            )))
+        }
+        blkid::Plan::Format => {
+            if let Some(problem) = &pool.problem {
+                // mkfs writes; into a pool that cannot take writes it would
+                // hang or fail half-way, leaving a device we then refuse.
+                return Err(Error::ResourceExhausted(format!(
+                    "cannot format volume {}: {problem}",
+                    dev.volume_id
+                )));
+            }
+            mkfs(tools, fs_type, &dev.path, pool.zeroes_new_chunks).await?;
+            let made = blkid::probe(tools, &dev.path).await?;
+            if made != blkid::Signature::Filesystem(fs_type.to_string()) {
+                return Err(Error::Internal(format!(
+                    "mkfs.{fs_type} succeeded but blkid then found {made:?} on {}",
+                    dev.path.display()
+                )));
+            }
+        }
+        blkid::Plan::Mount => {}
+    }
+    sys::mount_fs(
+        &dev.path,
+        staging,
+        fs_type,
+        opts.flags,
+        opts.data().as_deref(),
+    )?;
+    tracing::info!(volume = dev.volume_id, staging = %staging.display(), fs_type, "NodeStageVolume: mounted");
+    Ok(())
+}
+
+/// Creates the staging directory if the CO has not (its parent exists:
+/// the path was resolved).
+pub(crate) fn ensure_dir(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::FailedPrecondition(format!(
+            "{} exists and is not a directory",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(path)
+                .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+            tracing::info!(path = %path.display(), "created directory");
+            Ok(())
+        }
+        Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
+    }
+}
+
+/// NodePublishVolume for mount access: bind-mounts the staging mount at
+/// `target` (created when missing), read-only when asked.
+/// `single_writer` refuses a second target (SINGLE_NODE_SINGLE_WRITER).
+pub fn publish(
+    dev: &Device,
+    staging: &Path,
+    target: &Path,
+    readonly: bool,
+    single_writer: bool,
+) -> Result<()> {
+    let info = mount_table()?;
+    match info.top_mount_at(staging) {
+        Some(m) if m.device() == dev.numbers() => {}
+        _ => {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {} is not staged at {}: call NodeStageVolume first",
+                dev.volume_id,
+                staging.display()
+            )))
+        }
+    }
+    if let Some(m) = info.top_mount_at(target) {
+        if m.device() != dev.numbers() {
+            return Err(Error::FailedPrecondition(format!(
+                "target {} is a mount of another device ({}:{}, {}); it is left alone",
+                target.display(),
+                m.major,
+                m.minor,
+                m.fs_type
+            )));
+        }
+        if m.mount_option("ro").is_some() != readonly {
+            return Err(Error::AlreadyExists(format!(
+                "volume {} is already published at {} with readonly={}",
+                dev.volume_id,
+                target.display(),
+                !readonly
+            )));
+        }
+        tracing::info!(volume = dev.volume_id, target = %target.display(), "NodePublishVolume: already published");
+        return Ok(());
+    }
+    if single_writer {
+        let staging_n = mountinfo::normalize(staging);
+        let target_n = mountinfo::normalize(target);
+        if let Some(other) = info
+            .mounts_of_device(dev.major, dev.minor)
+            .into_iter()
+            .map(|m| mountinfo::normalize(&m.mount_point))
+            .find(|p| *p != staging_n && *p != target_n)
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {} is SINGLE_NODE_SINGLE_WRITER and already published at {}",
+                dev.volume_id,
+                other.display()
+            )));
+        }
+    }
+    let created = match std::fs::symlink_metadata(target) {
+        Ok(m) if m.is_dir() => false,
+        Ok(_) => {
+            return Err(Error::FailedPrecondition(format!(
+            "target {} exists and is not a directory (published as raw block?); it is left alone",
+            target.display()
+        )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(target)
+                .map_err(|e| Error::io(format!("create {}", target.display()), e))?;
+            tracing::info!(path = %target.display(), "created target directory");
+            true
+        }
+        Err(e) => return Err(Error::io(format!("stat {}", target.display()), e)),
+    };
+    if let Err(e) = sys::bind_mount(staging, target, readonly) {
+        if created {
+            let _ = std::fs::remove_dir(target);
+        }
+        return Err(e.into());
+    }
+    tracing::info!(volume = dev.volume_id, target = %target.display(), readonly, "NodePublishVolume: bind-mounted");
+    Ok(())
+}
+
+/// Grows the filesystem mounted at `mountpoint` from `dev` to the size of
+/// the device, online. Already full size is a no-op for both tools.
+pub async fn grow(tools: &Tools, fs_type: &str, dev: &Path, mountpoint: &Path) -> Result<()> {
+    let (program, args) = match fs_type {
+        "ext4" => ("resize2fs", crate::argv![dev.to_string_lossy()]),
+        "xfs" => ("xfs_growfs", crate::argv![mountpoint.to_string_lossy()]),
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "cannot grow a {other} filesystem"
+            )))
+        }
+    };
+    tools.run(program, &args).await?;
+    tracing::info!(device = %dev.display(), mountpoint = %mountpoint.display(), fs_type, "grew filesystem");
+    Ok(())
+}
+
+/// Bytes and inodes of a mounted filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub bytes_total: u64,
+    pub bytes_available: u64,
+    pub bytes_used: u64,
+    pub inodes_total: u64,
+    pub inodes_free: u64,
+    pub inodes_used: u64,
+}
+
+/// statvfs of the filesystem at `path` (not privileged, so not in `sys`).
+pub fn usage(path: &Path) -> std::result::Result<Usage, Errno> {
+    let st = nix::sys::statvfs::statvfs(path)?;
+    let frsize = st.fragment_size() as u64;
+    let blocks = st.blocks() as u64;
+    let free = st.blocks_free() as u64;
+    let files = st.files() as u64;
+    let ffree = st.files_free() as u64;
+    Ok(Usage {
+        bytes_total: blocks * frsize,
+        bytes_available: st.blocks_available() as u64 * frsize,
+        bytes_used: blocks.saturating_sub(free) * frsize,
+        inodes_total: files,
+        inodes_free: ffree,
+        inodes_used: files.saturating_sub(ffree),
+    })
+}
+
+/// What is wrong with the filesystem on `dev`, in words a person can act
+/// on; empty when nothing is known to be wrong.
+///
+/// - Any mount of it whose superblock is read-only while the mount itself
+///   is read-write: the kernel remounted it read-only after errors
+///   (`errors=remount-ro`). A filesystem mounted `ro` on request has both
+///   flags set and is not reported.
+/// - ext4: `/sys/fs/ext4/<dev>/errors_count` above zero.
+/// - xfs keeps no error counter; a shut-down xfs fails statvfs with EIO,
+///   which the caller reports. That is the best the kernel offers.
+pub fn problems(info: &MountInfo, dev: &Device) -> Vec<String> {
+    let mut out = Vec::new();
+    let mounts = info.mounts_of_device(dev.major, dev.minor);
+    if let Some(m) = mounts
+        .iter()
+        .find(|m| m.super_option("ro").is_some() && m.mount_option("ro").is_none())
+    {
+        out.push(format!(
+            "the {} filesystem of volume {} was remounted read-only by the kernel after errors \
+             (mounted at {}): check dmesg, unstage it and repair it (e2fsck / xfs_repair)",
+            m.fs_type,
+            dev.volume_id,
+            m.mount_point.display()
+        ));
+    }
+    if mounts.iter().any(|m| m.fs_type == "ext4") {
+        if let Some(count) = ext4_errors(dev.major, dev.minor).filter(|c| *c > 0) {
+            out.push(format!(
+                "the ext4 filesystem of volume {} has recorded {count} errors: check dmesg, \
+                 unstage it and run e2fsck -f on it",
+                dev.volume_id
+            ));
+        }
+    }
+    out
+}
+
+fn ext4_errors(major: u32, minor: u32) -> Option<u64> {
+    let name = dm::kernel_name(major, minor)?;
+    std::fs::read_to_string(format!("/sys/fs/ext4/{name}/errors_count"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(w: &[&str]) -> Vec<String> {
+        w.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn mount_flags_become_kernel_flags_and_data() {
+        let o =
+            MountOptions::parse("ext4", &words(&["noatime", "ro", "discard", "defaults"])).unwrap();
+        assert_eq!(o.flags, MsFlags::MS_NOATIME | MsFlags::MS_RDONLY);
+        assert_eq!(o.data(), Some("discard".into()));
+        let o = MountOptions::parse("ext4", &words(&["ro", "rw", "nosuid"])).unwrap();
+        assert_eq!(o.flags, MsFlags::MS_NOSUID);
+        assert_eq!(o.data(), None);
+        let o = MountOptions::parse("xfs", &[]).unwrap();
+        assert_eq!(o.data(), Some("nouuid".into()));
+        let o = MountOptions::parse("xfs", &words(&["nouuid", "noquota"])).unwrap();
+        assert_eq!(o.data(), Some("nouuid,noquota".into()));
+        for op in ["bind", "remount", "rshared", "move"] {
+            assert!(matches!(
+                MountOptions::parse("ext4", &words(&[op])),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn mkfs_never_discards_nor_forces() {
+        let (p, a) = mkfs_command("ext4", Path::new("/dev/v/l"), true).unwrap();
+        assert_eq!(p, "mkfs.ext4");
+        assert_eq!(
+            a,
+            vec![
+                "-q",
+                "-E",
+                "nodiscard,lazy_itable_init=1,lazy_journal_init=1,assume_storage_prezeroed=1",
+                "/dev/v/l"
+            ]
+        );
+        let (_, a) = mkfs_command("ext4", Path::new("/dev/v/l"), false).unwrap();
+        assert!(!a[2].contains("prezeroed"));
+        let (p, a) = mkfs_command("xfs", Path::new("/dev/v/l"), true).unwrap();
+        assert_eq!(
+            (p.as_str(), a),
+            (
+                "mkfs.xfs",
+                vec!["-q".to_string(), "-K".into(), "/dev/v/l".into()]
+            )
+        );
+        for (_, args) in [
+            mkfs_command("ext4", Path::new("/d"), true).unwrap(),
+            mkfs_command("xfs", Path::new("/d"), true).unwrap(),
+        ] {
+            assert!(!args.iter().any(|a| a == "-F" || a == "-f"));
+        }
+        assert!(mkfs_command("btrfs", Path::new("/d"), false).is_err());
+    }
+
+    #[test]
+    fn usage_of_a_real_filesystem() {
+        let u = usage(Path::new("/")).unwrap();
+        assert!(u.bytes_total > 0 && u.bytes_used <= u.bytes_total);
+        assert!(u.bytes_available <= u.bytes_total);
+        assert!(u.inodes_used <= u.inodes_total || u.inodes_total == 0);
+    }
+
+    #[test]
+    fn read_only_after_errors_is_a_problem_but_requested_ro_is_not() {
+        let dev = Device {
+            volume_id: "csi-v".into(),
+            path: "/dev/v/csi-v".into(),
+            major: 253,
+            minor: 9,
+        };
+        let table = |mount_opts: &str, super_opts: &str| {
+            MountInfo::parse(&format!(
+                "30 1 253:9 / /srv/s {mount_opts} - xfs /dev/v/csi-v {super_opts}\n"
+            ))
+            .unwrap()
+        };
+        assert!(problems(&table("rw,relatime", "rw"), &dev).is_empty());
+        assert!(problems(&table("ro,relatime", "ro"), &dev).is_empty());
+        let p = problems(&table("rw,relatime", "ro"), &dev);
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].contains("read-only") && p[0].contains("/srv/s"),
+            "{p:?}"
+        );
+    }
+}

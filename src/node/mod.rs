@@ -1,0 +1,395 @@
+//! The node layer: everything that happens on the node once the gRPC layer
+//! has validated a request and the LVM layer has the LV active. It probes
+//! and formats devices, mounts and bind-mounts, creates and removes device
+//! nodes, grows filesystems and reads usage and health.
+//!
+//! Ground rules:
+//! - "Is this mounted, and by what?" is answered from /proc/self/mountinfo
+//!   (`crate::mountinfo`), comparing device numbers, never from our own
+//!   bookkeeping or `mount` output.
+//! - Nothing is removed or unmounted unless it is proven to be ours: a
+//!   mount of the volume's device, a device node of the LV or of one of our
+//!   read-only overlays of it (or a node leading to no device at all).
+//! - Privileged syscalls go through `crate::sys`, external programs
+//!   (blkid, mkfs, resize2fs, xfs_growfs, dmsetup) through `crate::exec`.
+//!
+//! Modules: [`paths`] (which paths are accepted), [`blkid`] (what is on a
+//! device and whether it may be formatted), [`fs`] (filesystem volumes),
+//! [`block`] (raw block volumes), [`dm`] (thin mapping counts and
+//! read-only overlays).
+
+pub mod blkid;
+pub mod block;
+pub mod dm;
+pub mod fs;
+pub mod paths;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::exec::{self, Output};
+use crate::mountinfo::MountInfo;
+use crate::sys;
+
+/// How the node layer runs external programs.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    pub timeout: Duration,
+    /// No udevd: device-mapper tools must create /dev nodes themselves and
+    /// not wait for udev (same rule as the LVM layer's).
+    pub no_udev: bool,
+}
+
+impl Tools {
+    pub fn new(cfg: &Config) -> Tools {
+        Tools {
+            timeout: cfg.command_timeout(),
+            no_udev: cfg.no_udev(),
+        }
+    }
+
+    pub async fn run(&self, program: &str, args: &[String]) -> Result<Output> {
+        exec::run(program, args, &[], self.timeout).await
+    }
+}
+
+/// An active volume on this node: its id, /dev path and device numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub volume_id: String,
+    pub path: PathBuf,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Device {
+    pub fn numbers(&self) -> (u32, u32) {
+        (self.major, self.minor)
+    }
+}
+
+/// The mount table of this process.
+pub fn mount_table() -> Result<MountInfo> {
+    MountInfo::read().map_err(|e| Error::Internal(format!("mount table: {e}")))
+}
+
+/// Makes sure the LV's /dev node exists and is the device the kernel has
+/// for it. LVM creates it (with udev, or itself when udev is off); where
+/// neither happened, it is created here from the kernel numbers.
+pub fn ensure_dev_node(volume_id: &str, dev_path: &Path, kernel: (u32, u32)) -> Result<Device> {
+    let device = Device {
+        volume_id: volume_id.to_string(),
+        path: dev_path.to_path_buf(),
+        major: kernel.0,
+        minor: kernel.1,
+    };
+    match sys::device_numbers(dev_path) {
+        Ok(Some(n)) if n == kernel => return Ok(device),
+        Ok(other) => {
+            return Err(Error::FailedPrecondition(format!(
+                "{} is {} but the kernel has the LV as {}:{}; fix /dev (udev) and retry",
+                dev_path.display(),
+                match other {
+                    Some((ma, mi)) => format!("device {ma}:{mi}"),
+                    None => "not a block device".into(),
+                },
+                kernel.0,
+                kernel.1
+            )))
+        }
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(dir) = dev_path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    }
+    sys::make_block_node(dev_path, kernel.0, kernel.1, 0o660)?;
+    tracing::info!(path = %dev_path.display(), major = kernel.0, minor = kernel.1, "created the LV's /dev node (no udev)");
+    Ok(device)
+}
+
+/// NodeUnpublishVolume: undoes a publish at `target` of the volume whose LV
+/// has the numbers `lv` (`None` when the LV is not active). A mount of the
+/// volume is unmounted and the directory removed; a device node of ours is
+/// removed (with its read-only overlay). A missing target is success.
+/// Anything else at the target is refused and left as it is.
+pub async fn unpublish(
+    tools: &Tools,
+    lv: Option<(u32, u32)>,
+    volume_id: &str,
+    target: &Path,
+) -> Result<()> {
+    let mut unmounted = false;
+    // Stacked mounts of the volume (a publish repeated behind our back)
+    // come off one by one; the bound keeps a kernel surprise from looping.
+    for _ in 0..16 {
+        let info = mount_table()?;
+        let Some(m) = info.top_mount_at(target) else {
+            break;
+        };
+        if Some(m.device()) != lv {
+            return Err(Error::FailedPrecondition(format!(
+                "target {} is a mount of another device ({}:{}, {}), not of volume {volume_id}; it is left mounted",
+                target.display(),
+                m.major,
+                m.minor,
+                m.fs_type
+            )));
+        }
+        sys::unmount(target)?;
+        tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: unmounted");
+        unmounted = true;
+    }
+    let meta = match std::fs::symlink_metadata(target) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: target already gone");
+            return Ok(());
+        }
+        Err(e) => return Err(Error::io(format!("stat {}", target.display()), e)),
+    };
+    use std::os::unix::fs::FileTypeExt;
+    if meta.file_type().is_block_device() {
+        let node = numbers_of_node(target)?;
+        return block::unpublish_node(tools, lv, volume_id, target, node).await;
+    }
+    if meta.is_dir() {
+        return match std::fs::remove_dir(target) {
+            Ok(()) => {
+                tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: removed target directory");
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && unmounted => {
+                // Data written into the directory underneath the mount is
+                // not the volume's and not ours to delete.
+                tracing::warn!(target = %target.display(), "target directory is not empty after unmount; left in place");
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Err(Error::FailedPrecondition(format!(
+                "target {} is a non-empty directory that is not a mount of volume {volume_id}; it is left alone",
+                target.display()
+            ))),
+            Err(e) => Err(Error::io(format!("remove {}", target.display()), e)),
+        };
+    }
+    Err(Error::FailedPrecondition(format!(
+        "target {} is neither a mount nor a device node of volume {volume_id}; it is left alone",
+        target.display()
+    )))
+}
+
+fn numbers_of_node(path: &Path) -> Result<(u32, u32)> {
+    sys::device_numbers(path)?.ok_or_else(|| {
+        Error::Aborted(format!(
+            "{} changed while it was inspected; retry",
+            path.display()
+        ))
+    })
+}
+
+/// NodeUnstageVolume: unmounts the staging mount of the volume, or removes
+/// its block staging record. Refuses while the volume is still published
+/// from it, and never unmounts another device. The staging directory
+/// itself belongs to the CO and stays.
+pub async fn unstage(
+    tools: &Tools,
+    dev: Option<&Device>,
+    volume_id: &str,
+    staging: &Path,
+) -> Result<()> {
+    let lv = dev.map(Device::numbers);
+    let info = mount_table()?;
+    if let Some(m) = info.top_mount_at(staging) {
+        if Some(m.device()) != lv {
+            return Err(Error::FailedPrecondition(format!(
+                "staging path {} is a mount of another device ({}:{}, {}), not of volume {volume_id}; it is left mounted",
+                staging.display(),
+                m.major,
+                m.minor,
+                m.fs_type
+            )));
+        }
+        let staging_n = crate::mountinfo::normalize(staging);
+        if let Some(other) = info
+            .mounts_of_device(m.major, m.minor)
+            .into_iter()
+            .find(|o| crate::mountinfo::normalize(&o.mount_point) != staging_n)
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {volume_id} is still mounted at {}: unpublish it first",
+                other.mount_point.display()
+            )));
+        }
+        sys::unmount(staging)?;
+        tracing::info!(volume = volume_id, staging = %staging.display(), "NodeUnstageVolume: unmounted");
+        if mount_table()?.top_mount_at(staging).map(|m| m.device()) == lv {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {volume_id} was mounted more than once at {}; call NodeUnstageVolume again",
+                staging.display()
+            )));
+        }
+        return Ok(());
+    }
+    block::unstage(tools, dev, volume_id, staging).await
+}
+
+/// True when nothing on this node uses the volume any more: no mount of
+/// it, and no exclusive holder (mount, device-mapper device stacked on it,
+/// O_EXCL opener). The LV may then be deactivated; LVM itself still
+/// refuses if a plain opener remains.
+pub fn device_unused(dev: &Device) -> Result<bool> {
+    if !mount_table()?
+        .mounts_of_device(dev.major, dev.minor)
+        .is_empty()
+    {
+        return Ok(false);
+    }
+    Ok(sys::is_block_device_unused(&dev.path)?)
+}
+
+/// What NodeGetVolumeStats found at a volume path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Usage {
+    Filesystem(fs::Usage),
+    /// A raw block volume of this many bytes.
+    Block(u64),
+    /// Nothing measurable (see the problems).
+    Unknown,
+}
+
+/// Usage and problems of the volume at `path` (a staging or publish path).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    pub usage: Usage,
+    pub problems: Vec<String>,
+}
+
+/// NodeGetVolumeStats for an active volume. NOT_FOUND when `path` does
+/// not exist or holds something that is not this volume.
+pub fn stats(dev: &Device, path: &Path) -> Result<Stats> {
+    let not_here = |what: String| {
+        Error::NotFound(format!(
+            "volume {} is not at {}: {what}",
+            dev.volume_id,
+            path.display()
+        ))
+    };
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_here("the path does not exist".into()))
+        }
+        Err(e) => return Err(Error::io(format!("stat {}", path.display()), e)),
+    };
+    let info = mount_table()?;
+    if let Some(m) = info.top_mount_at(path) {
+        if m.device() != dev.numbers() {
+            return Err(not_here(format!(
+                "it is a mount of another device ({}:{})",
+                m.major, m.minor
+            )));
+        }
+        let mut problems = fs::problems(&info, dev);
+        let usage = match fs::usage(path) {
+            Ok(u) => Usage::Filesystem(u),
+            Err(nix::errno::Errno::EIO) => {
+                problems.push(format!(
+                    "the {} filesystem of volume {} answers with I/O errors (xfs shuts down after \
+                     corruption or a full thin pool): check dmesg and the thin pool, unstage it and repair it",
+                    m.fs_type, dev.volume_id
+                ));
+                Usage::Unknown
+            }
+            Err(e) => return Err(Error::Internal(format!("statvfs {}: {e}", path.display()))),
+        };
+        return Ok(Stats { usage, problems });
+    }
+    use std::os::unix::fs::FileTypeExt;
+    if meta.file_type().is_block_device() {
+        let node = numbers_of_node(path)?;
+        return match block::classify(node, Some(dev.numbers())) {
+            block::NodeKind::Lv | block::NodeKind::Overlay(_) => Ok(Stats {
+                usage: Usage::Block(sys::block_size_bytes(&dev.path)?),
+                problems: Vec::new(),
+            }),
+            _ => Err(not_here(format!(
+                "it is a device node of {}:{}",
+                node.0, node.1
+            ))),
+        };
+    }
+    if meta.is_dir() {
+        return match block::read_record(path)? {
+            Some(r) if r.volume_id == dev.volume_id => Ok(Stats {
+                usage: Usage::Block(sys::block_size_bytes(&dev.path)?),
+                problems: Vec::new(),
+            }),
+            Some(r) => Err(not_here(format!(
+                "it is the staging path of {}",
+                r.volume_id
+            ))),
+            None => Ok(Stats {
+                usage: Usage::Unknown,
+                problems: vec![format!(
+                    "volume {} is not mounted at {}: the mount was removed outside the driver; \
+                     restart the workload (or unstage and stage the volume) to mount it again",
+                    dev.volume_id,
+                    path.display()
+                )],
+            }),
+        };
+    }
+    Err(not_here(
+        "it is neither a mount, a device node nor a staging directory".into(),
+    ))
+}
+
+/// NodeExpandVolume for an active volume: grows the filesystem (mounted at
+/// one of `paths`, or anywhere) online, or for a block volume resizes its
+/// read-only overlays. Returns the device size in bytes.
+pub async fn expand(
+    tools: &Tools,
+    dev: &Device,
+    block_access: bool,
+    paths: &[&Path],
+) -> Result<u64> {
+    let size = sys::block_size_bytes(&dev.path)?;
+    if block_access {
+        for (name, _) in dm::overlays_of(dev.numbers()) {
+            dm::resize_overlay(tools, &name, dev.numbers(), size / 512).await?;
+        }
+        tracing::info!(
+            volume = dev.volume_id,
+            size,
+            "NodeExpandVolume: block volume, nothing to grow"
+        );
+        return Ok(size);
+    }
+    let info = mount_table()?;
+    let mount = paths
+        .iter()
+        .filter_map(|p| info.top_mount_at(p))
+        .find(|m| m.device() == dev.numbers())
+        .or_else(|| {
+            info.mounts_of_device(dev.major, dev.minor)
+                .into_iter()
+                .next()
+        })
+        .ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "volume {} is not mounted on this node: stage it before NodeExpandVolume",
+                dev.volume_id
+            ))
+        })?;
+    fs::grow(tools, &mount.fs_type, &dev.path, &mount.mount_point).await?;
+    tracing::info!(
+        volume = dev.volume_id,
+        size,
+        fs_type = mount.fs_type,
+        "NodeExpandVolume: filesystem grown"
+    );
+    Ok(size)
+}
