@@ -25,8 +25,10 @@ vm() {
     echo "== LVM tests in the VM"
     cargo build --bins
     cargo test --no-run --test lvm
+    # --show-output prints what passing tests wrote: the benchmark and
+    # reclaim figures (BENCH, MEASURE, RECLAIM lines).
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/vm-cargo-runner.sh" \
-        cargo test --test lvm -- --test-threads="${LVM_TEST_THREADS:-2}"
+        cargo test --test lvm -- --test-threads="${LVM_TEST_THREADS:-2}" --show-output
 }
 
 case $what in
