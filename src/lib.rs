@@ -13,5 +13,4 @@ pub mod naming;
 pub mod node;
 pub mod pool;
 pub mod proto;
-pub mod reclaim;
 pub mod sys;

@@ -90,6 +90,28 @@ pub enum Access {
     Mount { fs_type: String },
 }
 
+impl Access {
+    fn describe(&self) -> String {
+        match self {
+            Access::Block => "raw block access".into(),
+            Access::Mount { fs_type } => format!("a {fs_type} filesystem"),
+        }
+    }
+}
+
+/// Whether a requested access fits the one volume `name` was created with;
+/// `Err` says why not. A volume without a recorded access accepts either.
+pub fn fits(name: &str, have: Option<&Access>, wanted: &Access) -> Result<(), String> {
+    match have {
+        Some(have) if have != wanted => Err(format!(
+            "volume {name} was created for {}, not {}",
+            have.describe(),
+            wanted.describe()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// What we store about a volume in its tags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeTags {
@@ -308,6 +330,22 @@ mod tests {
         let t = VolumeTags::decode(["tpcsi.owner=x", "tpcsi.name=6161", "foreign"]).unwrap();
         assert_eq!(t.co_name, "aa");
         assert_eq!(t.access, None);
+    }
+
+    #[test]
+    fn capability_must_fit_recorded_access() {
+        let ext4 = Access::Mount {
+            fs_type: "ext4".into(),
+        };
+        let xfs = Access::Mount {
+            fs_type: "xfs".into(),
+        };
+        assert!(fits("v", Some(&ext4), &ext4).is_ok());
+        let why = fits("v", Some(&ext4), &xfs).unwrap_err();
+        assert!(why.contains("ext4") && why.contains("xfs"), "{why}");
+        assert!(fits("v", Some(&Access::Block), &ext4).is_err());
+        assert!(fits("v", Some(&ext4), &Access::Block).is_err());
+        assert!(fits("v", None, &Access::Block).is_ok());
     }
 
     #[test]

@@ -6,18 +6,18 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::validate;
+use super::{reply, validate};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::lvm::report::round_up;
 use crate::naming::Access;
+use crate::node::reclaim;
 use crate::proto::identity::capability::{self, reclaim_space, service};
 use crate::proto::identity::identity_server::Identity;
 use crate::proto::identity::*;
 use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceController;
 use crate::proto::reclaimspace::reclaim_space_node_server::ReclaimSpaceNode;
 use crate::proto::reclaimspace::*;
-use crate::reclaim;
 
 pub struct AddonsService {
     pub driver: Arc<Driver>,
@@ -115,7 +115,11 @@ impl AddonsService {
         if !was_active {
             d.lvm.activate(&id).await?;
         }
-        let res = self.reclaim_unused(&id, access, pool_chunk).await;
+        // An LV that was active already has its usage in this report.
+        let known_pre = vol.lv.allocated_bytes().filter(|_| was_active);
+        let res = self
+            .reclaim_unused(&id, access, pool_chunk, known_pre)
+            .await;
         if !was_active {
             if let Err(e) = d.lvm.deactivate(&id).await {
                 tracing::warn!(id, error = %e, "ControllerReclaimSpace: could not deactivate again");
@@ -134,10 +138,14 @@ impl AddonsService {
         id: &str,
         access: Option<Access>,
         chunk: u64,
+        known_pre: Option<u64>,
     ) -> Result<(u64, u64)> {
         let d = &self.driver;
         let dev = PathBuf::from(d.lvm.dev_path(id));
-        let pre = d.usage(id).await?;
+        let pre = match known_pre {
+            Some(p) => p,
+            None => d.usage(id).await?,
+        };
         match access {
             Some(Access::Mount { fs_type }) => {
                 let dir = d.cfg.state_dir.join("reclaim").join(id);
@@ -175,10 +183,6 @@ impl AddonsService {
         let post = d.usage(id).await?;
         Ok((pre, post))
     }
-}
-
-fn reply<T>(r: Result<T>) -> Result<Response<T>, Status> {
-    r.map(Response::new).map_err(Status::from)
 }
 
 #[tonic::async_trait]

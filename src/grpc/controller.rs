@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::validate;
+use super::{reply, validate};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::lvm::report::{Capacity, Lv, Report};
@@ -153,10 +153,6 @@ impl Driver {
         }
         Ok(())
     }
-}
-
-fn reply<T>(r: Result<T>) -> Result<Response<T>, Status> {
-    r.map(Response::new).map_err(Status::from)
 }
 
 impl ControllerService {
@@ -465,13 +461,7 @@ impl ControllerService {
 /// A capability must fit how the volume was created: block stays block,
 /// and a filesystem volume is mounted with its own filesystem.
 fn check_access(vol: &Owned, wanted: &Access) -> Result<()> {
-    match &vol.tags.access {
-        Some(have) if have != wanted => Err(Error::InvalidArgument(format!(
-            "volume {} was created for {have:?}, not {wanted:?}",
-            vol.lv.name
-        ))),
-        _ => Ok(()),
-    }
+    naming::fits(&vol.lv.name, vol.tags.access.as_ref(), wanted).map_err(Error::InvalidArgument)
 }
 
 /// Our volumes, sorted by id: the order ListVolumes pages through.

@@ -19,6 +19,11 @@ use crate::proto::csi::v1::controller_server::ControllerServer;
 use crate::proto::csi::v1::identity_server::IdentityServer;
 use crate::proto::csi::v1::node_server::NodeServer;
 
+/// A handler's result as tonic wants it; errors map through `crate::error`.
+pub(crate) fn reply<T>(r: Result<T>) -> std::result::Result<tonic::Response<T>, tonic::Status> {
+    r.map(tonic::Response::new).map_err(tonic::Status::from)
+}
+
 /// Binds `socket`, replacing a stale socket file but nothing else.
 pub fn bind(socket: &Path) -> Result<UnixListener> {
     if let Some(dir) = socket.parent() {

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::controller::Owned;
-use super::validate;
+use super::{reply, validate};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::lvm::report::{Lv, Report};
-use crate::naming::Access;
+use crate::lvm::report::Lv;
+use crate::naming::{self, Access};
 use crate::node::{self, block, fs, paths, Device, Tools};
 use crate::proto::csi::v1::node_server::Node;
 use crate::proto::csi::v1::node_service_capability::rpc::Type as RpcType;
@@ -49,32 +49,10 @@ impl NodeService {
     }
 }
 
-fn reply<T>(r: Result<T>) -> Result<Response<T>, Status> {
-    r.map(Response::new).map_err(Status::from)
-}
-
 /// Whether a capability fits how the volume was created; `Err` says why
 /// not. Volumes without a recorded access accept either.
 fn access_fits(vol: &Owned, wanted: &Access) -> std::result::Result<(), String> {
-    fits(&vol.lv.name, vol.tags.access.as_ref(), wanted)
-}
-
-fn fits(name: &str, have: Option<&Access>, wanted: &Access) -> std::result::Result<(), String> {
-    match have {
-        Some(have) if have != wanted => Err(format!(
-            "volume {name} was created for {}, not {}",
-            describe(have),
-            describe(wanted)
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn describe(a: &Access) -> String {
-    match a {
-        Access::Block => "raw block access".into(),
-        Access::Mount { fs_type } => format!("a {fs_type} filesystem"),
-    }
+    naming::fits(&vol.lv.name, vol.tags.access.as_ref(), wanted)
 }
 
 /// The access mode of a capability that `validate::capability` accepted.
@@ -137,11 +115,10 @@ impl NodeService {
 
     /// Activates the LV when needed and returns its device, with the /dev
     /// node in place. The bool says whether this call activated it.
-    async fn activate(&self, report: &Report, id: &str) -> Result<(Device, bool)> {
+    async fn activate(&self, lv: &Lv, id: &str) -> Result<(Device, bool)> {
         let d = &self.driver;
-        let vol = d.must_own(report, id)?;
-        let (lv, activated) = if vol.lv.is_active() && vol.lv.kernel.is_some() {
-            (vol.lv.clone(), false)
+        let (lv, activated) = if lv.is_active() && lv.kernel.is_some() {
+            (lv.clone(), false)
         } else {
             d.lvm.activate(id).await?;
             tracing::info!(id, "activated LV");
@@ -202,7 +179,7 @@ impl NodeService {
             zeroes_new_chunks: pool.is_some_and(|p| pool_zeroes_new_chunks(&p.attr)),
             problem: pool.and_then(Lv::problem),
         };
-        let (dev, activated) = self.activate(&report, id).await?;
+        let (dev, activated) = self.activate(vol.lv, id).await?;
         let res = match (&access, &opts) {
             (Access::Mount { fs_type }, Some(opts)) => {
                 fs::stage(&self.tools, &dev, &staging, fs_type, opts, &pool).await
@@ -544,22 +521,6 @@ mod tests {
         assert!(pool_zeroes_new_chunks("twi-aotz--"));
         assert!(!pool_zeroes_new_chunks("twi-aot---"));
         assert!(!pool_zeroes_new_chunks(""));
-    }
-
-    #[test]
-    fn capability_must_fit_recorded_access() {
-        let ext4 = Access::Mount {
-            fs_type: "ext4".into(),
-        };
-        let xfs = Access::Mount {
-            fs_type: "xfs".into(),
-        };
-        assert!(fits("v", Some(&ext4), &ext4).is_ok());
-        let why = fits("v", Some(&ext4), &xfs).unwrap_err();
-        assert!(why.contains("ext4") && why.contains("xfs"), "{why}");
-        assert!(fits("v", Some(&Access::Block), &ext4).is_err());
-        assert!(fits("v", Some(&ext4), &Access::Block).is_err());
-        assert!(fits("v", None, &Access::Block).is_ok());
     }
 
     #[test]

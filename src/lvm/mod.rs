@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::{self, Output};
-use report::{Report, LVS_FIELDS};
+use report::Report;
 
 /// Settings that let LVM work where no udevd runs (containers, our VM):
 /// libdevmapper then creates /dev/mapper and /dev/VG/LV nodes itself.
@@ -111,19 +111,7 @@ impl Lvm {
     pub async fn fresh_report(&self) -> Result<Arc<Report>> {
         let generation = self.cache.lock().unwrap().generation;
         let out = self
-            .query(
-                "lvs",
-                crate::argv![
-                    "--reportformat",
-                    "json",
-                    "--units",
-                    "b",
-                    "--nosuffix",
-                    "-o",
-                    LVS_FIELDS,
-                    self.vg.as_str()
-                ],
-            )
+            .query("lvs", report::lvs_args(&self.vg))
             .await
             .map_err(|e| match e {
                 Error::Command { stderr, .. } if stderr.contains("not found") => {

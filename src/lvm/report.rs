@@ -14,6 +14,20 @@ pub const LVS_FIELDS: &str = "lv_name,vg_name,lv_attr,lv_size,pool_lv,segtype,da
 metadata_percent,lv_tags,lv_health_status,lv_kernel_major,lv_kernel_minor,vg_extent_size,\
 vg_size,vg_free,chunk_size";
 
+/// Arguments of `lvs` for the report of volume group `vg`.
+pub fn lvs_args(vg: &str) -> Vec<String> {
+    crate::argv![
+        "--reportformat",
+        "json",
+        "--units",
+        "b",
+        "--nosuffix",
+        "-o",
+        LVS_FIELDS,
+        vg
+    ]
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lv {
     pub name: String,

@@ -23,6 +23,7 @@ pub mod block;
 pub mod dm;
 pub mod fs;
 pub mod paths;
+pub mod reclaim;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -228,17 +228,10 @@ pub fn try_lvm(args: &[&str]) -> Result<String, String> {
 
 /// `lvs` of one VG, parsed by the driver's own parser.
 pub fn lvs(vg: &str) -> thinpool_csi::lvm::report::Report {
-    let out = lvm(&[
-        "lvs",
-        "--reportformat",
-        "json",
-        "--units",
-        "b",
-        "--nosuffix",
-        "-o",
-        thinpool_csi::lvm::report::LVS_FIELDS,
-        vg,
-    ]);
+    let args = thinpool_csi::lvm::report::lvs_args(vg);
+    let mut argv = vec!["lvs"];
+    argv.extend(args.iter().map(String::as_str));
+    let out = lvm(&argv);
     thinpool_csi::lvm::report::Report::parse(&out).unwrap()
 }
 

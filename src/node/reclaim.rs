@@ -6,14 +6,13 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::mountinfo::MountInfo;
 use crate::sys::{self, MsFlags};
 
 /// A filesystem mount of the device `major:minor`, if there is one: where
 /// FITRIM can run. Found from the mount table, never from a path a caller
 /// gave, so no path can point the trim at another filesystem.
 pub fn fs_mount_of(major: u32, minor: u32) -> Result<Option<(std::path::PathBuf, String)>> {
-    let table = MountInfo::read().map_err(|e| Error::Internal(e.to_string()))?;
+    let table = super::mount_table()?;
     Ok(table
         .mounts_of_device(major, minor)
         .into_iter()
