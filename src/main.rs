@@ -108,8 +108,15 @@ async fn main() -> ExitCode {
     let driver = Arc::new(Driver::new(cfg, node_id));
     // A pool that cannot be brought up is reported by Probe; the driver
     // still serves so the CO can see why.
-    if let Err(e) = pool::ensure(&driver.cfg, &driver.lvm).await {
-        tracing::error!(error = %e, "thin pool is not usable");
+    match pool::ensure(&driver.cfg, &driver.lvm).await {
+        Err(e) => tracing::error!(error = %e, "thin pool is not usable"),
+        Ok(()) => {
+            // Bring back what was staged here (a rebooted node lost its
+            // mounts), while the sockets come up; the per-volume guard
+            // keeps it apart from calls the CO makes meanwhile.
+            let node = grpc::node::NodeService::new(driver.clone());
+            tokio::spawn(async move { node.heal_staged().await });
+        }
     }
     let bind = |path: &std::path::Path| {
         grpc::bind(path)

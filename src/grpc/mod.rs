@@ -3,6 +3,7 @@
 
 pub mod addons;
 pub mod controller;
+pub mod healer;
 pub mod identity;
 pub mod node;
 pub mod validate;
@@ -73,6 +74,7 @@ pub async fn serve_addons(
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
+    use crate::proto::healer::healer_node_server::HealerNodeServer;
     use crate::proto::identity::identity_server::IdentityServer as AddonsIdentityServer;
     use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceControllerServer;
     use crate::proto::reclaimspace::reclaim_space_node_server::ReclaimSpaceNodeServer;
@@ -83,6 +85,9 @@ pub async fn serve_addons(
         .add_service(AddonsIdentityServer::new(svc()))
         .add_service(ReclaimSpaceNodeServer::new(svc()))
         .add_service(ReclaimSpaceControllerServer::new(svc()))
+        .add_service(HealerNodeServer::new(node::NodeService::new(
+            driver.clone(),
+        )))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| Error::Internal(format!("CSI-Addons gRPC server: {e}")))

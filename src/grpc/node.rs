@@ -17,7 +17,7 @@ use super::controller::Owned;
 use super::{reply, validate};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::lvm::report::Lv;
+use crate::lvm::report::{Lv, Report};
 use crate::naming::{self, Access};
 use crate::node::{self, block, fs, paths, Device, Tools};
 use crate::proto::csi::v1::node_server::Node;
@@ -39,7 +39,7 @@ pub const CAPABILITIES: &[RpcType] = &[
 
 pub struct NodeService {
     pub driver: Arc<Driver>,
-    tools: Tools,
+    pub(super) tools: Tools,
 }
 
 impl NodeService {
@@ -56,14 +56,14 @@ fn access_fits(vol: &Owned, wanted: &Access) -> std::result::Result<(), String> 
 }
 
 /// The access mode of a capability that `validate::capability` accepted.
-fn mode(cap: &VolumeCapability) -> Mode {
+pub(super) fn mode(cap: &VolumeCapability) -> Mode {
     cap.access_mode
         .as_ref()
         .and_then(|m| Mode::try_from(m.mode).ok())
         .unwrap_or(Mode::Unknown)
 }
 
-fn mount_flags(cap: &VolumeCapability) -> &[String] {
+pub(super) fn mount_flags(cap: &VolumeCapability) -> &[String] {
     match &cap.access_type {
         Some(AccessType::Mount(m)) => &m.mount_flags,
         _ => &[],
@@ -82,6 +82,15 @@ pub fn pool_zeroes_new_chunks(pool_attr: &str) -> bool {
     pool_attr.chars().nth(7) == Some('z')
 }
 
+/// What staging needs to know of the pool in `report`.
+pub(super) fn pool_state(d: &Driver, report: &Report) -> fs::PoolState {
+    let pool = d.pool(report).ok();
+    fs::PoolState {
+        zeroes_new_chunks: pool.is_some_and(|p| pool_zeroes_new_chunks(&p.attr)),
+        problem: pool.and_then(Lv::problem),
+    }
+}
+
 /// The volume's device when its LV is active (no /dev changes).
 fn current_device(d: &Driver, lv: &Lv) -> Option<Device> {
     let (major, minor) = lv.kernel.filter(|_| lv.is_active())?;
@@ -98,13 +107,13 @@ fn required_cap(cap: Option<&VolumeCapability>) -> Result<&VolumeCapability> {
 }
 
 impl NodeService {
-    fn path(&self, field: &str, value: &str) -> Result<PathBuf> {
+    pub(super) fn path(&self, field: &str, value: &str) -> Result<PathBuf> {
         paths::check(field, value, &self.driver.cfg.allowed_roots)
     }
 
     /// The real location of a checked path; `None` when its parent is
     /// missing.
-    fn resolve(&self, path: &Path) -> Result<Option<PathBuf>> {
+    pub(super) fn resolve(&self, path: &Path) -> Result<Option<PathBuf>> {
         Ok(
             match paths::resolve(path, &self.driver.cfg.allowed_roots)? {
                 paths::Resolved::At(p) => Some(p),
@@ -115,7 +124,7 @@ impl NodeService {
 
     /// Activates the LV when needed and returns its device, with the /dev
     /// node in place. The bool says whether this call activated it.
-    async fn activate(&self, lv: &Lv, id: &str) -> Result<(Device, bool)> {
+    pub(super) async fn activate(&self, lv: &Lv, id: &str) -> Result<(Device, bool)> {
         let d = &self.driver;
         let (lv, activated) = if lv.is_active() && lv.kernel.is_some() {
             (lv.clone(), false)
@@ -174,11 +183,7 @@ impl NodeService {
                 staging.display()
             ))
         })?;
-        let pool = d.pool(&report).ok();
-        let pool = fs::PoolState {
-            zeroes_new_chunks: pool.is_some_and(|p| pool_zeroes_new_chunks(&p.attr)),
-            problem: pool.and_then(Lv::problem),
-        };
+        let pool = pool_state(d, &report);
         let (dev, activated) = self.activate(vol.lv, id).await?;
         let res = match (&access, &opts) {
             (Access::Mount { fs_type }, Some(opts)) => {
@@ -191,6 +196,12 @@ impl NodeService {
             self.deactivate_if_unused(&dev).await;
         }
         res?;
+        // Remember where it is staged, so a restarted driver can heal it.
+        let tag = naming::staged_tag(&staging);
+        let old = naming::staged_path(&vol.lv.tags).map(|(t, _)| t.to_string());
+        if old.as_deref() != Some(tag.as_str()) {
+            d.lvm.retag(id, old.as_deref(), Some(&tag)).await?;
+        }
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -207,6 +218,9 @@ impl NodeService {
             _ => {
                 tracing::info!(id, staging = %staging.display(), "NodeUnstageVolume: staging path is gone")
             }
+        }
+        if let Some((tag, _)) = naming::staged_path(&vol.lv.tags) {
+            d.lvm.retag(id, Some(tag), None).await?;
         }
         if let Some(dev) = &dev {
             self.deactivate_if_unused(dev).await;

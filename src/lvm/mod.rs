@@ -190,6 +190,22 @@ impl Lvm {
         .map(drop)
     }
 
+    /// Removes tag `del` and adds tag `add` in one lvchange.
+    pub async fn retag(&self, name: &str, del: Option<&str>, add: Option<&str>) -> Result<()> {
+        let mut args = Vec::new();
+        if let Some(t) = del {
+            args.extend(crate::argv!["--deltag", t]);
+        }
+        if let Some(t) = add {
+            args.extend(crate::argv!["--addtag", t]);
+        }
+        if args.is_empty() {
+            return Ok(());
+        }
+        args.push(self.lv_path(name));
+        self.change("lvchange", args).await.map(drop)
+    }
+
     pub async fn deactivate(&self, name: &str) -> Result<()> {
         self.change(
             "lvchange",

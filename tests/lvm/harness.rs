@@ -90,7 +90,8 @@ impl TestDriver {
         d
     }
 
-    async fn spawn(&mut self) {
+    /// Starts the driver process (again) on this config.
+    pub async fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -932,3 +932,192 @@ async fn measure_stage_cost_and_pool_use() {
         );
     }
 }
+
+async fn heal(
+    d: &TestDriver,
+    id: &str,
+    target: &Path,
+    staging: &Path,
+    cap: Option<VolumeCapability>,
+) -> (bool, String) {
+    use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
+    use thinpool_csi::proto::healer::NodeHealerRequest;
+    let mut h = HealerNodeClient::connect(d.addons_uri()).await.unwrap();
+    let r = h
+        .node_healer(NodeHealerRequest {
+            volume_id: id.into(),
+            volume_path: s(target),
+            staging_target_path: s(staging),
+            volume_capability: cap,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("NodeHealer {id}: {e}"))
+        .into_inner();
+    eprintln!("HEAL {id}: abnormal={} {}", r.abnormal, r.message);
+    (r.abnormal, r.message)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healer_heals_mounts_activation_and_dev_node_and_restart_restages() {
+    let k = Kubelet::new("heal");
+    let mut d = TestDriver::start("nheal", 128 * MIB, &k.extra()).await;
+    let mut n = d.node().await;
+    let id = create(&d, "healme", 16 * MIB, mount_cap("ext4")).await;
+    let staging = k.staging("healme");
+    let target = k.target("healme");
+    stage(&mut n, &id, &staging, mount_cap("ext4")).await;
+    publish(&mut n, &id, &staging, &target, mount_cap("ext4"), false).await;
+    std::fs::write(target.join("data"), b"kept through healing").unwrap();
+    let read = || std::fs::read(target.join("data")).unwrap_or_default();
+    let cap = Some(mount_cap("ext4"));
+    assert!(!heal(&d, &id, &target, &staging, cap.clone()).await.0);
+
+    // Both mounts vanish behind the driver's back.
+    sh("umount", &[&s(&target)]);
+    sh("umount", &[&s(&staging)]);
+    let (abnormal, msg) = heal(&d, &id, &target, &staging, cap.clone()).await;
+    assert!(
+        abnormal && msg.contains("re-mounted") && msg.contains("re-bound"),
+        "{msg}"
+    );
+    assert_eq!(read(), b"kept through healing");
+    assert!(
+        !heal(&d, &id, &target, &staging, cap.clone()).await.0,
+        "healed for good"
+    );
+
+    // The LV is deactivated behind the driver's back.
+    sh("umount", &[&s(&target)]);
+    sh("umount", &[&s(&staging)]);
+    lvm(&["lvchange", "-an", &format!("{}/{id}", d.vg)]);
+    let (abnormal, msg) = heal(&d, &id, &target, &staging, cap.clone()).await;
+    assert!(abnormal && msg.contains("re-activated"), "{msg}");
+    assert_eq!(read(), b"kept through healing");
+
+    // The device node is deleted behind the driver's back.
+    std::fs::remove_file(dev(&d, &id)).unwrap();
+    let (abnormal, msg) = heal(&d, &id, &target, &staging, cap.clone()).await;
+    assert!(abnormal && msg.contains("device node"), "{msg}");
+    let meta = std::fs::metadata(dev(&d, &id)).unwrap();
+    assert!(meta.file_type().is_block_device());
+    assert!(!heal(&d, &id, &target, &staging, cap.clone()).await.0);
+
+    // A "reboot": the driver stops, the mounts and the activation are gone;
+    // at start-up the driver re-stages what was staged.
+    d.stop();
+    sh("umount", &[&s(&target)]);
+    sh("umount", &[&s(&staging)]);
+    lvm(&["lvchange", "-an", &format!("{}/{id}", d.vg)]);
+    d.spawn().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mounted(&staging).is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        mounted(&staging).is_some(),
+        "not re-staged; log:\n{}",
+        d.log()
+    );
+    assert!(d.log().contains("start-up heal"), "{}", d.log());
+    // The CO re-publishes; the data is there.
+    let mut n = d.node().await;
+    publish(&mut n, &id, &staging, &target, mount_cap("ext4"), false).await;
+    assert_eq!(read(), b"kept through healing");
+
+    // Bad input is refused before anything is touched.
+    use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
+    use thinpool_csi::proto::healer::NodeHealerRequest;
+    let mut h = HealerNodeClient::connect(d.addons_uri()).await.unwrap();
+    for (req, want) in [
+        (
+            NodeHealerRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeHealerRequest {
+                volume_id: "vg0/root".into(),
+                volume_path: s(&target),
+                ..Default::default()
+            },
+            Code::NotFound,
+        ),
+        (
+            NodeHealerRequest {
+                volume_id: id.clone(),
+                volume_path: "/etc".into(),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeHealerRequest {
+                volume_id: id.clone(),
+                volume_path: format!("{}/../../etc", s(&target)),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+    ] {
+        let e = h.node_healer(req).await.unwrap_err();
+        assert_eq!(e.code(), want, "{e:?}");
+    }
+    unpublish(&mut n, &id, &target).await;
+    unstage(&mut n, &id, &staging).await;
+    let tags = lvs(&d.vg).find(&id).unwrap().tags.clone();
+    assert!(
+        thinpool_csi::naming::staged_path(&tags).is_none(),
+        "unstage drops the staging tag"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healer_restores_block_node_and_leaves_a_full_pool_alone() {
+    let k = Kubelet::new("hfull");
+    let d = TestDriver::start("nhfull", 64 * MIB, &k.extra()).await;
+    let mut n = d.node().await;
+    lvm(&[
+        "lvchange",
+        "--errorwhenfull",
+        "y",
+        &format!("{}/pool", d.vg),
+    ]);
+    let fill = create(&d, "hfill", 64 * MIB, block_cap()).await;
+    let staging = k.staging("hfill");
+    let target = k.target("hfill");
+    stage(&mut n, &fill, &staging, block_cap()).await;
+    publish(&mut n, &fill, &staging, &target, block_cap(), false).await;
+    // A deleted block device node is re-created.
+    std::fs::remove_file(&target).unwrap();
+    let (abnormal, msg) = heal(&d, &fill, &target, &staging, Some(block_cap())).await;
+    assert!(abnormal && msg.contains("re-created"), "{msg}");
+    assert!(std::fs::metadata(&target)
+        .unwrap()
+        .file_type()
+        .is_block_device());
+    // Fill the pool to 100 %: reported, and not "healed".
+    let out = Command::new("dd")
+        .args([
+            "if=/dev/urandom",
+            &format!("of={}", target.display()),
+            "bs=1M",
+            "oflag=direct",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the pool must run out of space");
+    std::fs::remove_file(&target).unwrap();
+    let (abnormal, msg) = heal(&d, &fill, &target, &staging, Some(block_cap())).await;
+    assert!(
+        abnormal && msg.contains("full") && msg.contains("nothing was changed"),
+        "{msg}"
+    );
+    assert!(
+        !target.exists(),
+        "nothing is touched while the pool is full"
+    );
+    unstage(&mut n, &fill, &staging).await;
+}
