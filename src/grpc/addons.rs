@@ -23,9 +23,6 @@ pub struct AddonsService {
     pub driver: Arc<Driver>,
 }
 
-/// CSI-Addons paths may be as long as the OS allows (spec), within reason.
-const MAX_PATH: usize = 4096;
-
 impl Driver {
     /// Bytes the volume has allocated in the pool (size × Data%), from a
     /// fresh `lvs` report.
@@ -59,9 +56,8 @@ impl AddonsService {
                 "volume_path or staging_target_path is required".into(),
             ));
         }
-        if req.volume_path.len() > MAX_PATH || req.staging_target_path.len() > MAX_PATH {
-            return Err(Error::InvalidArgument("path longer than 4096 bytes".into()));
-        }
+        validate::addons_path_len("volume_path", &req.volume_path)?;
+        validate::addons_path_len("staging_target_path", &req.staging_target_path)?;
         let _held = d.inflight.try_hold(id, "NodeReclaimSpace")?;
         let report = d.lvm.fresh_report().await?;
         let vol = d.must_own(&report, id)?;

@@ -20,9 +20,6 @@ use crate::proto::healer::healer_node_server::HealerNode;
 use crate::proto::healer::{NodeHealerRequest, NodeHealerResponse};
 use crate::sys;
 
-/// CSI-Addons paths may be as long as the OS allows (spec), within reason.
-const MAX_PATH: usize = 4096;
-
 /// The outcome of one check: `abnormal` when anything was wrong, whether
 /// or not it could be healed, with a message saying what and what was done.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,11 +208,7 @@ impl NodeService {
     async fn node_healer_call(&self, req: NodeHealerRequest) -> Result<NodeHealerResponse> {
         let id = validate::existing_volume_id(&req.volume_id)?;
         let path_of = |field: &str, v: &str| -> Result<PathBuf> {
-            if v.len() > MAX_PATH {
-                return Err(Error::InvalidArgument(format!(
-                    "{field} is longer than {MAX_PATH} bytes"
-                )));
-            }
+            validate::addons_path_len(field, v)?;
             self.path(field, v)
         };
         if req.volume_path.is_empty() {

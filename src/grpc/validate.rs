@@ -36,6 +36,17 @@ pub fn bounded_string<'a>(field: &str, value: &'a str) -> Result<&'a str> {
     Ok(value)
 }
 
+/// CSI-Addons paths override CSI's 128-byte limit: as long as the OS
+/// allows, within this bound.
+pub const MAX_ADDONS_PATH: usize = 4096;
+
+pub fn addons_path_len(field: &str, value: &str) -> Result<()> {
+    if value.len() > MAX_ADDONS_PATH {
+        return invalid(format!("{field} is longer than {MAX_ADDONS_PATH} bytes"));
+    }
+    Ok(())
+}
+
 /// A volume id in a request. `Ok(None)` means well formed for CSI but not
 /// an id this driver ever issues: no such volume of ours exists.
 pub fn volume_id(id: &str) -> Result<Option<&str>> {

@@ -817,15 +817,7 @@ async fn volume_condition_turns_abnormal() {
     publish(&mut n, &fill, &fst, &target, block_cap(), false).await;
     let before = stats(&mut n, &fill, &target).await;
     assert!(!condition(&before).0, "{}", condition(&before).1);
-    let out = Command::new("dd")
-        .args([
-            "if=/dev/urandom",
-            &format!("of={}", target.display()),
-            "bs=1M",
-            "oflag=direct",
-        ])
-        .output()
-        .unwrap();
+    let out = fill_through(&target);
     eprintln!(
         "dd into the pool: {}",
         String::from_utf8_lossy(&out.stderr).trim()
@@ -931,6 +923,20 @@ async fn measure_stage_cost_and_pool_use() {
             "staging an empty 10 GiB {fs} volume must not take a large part of the pool"
         );
     }
+}
+
+/// Writes random data through a block device until it fails (the pool
+/// runs out of space); returns dd's result.
+fn fill_through(dev: &Path) -> std::process::Output {
+    Command::new("dd")
+        .args([
+            "if=/dev/urandom",
+            &format!("of={}", dev.display()),
+            "bs=1M",
+            "oflag=direct",
+        ])
+        .output()
+        .unwrap()
 }
 
 async fn heal(
@@ -1099,15 +1105,7 @@ async fn healer_restores_block_node_and_leaves_a_full_pool_alone() {
         .file_type()
         .is_block_device());
     // Fill the pool to 100 %: reported, and not "healed".
-    let out = Command::new("dd")
-        .args([
-            "if=/dev/urandom",
-            &format!("of={}", target.display()),
-            "bs=1M",
-            "oflag=direct",
-        ])
-        .output()
-        .unwrap();
+    let out = fill_through(&target);
     assert!(!out.status.success(), "the pool must run out of space");
     std::fs::remove_file(&target).unwrap();
     let (abnormal, msg) = heal(&d, &fill, &target, &staging, Some(block_cap())).await;
