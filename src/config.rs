@@ -41,8 +41,11 @@ pub struct Config {
     /// Listen address of the CSI-Addons services (Identity, ReclaimSpace,
     /// NodeHealer), for the csi-addons sidecar; empty disables them.
     pub csi_addons_endpoint: String,
-    /// Driver-owned directory for private mounts (ControllerReclaimSpace).
+    /// Driver-owned, persistent directory: the node records, formatting
+    /// markers, the single-instance lock and private reclaim mounts.
     pub state_dir: PathBuf,
+    /// Bound on one ReclaimSpace call's trim or zero-run scan, in seconds.
+    pub reclaim_timeout_secs: u64,
     /// ControllerReclaimSpace on a raw block volume discards runs of this
     /// many bytes that read back as zeroes (rounded up to the pool's chunk).
     #[serde(deserialize_with = "de_size")]
@@ -95,7 +98,8 @@ impl Default for Config {
             loop_pool: None,
             allowed_roots: vec![PathBuf::from("/var/lib/kubelet")],
             csi_addons_endpoint: "unix:///run/thinpool-csi/csi-addons.sock".into(),
-            state_dir: PathBuf::from("/run/thinpool-csi"),
+            state_dir: PathBuf::from("/var/lib/thinpool-csi/state"),
+            reclaim_timeout_secs: 600,
             reclaim_zero_run: 64 << 10,
         }
     }
@@ -192,6 +196,12 @@ impl Config {
         if !self.state_dir.is_absolute() {
             return Err(invalid("state_dir", "must be an absolute path"));
         }
+        if self.reclaim_timeout_secs == 0 || self.reclaim_timeout_secs > 86400 {
+            return Err(invalid(
+                "reclaim_timeout_secs",
+                "must be between 1 and 86400",
+            ));
+        }
         if self.reclaim_zero_run == 0 || self.reclaim_zero_run % 512 != 0 {
             return Err(invalid(
                 "reclaim_zero_run",
@@ -227,6 +237,10 @@ impl Config {
 
     pub fn command_timeout(&self) -> Duration {
         Duration::from_secs(self.command_timeout_secs)
+    }
+
+    pub fn reclaim_timeout(&self) -> Duration {
+        Duration::from_secs(self.reclaim_timeout_secs)
     }
 
     /// Whether LVM and device-mapper tools must run without udev (create
@@ -383,6 +397,7 @@ mod tests {
             ),
             ("state_dir = \"run\"", "state_dir"),
             ("reclaim_zero_run = 1000", "reclaim_zero_run"),
+            ("reclaim_timeout_secs = 0", "reclaim_timeout_secs"),
             ("default_volume_size = \"12XB\"", "default_volume_size"),
             ("default_volume_size = -1", "default_volume_size"),
             (

@@ -42,13 +42,17 @@ pub enum Error {
         status: String,
         stderr: String,
     },
-    /// An external command ran past its timeout and was killed.
-    #[error("{program} timed out after {after:?} and was killed")]
+    /// An external command ran past its timeout and was stopped (see `exec::Stop`).
+    #[error("{program} timed out after {after:?} and was stopped")]
     Timeout {
         program: String,
         argv: Vec<String>,
         after: Duration,
     },
+    /// A blocking step (mount, umount, an ioctl) did not finish within its
+    /// bound (see `crate::blocking`); it goes on in the background.
+    #[error("{what} did not finish within {after:?}; it goes on in the background, retry later")]
+    Stalled { what: String, after: Duration },
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -81,7 +85,7 @@ impl Error {
             Error::OutOfRange(_) => Code::OutOfRange,
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Unavailable(_) => Code::Unavailable,
-            Error::Timeout { .. } => Code::DeadlineExceeded,
+            Error::Timeout { .. } | Error::Stalled { .. } => Code::DeadlineExceeded,
             Error::Command { stderr, .. } => command_code(stderr),
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => Code::NotFound,

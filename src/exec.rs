@@ -1,6 +1,14 @@
 //! The one way this driver runs an external program: an argv (never a shell
-//! string), a timeout after which the child is killed, stdin closed, and
-//! stderr captured into the error.
+//! string), a timeout, stdin closed, and stderr captured into the error.
+//!
+//! A command is stopped only by its own timeout, never because the caller
+//! went away: the child is not killed when the future is dropped (tokio
+//! reaps it), and mutations run as tasks that outlive their caller anyway
+//! (`crate::volume::Ops`). Past its timeout a command is stopped as its
+//! [`Stop`] says: LVM gets SIGINT, at which it stops at a safe point, and
+//! is waited for; it never gets SIGKILL, which can leave a thin pool half
+//! active. The same signal reaches a child whose driver was killed
+//! (`PR_SET_PDEATHSIG`), so no orphan races a restarted driver.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -16,6 +24,19 @@ pub struct Output {
     pub stderr: String,
 }
 
+/// How a command is stopped once its timeout has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGKILL: for tools whose half-done work the driver can redo (mkfs,
+    /// blkid, dmsetup queries).
+    Kill,
+    /// SIGINT, then wait for the program to finish on its own (LVM).
+    Interrupt,
+}
+
+/// How often a command that ignores SIGINT is logged while it is waited for.
+const INTERRUPT_NAG: Duration = Duration::from_secs(30);
+
 /// Runs `program args...` with `env` added to the environment, killing it
 /// after `timeout`. A non-zero exit is an [`Error::Command`].
 pub async fn run(
@@ -24,27 +45,87 @@ pub async fn run(
     env: &[(&str, &str)],
     timeout: Duration,
 ) -> Result<Output> {
+    run_with(program, args, env, timeout, Stop::Kill).await
+}
+
+/// [`run`], stopping the program the way `stop` says at its timeout.
+pub async fn run_with(
+    program: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    timeout: Duration,
+    stop: Stop,
+) -> Result<Output> {
     let mut cmd = Command::new(program);
     cmd.args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .kill_on_drop(false);
+    // If the driver itself dies (kill -9), its children must not run on
+    // beside a restarted driver: they get the signal their Stop says
+    // (LVM: SIGINT, a safe stop; others: SIGKILL, their work is redone).
+    let on_parent_death = match stop {
+        Stop::Kill => nix::sys::signal::Signal::SIGKILL,
+        Stop::Interrupt => nix::sys::signal::Signal::SIGINT,
+    };
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // makes the prctl system call, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(on_parent_death).map_err(std::io::Error::from)
+        });
+    }
     let started = Instant::now();
     let child = cmd
         .spawn()
         .map_err(|e| Error::io(format!("cannot start {program}"), e))?;
-    let out = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+    let pid = child.id();
+    let mut waiting = Box::pin(child.wait_with_output());
+    let out = match tokio::time::timeout(timeout, &mut waiting).await {
         Ok(res) => res.map_err(|e| Error::io(format!("waiting for {program}"), e))?,
         Err(_) => {
-            // Dropping the future drops the child, and kill_on_drop kills it.
-            tracing::warn!(program, ?args, ?timeout, "command timed out, killed");
-            return Err(Error::Timeout {
+            let timed_out = Error::Timeout {
                 program: program.to_string(),
                 argv: args.to_vec(),
                 after: timeout,
-            });
+            };
+            let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) else {
+                return Err(timed_out);
+            };
+            let pid = nix::unistd::Pid::from_raw(pid);
+            match stop {
+                Stop::Kill => {
+                    // The child is still ours to reap (the wait future holds
+                    // it), so the pid cannot have been reused.
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                    let _ = waiting.await;
+                    tracing::warn!(program, ?args, ?timeout, "command timed out, killed");
+                }
+                Stop::Interrupt => {
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+                    tracing::warn!(
+                        program,
+                        ?args,
+                        ?timeout,
+                        "command timed out, interrupted; waiting for it to stop"
+                    );
+                    loop {
+                        match tokio::time::timeout(INTERRUPT_NAG, &mut waiting).await {
+                            Ok(res) => {
+                                let status = res.map(|o| o.status.to_string());
+                                tracing::warn!(program, ?args, ?status, elapsed = ?started.elapsed(), "interrupted command stopped");
+                                break;
+                            }
+                            Err(_) => {
+                                tracing::warn!(program, ?args, elapsed = ?started.elapsed(), "interrupted command still running; still waiting")
+                            }
+                        }
+                    }
+                }
+            }
+            return Err(timed_out);
         }
     };
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -112,6 +193,50 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// LVM's stop: SIGINT, and the program is waited for until it ends on
+    /// its own (here it traps SIGINT, writes a file, and exits).
+    #[tokio::test]
+    async fn interrupt_waits_for_the_program_to_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = dir.path().join("done");
+        let script = format!(
+            "trap 'sleep 0.3; echo clean > {}; exit 7' INT; while :; do sleep 0.05; done",
+            done.display()
+        );
+        let err = run_with(
+            "sh",
+            &argv!["-c", script],
+            &[],
+            Duration::from_millis(200),
+            Stop::Interrupt,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+        assert_eq!(std::fs::read_to_string(&done).unwrap().trim(), "clean");
+    }
+
+    /// A caller that goes away does not stop the command.
+    #[tokio::test]
+    async fn dropping_the_caller_does_not_kill_the_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = dir.path().join("done");
+        let script = format!("sleep 0.4; echo ran > {}", done.display());
+        let args = argv!["-c", script];
+        let fut = run("sh", &args, &[], Duration::from_secs(10));
+        assert!(tokio::time::timeout(Duration::from_millis(100), fut)
+            .await
+            .is_err());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the command was killed with its caller"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     #[tokio::test]

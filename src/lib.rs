@@ -1,6 +1,7 @@
 //! thinpool-csi: a CSI driver whose volumes are thin LVs of one LVM thin
 //! pool. See ARCHITECTURE.md for the map of the code.
 
+pub mod blocking;
 pub mod config;
 pub mod driver;
 pub mod error;
@@ -14,3 +15,4 @@ pub mod node;
 pub mod pool;
 pub mod proto;
 pub mod sys;
+pub mod volume;

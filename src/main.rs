@@ -77,6 +77,27 @@ fn setup() -> Result<(Config, String, PathBuf), String> {
     Ok((cfg, node_id, socket))
 }
 
+/// The single-instance lock, `<state_dir>/lock`.
+fn take_lock(state_dir: &std::path::Path) -> Result<thinpool_csi::sys::FileLock, String> {
+    std::fs::create_dir_all(state_dir)
+        .map_err(|e| format!("cannot create state_dir {}: {e}", state_dir.display()))?;
+    let path = state_dir.join("lock");
+    thinpool_csi::sys::lock_file(&path).map_err(|e| {
+        if e.is_busy() {
+            let pid = std::fs::read_to_string(&path).unwrap_or_default();
+            format!(
+                "another thinpool-csi (pid {}) already runs on state_dir {} (it holds {}); \
+                 this one exits and leaves its sockets alone",
+                pid.trim(),
+                state_dir.display(),
+                path.display()
+            )
+        } else {
+            format!("cannot take the lock {}: {e}", path.display())
+        }
+    })
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -105,6 +126,16 @@ async fn main() -> ExitCode {
     };
     tracing::info!(driver = cfg.driver_name, node_id, vg = cfg.volume_group, pool = cfg.thin_pool,
         endpoint = %socket.display(), "starting");
+    // One driver per state_dir: a second process stops here, before it
+    // touches a socket, a mount or LVM.
+    let _lock = match take_lock(&cfg.state_dir) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("thinpool-csi: {e}");
+            tracing::error!(error = %e, "not starting");
+            return ExitCode::FAILURE;
+        }
+    };
     let driver = Arc::new(Driver::new(cfg, node_id));
     // A pool that cannot be brought up is reported by Probe; the driver
     // still serves so the CO can see why.
@@ -114,8 +145,11 @@ async fn main() -> ExitCode {
             // Bring back what was staged here (a rebooted node lost its
             // mounts), while the sockets come up; the per-volume guard
             // keeps it apart from calls the CO makes meanwhile.
-            let node = grpc::node::NodeService::new(driver.clone());
-            tokio::spawn(async move { node.heal_staged().await });
+            let d = driver.clone();
+            tokio::spawn(async move {
+                d.clean_debris().await;
+                d.heal_recorded().await
+            });
         }
     }
     let bind = |path: &std::path::Path| {

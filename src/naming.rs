@@ -23,24 +23,6 @@ pub const TAG_OWNER: &str = "tpcsi.owner=";
 pub const TAG_NAME: &str = "tpcsi.name=";
 pub const TAG_ACCESS: &str = "tpcsi.access=";
 pub const TAG_PARAM: &str = "tpcsi.p.";
-/// Set by NodeStageVolume, removed by NodeUnstageVolume: where the volume
-/// is staged on its node, so a restarted driver can heal it.
-pub const TAG_STAGED: &str = "tpcsi.staged=";
-
-pub fn staged_tag(staging: &std::path::Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    format!("{TAG_STAGED}{}", hex(staging.as_os_str().as_bytes()))
-}
-
-/// The staging tag an LV carries and the path it records, if any.
-pub fn staged_path(tags: &[String]) -> Option<(&str, std::path::PathBuf)> {
-    use std::os::unix::ffi::OsStringExt;
-    tags.iter().find_map(|t| {
-        let bytes = unhex(t.strip_prefix(TAG_STAGED)?)?;
-        Some((t.as_str(), std::ffi::OsString::from_vec(bytes).into()))
-    })
-}
-
 /// The LV name (and CSI volume id) for a CO volume name: a readable part
 /// from the name's safe characters, then 64 bits of its SHA-256, so two
 /// different names never share an LV.
@@ -363,23 +345,6 @@ mod tests {
         assert!(fits("v", Some(&Access::Block), &ext4).is_err());
         assert!(fits("v", Some(&ext4), &Access::Block).is_err());
         assert!(fits("v", None, &Access::Block).is_ok());
-    }
-
-    #[test]
-    fn staged_tag_round_trips_any_path() {
-        let p = std::path::Path::new("/var/lib/kubelet/plugins/x y/\u{e9}/globalmount");
-        let tag = staged_tag(p);
-        assert!(
-            tag.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._=".contains(&b)),
-            "{tag}"
-        );
-        let tags = vec!["tpcsi.owner=x".to_string(), tag.clone()];
-        let (t, back) = staged_path(&tags).unwrap();
-        assert_eq!(t, tag);
-        assert_eq!(back, p);
-        assert!(staged_path(&["tpcsi.staged=zz".to_string()]).is_none());
-        assert!(staged_path(&[]).is_none());
     }
 
     #[test]

@@ -5,27 +5,12 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use crate::driver::Driver;
-use crate::error::Error;
 use crate::proto::csi::v1::identity_server::Identity;
 use crate::proto::csi::v1::plugin_capability::{self, service, volume_expansion};
 use crate::proto::csi::v1::*;
 
 pub struct IdentityService {
     pub driver: Arc<Driver>,
-}
-
-impl Driver {
-    /// Ready when the VG and thin pool exist and the pool can serve I/O.
-    /// A full pool still counts as usable: volumes can be deleted and
-    /// space reclaimed, and its condition is reported per volume.
-    pub async fn probe(&self) -> Result<(), Error> {
-        let report = self.lvm.report().await?;
-        let pool = self.pool(&report)?;
-        match pool.problem() {
-            Some(p) if !p.contains("full") => Err(Error::FailedPrecondition(p)),
-            _ => Ok(()),
-        }
-    }
 }
 
 #[tonic::async_trait]

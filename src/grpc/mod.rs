@@ -25,7 +25,8 @@ pub(crate) fn reply<T>(r: Result<T>) -> std::result::Result<tonic::Response<T>, 
     r.map(tonic::Response::new).map_err(tonic::Status::from)
 }
 
-/// Binds `socket`, replacing a stale socket file but nothing else.
+/// Binds `socket`, replacing a stale socket file (one nobody answers on)
+/// but nothing else.
 pub fn bind(socket: &Path) -> Result<UnixListener> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)
@@ -37,6 +38,13 @@ pub fn bind(socket: &Path) -> Result<UnixListener> {
             if !m.file_type().is_socket() {
                 return Err(Error::FailedPrecondition(format!(
                     "{} exists and is not a socket; refusing to replace it",
+                    socket.display()
+                )));
+            }
+            // A socket someone still answers on is not stale.
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                return Err(Error::FailedPrecondition(format!(
+                    "{} is live: another process serves on it; refusing to replace it",
                     socket.display()
                 )));
             }
@@ -91,4 +99,25 @@ pub async fn serve_addons(
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| Error::Internal(format!("CSI-Addons gRPC server: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_live_socket_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let first = bind(&sock).unwrap();
+        let e = bind(&sock).unwrap_err();
+        assert!(matches!(e, Error::FailedPrecondition(_)), "{e}");
+        assert!(sock.exists(), "the live socket stays");
+        drop(first);
+        // Nobody answers any more: stale, replaced.
+        let _second = bind(&sock).unwrap();
+        std::fs::remove_file(&sock).unwrap();
+        std::fs::write(&sock, b"not a socket").unwrap();
+        assert!(matches!(bind(&sock), Err(Error::FailedPrecondition(_))));
+    }
 }

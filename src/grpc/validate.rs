@@ -4,14 +4,17 @@
 //! is touched.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 
 use crate::config::FS_TYPES;
 use crate::error::{Error, Result};
-use crate::lvm::report::round_up;
 use crate::naming::{self, Access, MAX_STRING};
+use crate::node::fs::MountOptions;
+use crate::node::paths;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::csi::v1::volume_capability::AccessType;
 use crate::proto::csi::v1::{CapacityRange, TopologyRequirement, VolumeCapability};
+use crate::volume::{Capability, NodePath, SizeRange, VolumeId};
 
 fn invalid<T>(msg: impl Into<String>) -> Result<T> {
     Err(Error::InvalidArgument(msg.into()))
@@ -49,17 +52,47 @@ pub fn addons_path_len(field: &str, value: &str) -> Result<()> {
 
 /// A volume id in a request. `Ok(None)` means well formed for CSI but not
 /// an id this driver ever issues: no such volume of ours exists.
-pub fn volume_id(id: &str) -> Result<Option<&str>> {
+pub fn volume_id(id: &str) -> Result<Option<VolumeId>> {
     required_string("volume_id", id)?;
     if id.chars().any(char::is_control) {
         return invalid("volume_id contains control characters");
     }
-    Ok(naming::is_volume_id(id).then_some(id))
+    Ok(naming::is_volume_id(id).then(|| VolumeId::new_unchecked(id.to_string())))
 }
 
 /// A volume id that must name one of ours; anything else is NOT_FOUND.
-pub fn existing_volume_id(id: &str) -> Result<&str> {
+pub fn existing_volume_id(id: &str) -> Result<VolumeId> {
     volume_id(id)?.ok_or_else(|| Error::NotFound(format!("volume {id:?} does not exist")))
+}
+
+/// A staging or target path, checked against `allowed_roots`.
+pub fn node_path(field: &str, value: &str, roots: &[PathBuf]) -> Result<NodePath> {
+    paths::check(field, value, roots).map(NodePath::new_unchecked)
+}
+
+/// A required capability, checked, with its mount options parsed.
+pub fn full_capability(cap: Option<&VolumeCapability>, default_fs: &str) -> Result<Capability> {
+    let cap = cap.ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?;
+    let access = capability(cap, default_fs)?;
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .and_then(|m| Mode::try_from(m.mode).ok())
+        .unwrap_or(Mode::Unknown);
+    let mount_flags = match &cap.access_type {
+        Some(AccessType::Mount(m)) => m.mount_flags.clone(),
+        _ => Vec::new(),
+    };
+    let mount = match &access {
+        Access::Mount { fs_type } => Some(MountOptions::parse(fs_type, &mount_flags)?),
+        Access::Block => None,
+    };
+    Ok(Capability {
+        access,
+        mode,
+        mount_flags,
+        mount,
+    })
 }
 
 /// Access modes a node-local volume can honour.
@@ -208,75 +241,19 @@ pub fn parameters(
     Ok(out)
 }
 
-/// The size to allocate for a capacity range: at least required_bytes,
-/// rounded up to whole extents, at most limit_bytes; `default` when the
-/// range is empty.
-pub fn size(range: Option<&CapacityRange>, extent: u64, default: u64) -> Result<u64> {
-    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
-    if required < 0 || limit < 0 {
+/// A capacity range as the volume layer takes it: not negative.
+pub fn size_range(range: Option<&CapacityRange>) -> Result<Option<SizeRange>> {
+    let Some(r) = range else { return Ok(None) };
+    if r.required_bytes < 0 || r.limit_bytes < 0 {
         return invalid(format!(
-            "capacity_range must not be negative (required_bytes={required}, limit_bytes={limit})"
+            "capacity_range must not be negative (required_bytes={}, limit_bytes={})",
+            r.required_bytes, r.limit_bytes
         ));
     }
-    let (required, limit) = (required as u64, limit as u64);
-    if limit > 0 && required > limit {
-        return invalid(format!(
-            "required_bytes {required} exceeds limit_bytes {limit}"
-        ));
-    }
-    let want = match (required, limit) {
-        (0, 0) => default,
-        (0, l) => default.min(l),
-        (r, _) => r,
-    };
-    let rounded = round_up(want, extent)
-        .filter(|s| *s <= i64::MAX as u64)
-        .ok_or_else(|| Error::OutOfRange(format!("{want} bytes is larger than any volume")))?;
-    if limit > 0 && rounded > limit {
-        // Rounding up broke the limit; the largest whole-extent size under
-        // the limit may still satisfy required_bytes.
-        let down = limit / extent.max(1) * extent.max(1);
-        if down >= required.max(1) {
-            return Ok(down);
-        }
-        return Err(Error::OutOfRange(format!(
-            "no whole number of {extent}-byte extents lies between required_bytes {required} and limit_bytes {limit}"
-        )));
-    }
-    Ok(rounded)
-}
-
-/// mkfs.xfs refuses filesystems under 300 MB. A thin volume costs only
-/// what is written, so an xfs volume is raised to that minimum, unless
-/// limit_bytes forbids it (OUT_OF_RANGE).
-pub const XFS_MIN_BYTES: u64 = 300 * 1000 * 1000;
-
-pub fn fs_minimum(
-    access: Option<&Access>,
-    size: u64,
-    range: Option<&CapacityRange>,
-    extent: u64,
-) -> Result<u64> {
-    let min = match access {
-        Some(Access::Mount { fs_type }) if fs_type == "xfs" => XFS_MIN_BYTES,
-        _ => return Ok(size),
-    };
-    if size >= min {
-        return Ok(size);
-    }
-    let raised = round_up(min, extent).unwrap_or(min);
-    match range.map(|r| r.limit_bytes) {
-        Some(limit) if limit > 0 && raised > limit as u64 => Err(Error::OutOfRange(format!(
-            "xfs needs at least {min} bytes, but limit_bytes is {limit}"
-        ))),
-        _ => Ok(raised),
-    }
-}
-
-/// True when a volume of size `have` satisfies the range.
-pub fn size_fits(range: Option<&CapacityRange>, have: u64) -> bool {
-    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
-    have >= required.max(0) as u64 && (limit <= 0 || have <= limit as u64)
+    Ok(Some(SizeRange {
+        required: r.required_bytes as u64,
+        limit: r.limit_bytes as u64,
+    }))
 }
 
 /// Whether a topology segment describes this node: every key in it must be
@@ -403,66 +380,26 @@ mod tests {
     }
 
     #[test]
-    fn sizes_round_to_extents_within_limits() {
-        let e = 4u64 << 20;
-        let r = |req: i64, lim: i64| CapacityRange {
-            required_bytes: req,
-            limit_bytes: lim,
+    fn negative_ranges_are_invalid() {
+        let r = |required_bytes, limit_bytes| CapacityRange {
+            required_bytes,
+            limit_bytes,
         };
-        assert_eq!(size(None, e, 1 << 30).unwrap(), 1 << 30);
-        assert_eq!(size(Some(&r(1, 0)), e, 1 << 30).unwrap(), e);
-        assert_eq!(size(Some(&r(0, 10 << 20)), e, 1 << 30).unwrap(), 8 << 20);
+        assert_eq!(size_range(None).unwrap(), None);
         assert_eq!(
-            size(Some(&r(5 << 20, 10 << 20)), e, 1 << 30).unwrap(),
-            8 << 20
+            size_range(Some(&r(5, 9))).unwrap(),
+            Some(SizeRange {
+                required: 5,
+                limit: 9
+            })
         );
         assert!(matches!(
-            size(Some(&r(5 << 20, 6 << 20)), e, 0),
-            Err(Error::OutOfRange(_))
-        ));
-        assert!(matches!(
-            size(Some(&r(-1, 0)), e, 0),
+            size_range(Some(&r(-1, 0))),
             Err(Error::InvalidArgument(_))
         ));
         assert!(matches!(
-            size(Some(&r(0, -5)), e, 0),
+            size_range(Some(&r(0, -5))),
             Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            size(Some(&r(10, 5)), e, 0),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            size(Some(&r(i64::MAX, 0)), e, 0),
-            Err(Error::OutOfRange(_))
-        ));
-        assert!(size_fits(Some(&r(5, 0)), 8));
-        assert!(!size_fits(Some(&r(9, 0)), 8));
-        assert!(!size_fits(Some(&r(1, 4)), 8));
-        assert!(size_fits(None, 8));
-    }
-
-    #[test]
-    fn xfs_volumes_are_raised_to_its_minimum() {
-        let xfs = Access::Mount {
-            fs_type: "xfs".into(),
-        };
-        let ext4 = Access::Mount {
-            fs_type: "ext4".into(),
-        };
-        let e = 4 << 20;
-        assert_eq!(fs_minimum(Some(&ext4), e, None, e).unwrap(), e);
-        assert_eq!(fs_minimum(Some(&Access::Block), e, None, e).unwrap(), e);
-        let raised = fs_minimum(Some(&xfs), e, None, e).unwrap();
-        assert!(raised >= XFS_MIN_BYTES && raised % e == 0 && raised - XFS_MIN_BYTES < e);
-        assert_eq!(fs_minimum(Some(&xfs), 1 << 30, None, e).unwrap(), 1 << 30);
-        let tight = CapacityRange {
-            required_bytes: 1,
-            limit_bytes: 100 << 20,
-        };
-        assert!(matches!(
-            fs_minimum(Some(&xfs), e, Some(&tight), e),
-            Err(Error::OutOfRange(_))
         ));
     }
 
@@ -477,7 +414,7 @@ mod tests {
         assert_eq!(volume_id("vg0/root").unwrap(), None);
         assert_eq!(volume_id("../x").unwrap(), None);
         let id = naming::lv_name_for("pvc-1");
-        assert_eq!(volume_id(&id).unwrap(), Some(id.as_str()));
+        assert_eq!(volume_id(&id).unwrap().as_deref(), Some(id.as_str()));
         assert!(matches!(
             existing_volume_id("pool"),
             Err(Error::NotFound(_))

@@ -65,11 +65,12 @@ impl Lvm {
     /// Runs a read-only LVM command.
     pub async fn query(&self, subcommand: &str, args: Vec<String>) -> Result<Output> {
         let argv = self.argv(subcommand, args);
-        exec::run(
+        exec::run_with(
             &self.binary,
             &argv,
             &[("LVM_SUPPRESS_FD_WARNINGS", "1")],
             self.timeout,
+            exec::Stop::Interrupt,
         )
         .await
     }

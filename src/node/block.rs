@@ -1,104 +1,27 @@
 //! Raw block volumes.
 //!
-//! **Staging** makes no filesystem. The gRPC layer has already activated
-//! the LV and made sure its /dev node exists; staging itself only writes a
-//! small record, [`RECORD`], into the staging directory: the volume id and
-//! the publishes made from it (target, access mode, read-only). Publish
-//! needs it to know the volume is staged here, to tell a repeated publish
-//! from a conflicting one, and to enforce SINGLE_NODE_SINGLE_WRITER: block
-//! publishes are device nodes, which the mount table does not show.
-//! NodeUnpublishVolume is not told the staging path, so it cannot update
-//! the record; instead every entry is checked against what really is at
-//! its target, and entries whose node is gone count for nothing.
+//! **Staging** makes no filesystem: the volume layer has activated the LV,
+//! made sure its /dev node exists and written the node record
+//! (`node::record`), which is what says the volume is staged here and
+//! which publishes were made (block publishes are device nodes, which the
+//! mount table does not show).
 //!
 //! **Publish** places a device node at target_path (a file; the CO makes
 //! only its parent directory): the LV's own major:minor, mode 0600, for
 //! read-write, or a read-only device-mapper overlay of it, mode 0400, for
 //! read-only (see [`crate::node::dm`] for why a mode or a read-only bind
-//! mount would not stop writes).
+//! mount would not stop writes). Device numbers change across reboots and
+//! re-activations, so a node at a target the record names is ours whatever
+//! numbers it carries: a stale one is replaced with the current numbers,
+//! and never opened.
 
-use std::path::{Path, PathBuf};
-
-use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::node::record::Publish as Published;
 use crate::node::{dm, fs, mount_table, Device, Tools};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::sys;
-
-/// File name of the staging record inside the staging directory.
-pub const RECORD: &str = "thinpool-csi-block.json";
-
-/// What block staging remembers; see the module documentation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    pub volume_id: String,
-    #[serde(default)]
-    pub publishes: Vec<Published>,
-}
-
-/// One block publish made from a staging record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Published {
-    pub target: PathBuf,
-    /// The access mode's CSI name, e.g. `SINGLE_NODE_WRITER`.
-    pub mode: String,
-    pub readonly: bool,
-}
-
-/// Reads the staging record in `staging`, if there is one.
-pub fn read_record(staging: &Path) -> Result<Option<Record>> {
-    let path = staging.join(RECORD);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-            ) =>
-        {
-            return Ok(None)
-        }
-        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
-    };
-    serde_json::from_str(&text).map(Some).map_err(|e| {
-        Error::FailedPrecondition(format!(
-            "{} is not a staging record of this driver ({e}); it is left alone",
-            path.display()
-        ))
-    })
-}
-
-/// Writes the record atomically (temporary file, then rename).
-fn write_record(staging: &Path, record: &Record) -> Result<()> {
-    let path = staging.join(RECORD);
-    let tmp = staging.join(format!(".{RECORD}.tmp"));
-    let text = serde_json::to_string_pretty(record)
-        .map_err(|e| Error::Internal(format!("encode staging record: {e}")))?;
-    std::fs::write(&tmp, text).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, &path)
-        .map_err(|e| Error::io(format!("rename {} to {}", tmp.display(), path.display()), e))?;
-    tracing::info!(path = %path.display(), publishes = record.publishes.len(), "wrote block staging record");
-    Ok(())
-}
-
-/// The error for a staging path that holds a block record when something
-/// else was asked for: the same volume staged as block (ALREADY_EXISTS,
-/// incompatible capability), or another volume (FAILED_PRECONDITION).
-pub fn record_conflict(record: &Record, volume_id: &str, staging: &Path, wanted: &str) -> Error {
-    if record.volume_id == volume_id {
-        Error::AlreadyExists(format!(
-            "volume {volume_id} is already staged at {} as a raw block device, not as {wanted}",
-            staging.display()
-        ))
-    } else {
-        Error::FailedPrecondition(format!(
-            "staging path {} holds the staging record of another volume ({}); it is left alone",
-            staging.display(),
-            record.volume_id
-        ))
-    }
-}
 
 /// What a block device node found at a target path points at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,18 +65,8 @@ fn node_at(path: &Path) -> Result<Option<(u32, u32)>> {
     }
 }
 
-/// True when `target` still carries a publish of the LV `lv`.
-fn is_live(target: &Path, lv: (u32, u32)) -> bool {
-    matches!(
-        node_at(target)
-            .ok()
-            .flatten()
-            .map(|n| classify(n, Some(lv))),
-        Some(NodeKind::Lv | NodeKind::Overlay(_))
-    )
-}
-
-/// NodeStageVolume for block access.
+/// NodeStageVolume for block access: the staging directory exists and is
+/// not a mount (the record, written by the volume layer, says the rest).
 pub fn stage(dev: &Device, staging: &Path) -> Result<()> {
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(staging) {
@@ -174,86 +87,34 @@ pub fn stage(dev: &Device, staging: &Path) -> Result<()> {
         });
     }
     fs::ensure_dir(staging)?;
-    match read_record(staging)? {
-        Some(r) if r.volume_id == dev.volume_id => {
-            tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: already staged (block)");
-            Ok(())
-        }
-        Some(r) => Err(record_conflict(&r, &dev.volume_id, staging, "block")),
-        None => {
-            write_record(
-                staging,
-                &Record {
-                    volume_id: dev.volume_id.clone(),
-                    publishes: Vec::new(),
-                },
-            )?;
-            tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: staged (block)");
-            Ok(())
-        }
-    }
+    tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: staged (block)");
+    Ok(())
 }
 
-/// NodeUnstageVolume for block access: refuses while publishes are live,
-/// removes read-only overlays nobody publishes any more, then the record.
-pub async fn unstage(
-    tools: &Tools,
-    dev: Option<&Device>,
-    volume_id: &str,
-    staging: &Path,
-) -> Result<()> {
-    let Some(record) = read_record(staging)? else {
-        return Ok(());
-    };
-    if record.volume_id != volume_id {
-        return Err(record_conflict(&record, volume_id, staging, "block"));
-    }
+/// NodeUnstageVolume for block access: removes the read-only overlays of
+/// the LV (every publish is gone by now).
+pub async fn unstage(tools: &Tools, dev: Option<&Device>) -> Result<()> {
     if let Some(dev) = dev {
-        if let Some(p) = record
-            .publishes
-            .iter()
-            .find(|p| is_live(&p.target, dev.numbers()))
-        {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {volume_id} is still published at {}: unpublish it first",
-                p.target.display()
-            )));
-        }
         for (name, _) in dm::overlays_of(dev.numbers()) {
             dm::remove_overlay(tools, &name).await?;
         }
     }
-    let path = staging.join(RECORD);
-    std::fs::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
-    tracing::info!(volume = volume_id, staging = %staging.display(), "NodeUnstageVolume: removed block staging record");
     Ok(())
 }
 
 /// NodePublishVolume for block access; see the module documentation.
+/// `others` are the other publishes the record holds; `recorded` says the
+/// record already names this target (a node there is ours).
 pub async fn publish(
     tools: &Tools,
     dev: &Device,
-    staging: &Path,
     target: &Path,
     mode: Mode,
     readonly: bool,
+    others: &[Published],
+    recorded: bool,
 ) -> Result<()> {
-    let mut record = match read_record(staging)? {
-        Some(r) if r.volume_id == dev.volume_id => r,
-        _ => {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {} is not staged as a raw block device at {}: call NodeStageVolume first",
-                dev.volume_id,
-                staging.display()
-            )))
-        }
-    };
     let lv = dev.numbers();
-    let wanted = Published {
-        target: target.to_path_buf(),
-        mode: mode.as_str_name().to_string(),
-        readonly,
-    };
     if mount_table()?.is_mount_point(target) {
         return Err(Error::FailedPrecondition(format!(
             "target {} is a mount point; it is left alone",
@@ -264,26 +125,26 @@ pub async fn publish(
         match classify(n, Some(lv)) {
             kind @ (NodeKind::Lv | NodeKind::Overlay(_)) => {
                 let have_ro = matches!(kind, NodeKind::Overlay(_));
-                let recorded = record.publishes.iter().find(|p| p.target == target);
-                if have_ro != readonly || recorded.is_some_and(|p| p.mode != wanted.mode) {
+                if have_ro != readonly {
                     return Err(Error::AlreadyExists(format!(
-                        "volume {} is already published at {} with other arguments (readonly={have_ro}{})",
+                        "volume {} is already published at {} with readonly={have_ro}",
                         dev.volume_id,
                         target.display(),
-                        recorded.map(|p| format!(", {}", p.mode)).unwrap_or_default()
                     )));
-                }
-                if recorded.is_none() {
-                    record.publishes.push(wanted);
-                    write_record(staging, &record)?;
                 }
                 tracing::info!(volume = dev.volume_id, target = %target.display(), "NodePublishVolume: already published (block)");
                 return Ok(());
             }
             NodeKind::Dangling => {
-                std::fs::remove_file(target)
-                    .map_err(|e| Error::io(format!("remove {}", target.display()), e))?;
+                remove_node(target)?;
                 tracing::info!(target = %target.display(), "removed a stale device node that led to no device");
+            }
+            NodeKind::Foreign if recorded => {
+                // Ours by the record, but its numbers are old (a reboot, a
+                // re-activation): never opened, replaced.
+                remove_node(target)?;
+                tracing::warn!(volume = dev.volume_id, target = %target.display(), stale = ?n, current = ?lv,
+                    "replaced a stale device node of ours that carried old device numbers");
             }
             NodeKind::Foreign => {
                 return Err(Error::FailedPrecondition(format!(
@@ -301,12 +162,10 @@ pub async fn publish(
         )));
     }
 
-    record.publishes.retain(|p| is_live(&p.target, lv));
     let single = Mode::SingleNodeSingleWriter.as_str_name();
-    if let Some(other) = record
-        .publishes
+    if let Some(other) = others
         .iter()
-        .find(|p| p.target != target && (p.mode == single || wanted.mode == single))
+        .find(|p| p.target != target && (p.mode == single || mode.as_str_name() == single))
     {
         return Err(Error::FailedPrecondition(format!(
             "volume {} is already published at {} and one of the publishes is SINGLE_NODE_SINGLE_WRITER",
@@ -326,25 +185,33 @@ pub async fn publish(
     } else {
         sys::make_block_node(target, lv.0, lv.1, 0o600)?;
     }
-    record.publishes.retain(|p| p.target != target);
-    record.publishes.push(wanted);
-    if let Err(e) = write_record(staging, &record) {
-        tracing::warn!(error = %e, "could not record the publish; the node at the target stays valid");
-    }
     tracing::info!(volume = dev.volume_id, target = %target.display(), readonly, "NodePublishVolume: device node created");
     Ok(())
 }
 
+fn remove_node(target: &Path) -> Result<()> {
+    std::fs::remove_file(target).map_err(|e| Error::io(format!("remove {}", target.display()), e))
+}
+
 /// NodeUnpublishVolume for a block node at `target` with numbers `node`:
-/// removes it when it is ours (and its overlay), refuses otherwise.
+/// removes it when it is ours (and its overlay), refuses otherwise. A node
+/// the record names (`recorded`) is ours whatever its numbers: a stale one
+/// is removed, and the device its old numbers now name is not touched.
 pub async fn unpublish_node(
     tools: &Tools,
     lv: Option<(u32, u32)>,
     volume_id: &str,
     target: &Path,
     node: (u32, u32),
+    recorded: bool,
 ) -> Result<()> {
     match classify(node, lv) {
+        NodeKind::Foreign if recorded => {
+            let ours = dm::overlay_name(volume_id, target);
+            if dm::find_by_name(&ours).is_some() {
+                dm::remove_overlay(tools, &ours).await?;
+            }
+        }
         NodeKind::Foreign => {
             return Err(Error::FailedPrecondition(format!(
                 "target {} is a device node of another device ({}:{}), not of volume {volume_id}; it is left alone",
@@ -365,36 +232,6 @@ pub async fn unpublish_node(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn record_round_trip_and_conflicts() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read_record(dir.path()).unwrap(), None);
-        assert_eq!(read_record(&dir.path().join("missing")).unwrap(), None);
-        let r = Record {
-            volume_id: "csi-a".into(),
-            publishes: vec![Published {
-                target: "/t/1".into(),
-                mode: "SINGLE_NODE_WRITER".into(),
-                readonly: true,
-            }],
-        };
-        write_record(dir.path(), &r).unwrap();
-        assert_eq!(read_record(dir.path()).unwrap(), Some(r.clone()));
-        assert!(matches!(
-            record_conflict(&r, "csi-a", dir.path(), "ext4"),
-            Error::AlreadyExists(_)
-        ));
-        assert!(matches!(
-            record_conflict(&r, "csi-b", dir.path(), "ext4"),
-            Error::FailedPrecondition(_)
-        ));
-        std::fs::write(dir.path().join(RECORD), "{not json").unwrap();
-        assert!(matches!(
-            read_record(dir.path()),
-            Err(Error::FailedPrecondition(_))
-        ));
-    }
 
     #[test]
     fn nodes_are_classified_by_their_numbers() {

@@ -136,8 +136,36 @@ pub fn is_read_only(major: u32, minor: u32) -> bool {
     std::fs::read_to_string(sys_dir(major, minor).join("ro")).is_ok_and(|s| s.trim() == "1")
 }
 
+/// The device-mapper name LVM gives LV `lv` of VG `vg` (each `-` doubled,
+/// then joined with `-`).
+pub fn lv_dm_name(vg: &str, lv: &str) -> String {
+    format!("{}-{}", vg.replace('-', "--"), lv.replace('-', "--"))
+}
+
+/// Every overlay of this driver stacked on an LV of VG `vg`, with the
+/// device-mapper name of that LV. Overlays over another VG's LVs (another
+/// driver instance on this node) are not listed.
+pub fn overlays_in_vg(vg: &str) -> Vec<(String, String)> {
+    let vg_prefix = format!("{}-", vg.replace('-', "--"));
+    list(PathBuf::from("/sys/block"))
+        .iter()
+        .filter(|k| k.starts_with("dm-"))
+        .filter_map(|k| numbers_of(k))
+        .filter_map(|n| {
+            let name = dm_name(n.0, n.1).filter(|name| name.starts_with(OVERLAY_PREFIX))?;
+            let slaves = list(sys_dir(n.0, n.1).join("slaves"));
+            let [slave] = slaves.as_slice() else {
+                return None;
+            };
+            let lv = std::fs::read_to_string(format!("/sys/block/{slave}/dm/name")).ok()?;
+            let lv = lv.trim().to_string();
+            lv.starts_with(&vg_prefix).then_some((name, lv))
+        })
+        .collect()
+}
+
 /// The numbers of the dm device called `name`, if it exists.
-fn find_by_name(name: &str) -> Option<(u32, u32)> {
+pub fn find_by_name(name: &str) -> Option<(u32, u32)> {
     list(PathBuf::from("/sys/block"))
         .iter()
         .filter(|k| k.starts_with("dm-"))
@@ -242,6 +270,12 @@ mod tests {
         ));
         assert!(parse_thin_status("0 819200 linear\n").is_err());
         assert!(parse_thin_status("").is_err());
+    }
+
+    #[test]
+    fn lv_dm_names_double_dashes() {
+        assert_eq!(lv_dm_name("tpcsi-dev", "csi-a-1"), "tpcsi--dev-csi--a--1");
+        assert_eq!(lv_dm_name("vg", "lv"), "vg-lv");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use nix::errno::Errno;
 
 use crate::error::{Error, Result};
 use crate::mountinfo::{self, MountInfo};
-use crate::node::{blkid, block, dm, mount_table, Device, Tools};
+use crate::node::{blkid, dm, marker, mount_table, Device, Tools};
 use crate::sys::{self, MsFlags};
 
 /// Mount flags as the kernel takes them: `MS_*` bits plus the
@@ -166,6 +166,14 @@ pub struct PoolState {
 /// without signature (see [`blkid`]), then mount it at `staging`.
 /// Idempotent: a staging path that already is a mount of this device is
 /// left as it is.
+///
+/// `marker` is the volume's formatting marker: written (and synced) before
+/// mkfs runs and removed once mkfs finished and blkid sees the filesystem.
+/// A marker still present means a format this driver began on a blank
+/// device did not finish (the driver was killed, or mkfs timed out): the
+/// device then holds only what that mkfs wrote, and it is formatted again
+/// instead of being refused for good. Without a marker, the format guard
+/// stands: data the driver did not write is never formatted.
 pub async fn stage(
     tools: &Tools,
     dev: &Device,
@@ -173,6 +181,7 @@ pub async fn stage(
     fs_type: &str,
     opts: &MountOptions,
     pool: &PoolState,
+    marker: &Path,
 ) -> Result<()> {
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(staging) {
@@ -196,14 +205,6 @@ pub async fn stage(
         tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: already staged");
         return Ok(());
     }
-    if let Some(record) = block::read_record(staging)? {
-        return Err(block::record_conflict(
-            &record,
-            &dev.volume_id,
-            staging,
-            "a filesystem",
-        ));
-    }
     if let Some(m) = info.mounts_of_device(dev.major, dev.minor).first() {
         return Err(Error::FailedPrecondition(format!(
             "volume {} is already mounted at {}; one volume has one staging path",
@@ -218,7 +219,16 @@ pub async fn stage(
         blkid::Signature::None => dm::thin_mapped_sectors(tools, dev.major, dev.minor).await?,
         _ => 0,
     };
-    match blkid::plan(&found, fs_type, mapped) {
+    let unfinished = marker::exists(marker)?;
+    let plan = match blkid::plan(&found, fs_type, mapped) {
+        _ if unfinished => {
+            tracing::warn!(volume = dev.volume_id, ?found, marker = %marker.display(),
+                "a format this driver began did not finish; formatting again");
+            blkid::Plan::Format
+        }
+        plan => plan,
+    };
+    match plan {
         blkid::Plan::Refuse(why) => {
             return Err(Error::FailedPrecondition(format!(
                 "cannot stage volume {} as {fs_type}: {why}",
@@ -234,6 +244,7 @@ pub async fn stage(
                     dev.volume_id
                 )));
             }
+            marker::write(marker, &dev.volume_id)?;
             mkfs(tools, fs_type, &dev.path, pool.zeroes_new_chunks).await?;
             let made = blkid::probe(tools, &dev.path).await?;
             if made != blkid::Signature::Filesystem(fs_type.to_string()) {
@@ -242,6 +253,7 @@ pub async fn stage(
                     dev.path.display()
                 )));
             }
+            marker::remove(marker)?;
         }
         blkid::Plan::Mount => {}
     }

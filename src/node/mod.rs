@@ -21,9 +21,12 @@
 pub mod blkid;
 pub mod block;
 pub mod dm;
+pub mod durable;
 pub mod fs;
+pub mod marker;
 pub mod paths;
 pub mod reclaim;
+pub mod record;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -53,6 +56,16 @@ impl Tools {
 
     pub async fn run(&self, program: &str, args: &[String]) -> Result<Output> {
         exec::run(program, args, &[], self.timeout).await
+    }
+
+    /// Runs a blocking step (syscall, sysfs or mountinfo read) off the
+    /// runtime, bounded by the command timeout (`crate::blocking`).
+    pub async fn blocking<T, F>(&self, what: &str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        crate::blocking::run(what, self.timeout, f).await
     }
 }
 
@@ -122,6 +135,7 @@ pub async fn unpublish(
     lv: Option<(u32, u32)>,
     volume_id: &str,
     target: &Path,
+    recorded: bool,
 ) -> Result<()> {
     let mut unmounted = false;
     // Stacked mounts of the volume (a publish repeated behind our back)
@@ -155,7 +169,7 @@ pub async fn unpublish(
     use std::os::unix::fs::FileTypeExt;
     if meta.file_type().is_block_device() {
         let node = numbers_of_node(target)?;
-        return block::unpublish_node(tools, lv, volume_id, target, node).await;
+        return block::unpublish_node(tools, lv, volume_id, target, node, recorded).await;
     }
     if meta.is_dir() {
         return match std::fs::remove_dir(target) {
@@ -192,9 +206,9 @@ fn numbers_of_node(path: &Path) -> Result<(u32, u32)> {
 }
 
 /// NodeUnstageVolume: unmounts the staging mount of the volume, or removes
-/// its block staging record. Refuses while the volume is still published
-/// from it, and never unmounts another device. The staging directory
-/// itself belongs to the CO and stays.
+/// a block volume's read-only overlays. Refuses while the volume is still
+/// published from it, and never unmounts another device. The staging
+/// directory itself belongs to the CO and stays.
 pub async fn unstage(
     tools: &Tools,
     dev: Option<&Device>,
@@ -234,7 +248,7 @@ pub async fn unstage(
         }
         return Ok(());
     }
-    block::unstage(tools, dev, volume_id, staging).await
+    block::unstage(tools, dev).await
 }
 
 /// True when nothing on this node uses the volume any more: no mount of
@@ -269,8 +283,9 @@ pub struct Stats {
 }
 
 /// NodeGetVolumeStats for an active volume. NOT_FOUND when `path` does
-/// not exist or holds something that is not this volume.
-pub fn stats(dev: &Device, path: &Path) -> Result<Stats> {
+/// not exist or holds something that is not this volume. `block_staging`
+/// is the staging directory the record names for a block volume.
+pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<Stats> {
     let not_here = |what: String| {
         Error::NotFound(format!(
             "volume {} is not at {}: {what}",
@@ -323,25 +338,21 @@ pub fn stats(dev: &Device, path: &Path) -> Result<Stats> {
         };
     }
     if meta.is_dir() {
-        return match block::read_record(path)? {
-            Some(r) if r.volume_id == dev.volume_id => Ok(Stats {
+        if block_staging == Some(path) {
+            return Ok(Stats {
                 usage: Usage::Block(sys::block_size_bytes(&dev.path)?),
                 problems: Vec::new(),
-            }),
-            Some(r) => Err(not_here(format!(
-                "it is the staging path of {}",
-                r.volume_id
-            ))),
-            None => Ok(Stats {
-                usage: Usage::Unknown,
-                problems: vec![format!(
-                    "volume {} is not mounted at {}: the mount was removed outside the driver; \
-                     restart the workload (or unstage and stage the volume) to mount it again",
-                    dev.volume_id,
-                    path.display()
-                )],
-            }),
-        };
+            });
+        }
+        return Ok(Stats {
+            usage: Usage::Unknown,
+            problems: vec![format!(
+                "volume {} is not mounted at {}: the mount was removed outside the driver; \
+                 restart the workload (or unstage and stage the volume) to mount it again",
+                dev.volume_id,
+                path.display()
+            )],
+        });
     }
     Err(not_here(
         "it is neither a mount, a device node nor a staging directory".into(),

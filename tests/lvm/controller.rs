@@ -45,7 +45,7 @@ pub fn create_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolume
     }
 }
 
-fn del(id: &str) -> DeleteVolumeRequest {
+pub(crate) fn del(id: &str) -> DeleteVolumeRequest {
     DeleteVolumeRequest {
         volume_id: id.into(),
         secrets: HashMap::new(),
@@ -593,11 +593,11 @@ async fn capacity_matches_lvs_and_restart_keeps_everything() {
     assert_eq!(bad.code(), Code::InvalidArgument);
 
     // Restart: same loop device, same VG, same volumes.
-    let loop_before = thinpool_csi::sys::find_loop_for_file(&d.backing_file())
+    let loop_before = thinpool_csi::pool::loopdev::find_loop_for_file(&d.backing_file())
         .unwrap()
         .unwrap();
     d.restart().await;
-    let loop_after = thinpool_csi::sys::find_loop_for_file(&d.backing_file())
+    let loop_after = thinpool_csi::pool::loopdev::find_loop_for_file(&d.backing_file())
         .unwrap()
         .unwrap();
     assert_eq!(loop_before, loop_after);

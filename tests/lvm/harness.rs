@@ -3,15 +3,19 @@
 //! test has its own VG, loop file and socket, so tests run in parallel in
 //! one VM.
 
-use std::path::PathBuf;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::identity_client::IdentityClient;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::ProbeRequest;
 use tonic::transport::Channel;
+use tonic::{Code, Response, Status};
 
 pub const DRIVER_NAME: &str = "thinpool.csi.test";
 pub const NODE_ID: &str = "test-node";
@@ -147,8 +151,8 @@ impl TestDriver {
 
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let pid = Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(20);
             while c.try_wait().unwrap().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
@@ -158,7 +162,55 @@ impl TestDriver {
         }
     }
 
-    fn uri(&self) -> String {
+    /// Stops the driver with SIGKILL (no clean-up of any kind), and reaps
+    /// it. Processes it started (lvm, mkfs) are left running, as they are
+    /// when only the driver process dies; see
+    /// [`TestDriver::kill9_with_children`] for a container-like kill.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGKILLs the driver and every process below it, as killing its
+    /// container would: the driver is SIGSTOPped first so that it starts
+    /// nothing new while its descendants are collected.
+    pub fn kill9_with_children(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pid = c.id() as i32;
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGSTOP);
+            let tree = descendants(pid);
+            let _ = c.kill();
+            for p in tree {
+                let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the driver process is running (not exited).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().unwrap().is_none(),
+            None => false,
+        }
+    }
+
+    /// The driver's `state_dir` (as the harness configures it).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// The last `lines` lines of the driver log, for failure reports.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The CSI socket's URI.
+    pub fn uri(&self) -> String {
         format!("unix://{}", self.socket.display())
     }
 
@@ -195,10 +247,11 @@ impl Drop for TestDriver {
         self.stop();
         // Leave nothing behind for the other tests in this VM.
         let _ = try_lvm(&["vgremove", "--yes", "--force", &self.vg]);
-        if let Ok(Some(dev)) = thinpool_csi::sys::find_loop_for_file(&self.backing_file()) {
+        if let Ok(Some(dev)) = thinpool_csi::pool::loopdev::find_loop_for_file(&self.backing_file())
+        {
             let dev_s = dev.display().to_string();
             let _ = try_lvm(&["pvremove", "--yes", &dev_s]);
-            let _ = thinpool_csi::sys::detach_loop(&dev);
+            let _ = thinpool_csi::pool::loopdev::detach_loop(&dev);
         }
     }
 }
@@ -220,11 +273,7 @@ pub fn try_lvm(args: &[&str]) -> Result<String, String> {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
+    stdout_or_stderr(out)
 }
 
 /// `lvs` of one VG, parsed by the driver's own parser.
@@ -245,4 +294,256 @@ pub fn sh(cmd: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every process below `pid` (children, grandchildren, ...), from /proc.
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            // /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold
+            // spaces and parentheses, so split after the last ')'.
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|s| s.parse().ok()) {
+                parent_of.push((p, ppid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for &(child, parent) in &parent_of {
+            if parent == p && !out.contains(&child) {
+                out.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    out
+}
+
+/// How long [`retry`] keeps trying before it gives up.
+pub const RETRY_FOR: Duration = Duration::from_secs(120);
+
+/// Calls `call` as a CO would: with no deadline, again after 100 ms for
+/// as long as it answers ABORTED (another operation on the volume is still
+/// running) or UNAVAILABLE, up to [`RETRY_FOR`]. Panics with the last
+/// status on any other error or when time is up. Returns the reply and the
+/// number of retries.
+pub async fn retry_n<T, F, Fut>(what: &str, mut call: F) -> (T, u32)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Response<T>, Status>>,
+{
+    let start = Instant::now();
+    let mut retries = 0;
+    loop {
+        match call().await {
+            Ok(r) => return (r.into_inner(), retries),
+            Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable) => {
+                assert!(
+                    start.elapsed() < RETRY_FOR,
+                    "{what}: still {:?} after {retries} retries in {:?}: {}",
+                    s.code(),
+                    start.elapsed(),
+                    s.message()
+                );
+                retries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(s) => panic!(
+                "{what}: {:?} after {retries} retries: {}",
+                s.code(),
+                s.message()
+            ),
+        }
+    }
+}
+
+/// [`retry_n`] without the count.
+pub async fn retry<T, F, Fut>(what: &str, call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Response<T>, Status>>,
+{
+    retry_n(what, call).await.0
+}
+
+/// How a call given a deadline ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Abandoned {
+    /// It answered OK within the deadline.
+    Ok,
+    /// It answered an error (DEADLINE_EXCEEDED from the gRPC deadline, or
+    /// the driver's own) within the deadline.
+    Failed(Code),
+    /// The client gave up and dropped the call.
+    Dropped,
+}
+
+impl std::fmt::Display for Abandoned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Abandoned::Ok => write!(f, "ok"),
+            Abandoned::Failed(c) => write!(f, "{c:?}"),
+            Abandoned::Dropped => write!(f, "dropped"),
+        }
+    }
+}
+
+/// Sends `req` with a gRPC deadline of `deadline` through `call`, and
+/// drops the call (cancelling it on the wire) if no answer came by then,
+/// as a CO does when its own timeout passes.
+pub async fn abandon_after<Req, T, F, Fut>(deadline: Duration, req: Req, call: F) -> Abandoned
+where
+    F: FnOnce(tonic::Request<Req>) -> Fut,
+    Fut: Future<Output = Result<Response<T>, Status>>,
+{
+    let mut r = tonic::Request::new(req);
+    r.set_timeout(deadline);
+    match tokio::time::timeout(deadline, call(r)).await {
+        Err(_) => Abandoned::Dropped,
+        Ok(Ok(_)) => Abandoned::Ok,
+        Ok(Err(s)) => Abandoned::Failed(s.code()),
+    }
+}
+
+/// `dmsetup` with libdevmapper told not to wait for udev (the VM has none)
+/// and to make its /dev/mapper nodes itself.
+/// A finished command's stdout, or its stderr when it failed.
+fn stdout_or_stderr(out: std::process::Output) -> Result<String, String> {
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+pub fn dmsetup(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("dmsetup")
+        .args(args)
+        .args(["--noudevsync", "--noudevrules"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    stdout_or_stderr(out)
+}
+
+/// Every device-mapper device: name and device numbers, from `dmsetup ls`
+/// (which prints `name\t(254:3)`, or `(254, 3)` on older releases).
+pub fn dm_devices() -> Vec<(String, (u32, u32))> {
+    let out = sh("dmsetup", &["ls"]);
+    out.lines()
+        .filter_map(|l| {
+            let (name, nums) = l.rsplit_once('(')?;
+            let nums = nums.trim_end_matches(')');
+            let (ma, mi) = nums.split_once([':', ','])?;
+            Some((
+                name.trim().to_string(),
+                (ma.trim().parse().ok()?, mi.trim().parse().ok()?),
+            ))
+        })
+        .collect()
+}
+
+/// The device-mapper name prefix of the LVs of `vg` (LVM doubles every
+/// `-` of the VG and LV names).
+pub fn dm_prefix(vg: &str) -> String {
+    format!("{}-", vg.replace('-', "--"))
+}
+
+/// The device-mapper name LVM gives LV `lv` of `vg`.
+pub fn dm_name(vg: &str, lv: &str) -> String {
+    format!("{}{}", dm_prefix(vg), lv.replace('-', "--"))
+}
+
+/// The device-mapper devices of `vg`'s LVs.
+pub fn dm_of_vg(vg: &str) -> Vec<String> {
+    let prefix = dm_prefix(vg);
+    dm_devices()
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// The device-mapper devices a thin pool `pool` of `vg` may keep while it
+/// is active and serves no volume.
+pub fn pool_dm_names(vg: &str, pool: &str) -> Vec<String> {
+    ["", "_tdata", "_tmeta", "-tpool"]
+        .iter()
+        .map(|suffix| format!("{}{suffix}", dm_name(vg, pool)))
+        .collect()
+}
+
+/// The driver's read-only overlays of volume `id` (`tpcsi-ro-<id>-…`).
+pub fn overlays_of(id: &str) -> Vec<String> {
+    let prefix = format!("tpcsi-ro-{id}-");
+    dm_devices()
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// The device-mapper table of the device `major:minor` (`dmsetup table`),
+/// or None when it is no device-mapper device.
+pub fn dm_table_of(dev: (u32, u32)) -> Option<String> {
+    let name =
+        std::fs::read_to_string(format!("/sys/dev/block/{}:{}/dm/name", dev.0, dev.1)).ok()?;
+    dmsetup(&["table", name.trim()]).ok()
+}
+
+/// The device numbers a block device node refers to.
+pub fn rdev_of(node: &Path) -> Option<(u32, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::symlink_metadata(node).ok()?;
+    if !m.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = m.rdev();
+    Some((
+        nix::sys::stat::major(rdev) as u32,
+        nix::sys::stat::minor(rdev) as u32,
+    ))
+}
+
+/// Unmounts everything mounted at or below `root`, deepest first (and
+/// stacked mounts one by one); panics if something stays mounted.
+pub fn umount_all_under(root: &Path) -> usize {
+    let mut n = 0;
+    for _ in 0..32 {
+        let mut points: Vec<PathBuf> = thinpool_csi::mountinfo::MountInfo::read()
+            .unwrap()
+            .mounts()
+            .iter()
+            .filter(|m| m.mount_point.starts_with(root))
+            .map(|m| m.mount_point.clone())
+            .collect();
+        if points.is_empty() {
+            return n;
+        }
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in points {
+            nix::mount::umount2(&p, nix::mount::MntFlags::empty())
+                .unwrap_or_else(|e| panic!("umount {}: {e}", p.display()));
+            n += 1;
+        }
+    }
+    panic!("mounts keep appearing under {}", root.display());
+}
+
+/// Writes dirty pages back and drops the page cache, so the next read
+/// comes from the device.
+pub fn drop_caches() {
+    nix::unistd::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop the page cache");
 }

@@ -6,6 +6,7 @@ mod harness;
 mod addons;
 mod controller;
 mod node;
+mod resilience;
 
 /// Printed once per run, so CI output shows where the suite ran.
 #[test]

@@ -22,12 +22,12 @@ use crate::controller::{block_cap, create_req, mount_cap};
 use crate::harness::{lvm, lvs, sh, TestDriver, MIB, NODE_ID};
 
 /// A directory standing in for /var/lib/kubelet.
-struct Kubelet {
-    root: tempfile::TempDir,
+pub(crate) struct Kubelet {
+    pub(crate) root: tempfile::TempDir,
 }
 
 impl Kubelet {
-    fn new(name: &str) -> Kubelet {
+    pub(crate) fn new(name: &str) -> Kubelet {
         Kubelet {
             root: tempfile::Builder::new()
                 .prefix(&format!("tpcsi-kubelet-{name}-"))
@@ -36,23 +36,23 @@ impl Kubelet {
         }
     }
     /// Config text for the driver.
-    fn extra(&self) -> String {
+    pub(crate) fn extra(&self) -> String {
         format!("allowed_roots = [\"{}\"]\n", self.root.path().display())
     }
     /// A staging directory, created as the CO would.
-    fn staging(&self, name: &str) -> PathBuf {
+    pub(crate) fn staging(&self, name: &str) -> PathBuf {
         let p = self.root.path().join("staging").join(name);
         std::fs::create_dir_all(&p).unwrap();
         p
     }
     /// A target path whose parent exists (the CO's part); the target itself
     /// is the driver's to create.
-    fn target(&self, name: &str) -> PathBuf {
+    pub(crate) fn target(&self, name: &str) -> PathBuf {
         let parent = self.root.path().join("pods").join(name);
         std::fs::create_dir_all(&parent).unwrap();
         parent.join("vol")
     }
-    fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.root.path().join(rel)
     }
 }
@@ -66,7 +66,7 @@ fn with_mode(mut cap: VolumeCapability, mode: Mode) -> VolumeCapability {
     cap
 }
 
-fn mount_flags(fs: &str, flags: &[&str]) -> VolumeCapability {
+pub(crate) fn mount_flags(fs: &str, flags: &[&str]) -> VolumeCapability {
     let mut cap = mount_cap(fs);
     cap.access_type = Some(AccessType::Mount(MountVolume {
         fs_type: fs.into(),
@@ -76,7 +76,7 @@ fn mount_flags(fs: &str, flags: &[&str]) -> VolumeCapability {
     cap
 }
 
-fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+pub(crate) fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
     NodeStageVolumeRequest {
         volume_id: id.into(),
         staging_target_path: s(staging),
@@ -85,14 +85,14 @@ fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolume
     }
 }
 
-fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
+pub(crate) fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
     NodeUnstageVolumeRequest {
         volume_id: id.into(),
         staging_target_path: s(staging),
     }
 }
 
-fn publish_req(
+pub(crate) fn publish_req(
     id: &str,
     staging: &Path,
     target: &Path,
@@ -109,7 +109,7 @@ fn publish_req(
     }
 }
 
-fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+pub(crate) fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
     NodeUnpublishVolumeRequest {
         volume_id: id.into(),
         target_path: s(target),
@@ -239,7 +239,7 @@ fn mounted(p: &Path) -> Option<(u32, u32, String)> {
         .map(|m| (m.major, m.minor, m.fs_type.clone()))
 }
 
-fn mounts_under(root: &Path) -> Vec<PathBuf> {
+pub(crate) fn mounts_under(root: &Path) -> Vec<PathBuf> {
     MountInfo::read()
         .unwrap()
         .mounts()
@@ -270,14 +270,14 @@ fn block_size(path: &Path) -> u64 {
     thinpool_csi::sys::block_size_bytes(path).unwrap()
 }
 
-fn write_at(path: &Path, offset: u64, data: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_at(path: &Path, offset: u64, data: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
     f.seek(SeekFrom::Start(offset))?;
     f.write_all(data)?;
     f.sync_all()
 }
 
-fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+pub(crate) fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
     let mut f = File::open(path).unwrap();
     f.seek(SeekFrom::Start(offset)).unwrap();
     let mut buf = vec![0u8; len];
@@ -296,7 +296,7 @@ fn statvfs_total(p: &Path) -> u64 {
     st.blocks() as u64 * st.fragment_size() as u64
 }
 
-fn mkfs_runs(d: &TestDriver) -> usize {
+pub(crate) fn mkfs_runs(d: &TestDriver) -> usize {
     d.log().matches("made filesystem").count()
 }
 
@@ -484,7 +484,7 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
     );
     assert!(full_dir.join("x").exists());
     // A device node of another, live device (the VG's loop device).
-    let loop_dev = thinpool_csi::sys::find_loop_for_file(&d.backing_file())
+    let loop_dev = thinpool_csi::pool::loopdev::find_loop_for_file(&d.backing_file())
         .unwrap()
         .unwrap();
     let (ma, mi) = thinpool_csi::sys::device_numbers(&loop_dev)
@@ -939,7 +939,7 @@ fn fill_through(dev: &Path) -> std::process::Output {
         .unwrap()
 }
 
-async fn heal(
+pub(crate) async fn heal(
     d: &TestDriver,
     id: &str,
     target: &Path,
@@ -1073,11 +1073,8 @@ async fn healer_heals_mounts_activation_and_dev_node_and_restart_restages() {
     }
     unpublish(&mut n, &id, &target).await;
     unstage(&mut n, &id, &staging).await;
-    let tags = lvs(&d.vg).find(&id).unwrap().tags.clone();
-    assert!(
-        thinpool_csi::naming::staged_path(&tags).is_none(),
-        "unstage drops the staging tag"
-    );
+    let record = d.state_dir().join("volumes").join(format!("{id}.json"));
+    assert!(!record.exists(), "unstage drops the node record");
 }
 
 #[tokio::test(flavor = "multi_thread")]

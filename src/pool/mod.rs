@@ -4,6 +4,8 @@
 //! earlier run left, so a restart reuses the same file, loop device and VG
 //! and never makes a second of any.
 
+pub mod loopdev;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -33,8 +35,7 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
     match report.find(&lvm.pool) {
         Some(p) if p.is_thin_pool() => {
             if !p.is_active() {
-                lvm.activate(&lvm.pool).await?;
-                tracing::info!(pool = lvm.lv_path(&lvm.pool), "activated thin pool");
+                repair_half_active(lvm).await?;
             }
         }
         Some(_) => {
@@ -69,6 +70,63 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Brings an inactive thin pool back. An LVM command stopped mid-way (a
+/// killed `lvcreate`) can leave the pool's hidden components (`_tmeta`,
+/// `_tdata`) active while the pool itself is not, and LVM then refuses to
+/// activate the pool ("prohibited while ... _tmeta is active"). Those
+/// components are deactivated first; then the pool is activated. Both
+/// steps are logged. Returns what was found half active.
+pub async fn repair_half_active(lvm: &Lvm) -> Result<Vec<String>> {
+    let out = lvm
+        .query(
+            "lvs",
+            crate::argv![
+                "-a",
+                "--reportformat",
+                "json",
+                "-o",
+                "lv_name,lv_attr",
+                lvm.vg.as_str()
+            ],
+        )
+        .await?;
+    let mut lvs = Vec::new();
+    for row in rows(&out.stdout, "lv")? {
+        lvs.push((text(&row, "lv_name")?, text(&row, "lv_attr")?));
+    }
+    let Some(components) = half_active_components(&lvm.pool, &lvs) else {
+        return Ok(Vec::new());
+    };
+    for c in &components {
+        tracing::warn!(pool = lvm.lv_path(&lvm.pool), component = lvm.lv_path(c),
+            "thin pool component is active while the pool is not (an LVM command was stopped mid-way); deactivating it");
+        lvm.change("lvchange", crate::argv!["--activate", "n", lvm.lv_path(c)])
+            .await?;
+    }
+    lvm.activate(&lvm.pool).await?;
+    tracing::info!(pool = lvm.lv_path(&lvm.pool), repaired = ?components, "activated thin pool");
+    Ok(components)
+}
+
+/// From `lvs -a` rows (name, attr): `None` when the pool is active (or
+/// absent), else the pool's components that are active on their own.
+fn half_active_components(pool: &str, lvs: &[(String, String)]) -> Option<Vec<String>> {
+    let active = |attr: &str| attr.chars().nth(4) == Some('a');
+    let (_, pool_attr) = lvs.iter().find(|(n, _)| n == pool)?;
+    if active(pool_attr) {
+        return None;
+    }
+    Some(
+        lvs.iter()
+            .map(|(n, a)| (n.trim_start_matches('[').trim_end_matches(']'), a))
+            .filter(|(n, a)| {
+                (*n == format!("{pool}_tmeta") || *n == format!("{pool}_tdata")) && active(a)
+            })
+            .map(|(n, _)| n.to_string())
+            .collect(),
+    )
 }
 
 async fn vg_exists(lvm: &Lvm) -> Result<bool> {
@@ -120,11 +178,11 @@ fn loop_device(lp: &LoopPool) -> Result<(std::path::PathBuf, bool)> {
             false
         }
     };
-    if let Some(dev) = sys::find_loop_for_file(&lp.backing_file)? {
+    if let Some(dev) = loopdev::find_loop_for_file(&lp.backing_file)? {
         tracing::info!(file = %lp.backing_file.display(), dev = %dev.display(), "reusing attached loop device");
         return Ok((dev, created));
     }
-    let dev = sys::attach_loop(&lp.backing_file)?;
+    let dev = loopdev::attach_loop(&lp.backing_file)?;
     tracing::info!(file = %lp.backing_file.display(), dev = %dev.display(), "attached loop device");
     Ok((dev, created))
 }
@@ -163,6 +221,15 @@ async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str) -> Result<(
     let (dev, created) = loop_device(lp)?;
     let dev_s = dev.display().to_string();
     match pv_vg(lvm, &dev).await? {
+        Some(vg) if vg == lvm.vg => {
+            // After a reboot: the loop device was gone, so was the VG on it.
+            tracing::info!(
+                vg,
+                dev = dev_s,
+                "volume group is back on its re-attached loop device"
+            );
+            return Ok(());
+        }
         Some(vg) if !vg.is_empty() => {
             return Err(Error::FailedPrecondition(format!(
                 "{dev_s} (over {}) already belongs to volume group {vg}, not {}",
@@ -194,4 +261,41 @@ async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str) -> Result<(
     .await?;
     tracing::info!(vg = lvm.vg, dev = dev_s, "created volume group");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(r: &[(&str, &str)]) -> Vec<(String, String)> {
+        r.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn half_active_pools_are_recognised() {
+        // Healthy: the pool is active, nothing to do.
+        let ok = rows(&[
+            ("pool", "twi-aotz--"),
+            ("[pool_tmeta]", "ewi-ao----"),
+            ("[pool_tdata]", "Twi-ao----"),
+        ]);
+        assert_eq!(half_active_components("pool", &ok), None);
+        // What a killed lvcreate left: components active, pool not.
+        let half = rows(&[
+            ("pool", "twi---tz--"),
+            ("[pool_tmeta]", "ewi-a-----"),
+            ("[pool_tdata]", "Twi-------"),
+            ("[lvol0_pmspare]", "ewi-------"),
+        ]);
+        assert_eq!(
+            half_active_components("pool", &half),
+            Some(vec!["pool_tmeta".to_string()])
+        );
+        // Inactive and clean: only the pool needs activating.
+        let off = rows(&[("pool", "twi---tz--"), ("[pool_tmeta]", "ewi-------")]);
+        assert_eq!(half_active_components("pool", &off), Some(vec![]));
+        assert_eq!(half_active_components("other", &off), None);
+    }
 }

@@ -1,0 +1,33 @@
+//! Formatting markers: one small file per volume, under `state_dir`, that
+//! exists only while a format the driver began is unfinished (see
+//! `fs::stage`). Written with fsync of the file and its directory, so it
+//! survives a crash or a reboot.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::node::durable;
+
+/// True when the marker exists.
+pub fn exists(marker: &Path) -> Result<bool> {
+    match std::fs::symlink_metadata(marker) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(format!("stat {}", marker.display()), e)),
+    }
+}
+
+/// Creates the marker (and its directory) durably.
+pub fn write(marker: &Path, volume_id: &str) -> Result<()> {
+    durable::write_atomic(marker, volume_id.as_bytes())?;
+    tracing::info!(marker = %marker.display(), volume = volume_id, "formatting marker written");
+    Ok(())
+}
+
+/// Removes the marker durably; a missing one is fine.
+pub fn remove(marker: &Path) -> Result<()> {
+    if durable::remove(marker)? {
+        tracing::info!(marker = %marker.display(), "formatting marker removed");
+    }
+    Ok(())
+}

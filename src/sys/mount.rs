@@ -1,0 +1,100 @@
+//! Mounts: filesystem mounts, bind mounts (read-only done right), and
+//! unmounts.
+
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::mount::{self as nix_mount, MntFlags};
+use nix::sys::statvfs::{self, FsFlags};
+
+pub use nix::mount::MsFlags;
+
+use super::{Result, SysError, SysErrorKind};
+
+/// Mounts filesystem `source` (a block device path) of type `fstype` on
+/// `target` with `flags` and filesystem-specific `data` (e.g.
+/// `"discard,errors=remount-ro"`).
+pub fn mount_fs(
+    source: &Path,
+    target: &Path,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<()> {
+    nix_mount::mount(Some(source), target, Some(fstype), flags, data).map_err(|e| {
+        SysError::new("mount", target, e).with_detail(format!(
+            "source {}, type {fstype}, flags {flags:?}, data {data:?}",
+            source.display()
+        ))
+    })?;
+    tracing::info!(source = %source.display(), target = %target.display(), fstype, ?flags, data, "mounted filesystem");
+    Ok(())
+}
+
+/// Bind-mounts `source` (a directory or file) on `target`, non-recursively.
+///
+/// The kernel ignores `MS_RDONLY` on the initial bind, so a read-only bind
+/// takes a second call, `MS_REMOUNT | MS_BIND | MS_RDONLY`, which changes only
+/// this mount (not the source). That remount replaces all per-mount flags, so
+/// `nosuid`/`nodev`/`noexec` inherited from the source are read back with
+/// statvfs and passed again (atime flags the kernel keeps by itself). If the
+/// remount fails, the writable bind is unmounted again before returning.
+pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<()> {
+    nix_mount::mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        SysError::new("mount(MS_BIND)", target, e)
+            .with_detail(format!("source {}", source.display()))
+    })?;
+    if readonly {
+        let remount = || -> Result<()> {
+            let kept = statvfs::statvfs(target)
+                .map_err(|e| SysError::new("statvfs", target, e))?
+                .flags();
+            let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+            for (st, ms) in [
+                (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+                (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+                (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+            ] {
+                if kept.contains(st) {
+                    flags |= ms;
+                }
+            }
+            nix_mount::mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
+                .map_err(|e| SysError::new("mount(MS_REMOUNT|MS_BIND|MS_RDONLY)", target, e))
+        };
+        if let Err(e) = remount() {
+            if let Err(undo) = nix_mount::umount2(target, MntFlags::empty()) {
+                tracing::error!(target = %target.display(), error = %undo, "could not undo writable bind mount after failed read-only remount");
+            }
+            return Err(e);
+        }
+    }
+    tracing::info!(source = %source.display(), target = %target.display(), readonly, "bind-mounted");
+    Ok(())
+}
+
+/// Unmounts the mount on top of `target` (plain `umount2`, no lazy detach:
+/// a busy mount fails with [`SysErrorKind::Busy`] instead of lingering).
+///
+/// Fails with [`SysErrorKind::NotMounted`] if `target` exists but is not a
+/// mount point (`EINVAL`), and with [`SysErrorKind::NotFound`] if it does not
+/// exist; callers that want idempotent unmounts treat both as done.
+pub fn unmount(target: &Path) -> Result<()> {
+    nix_mount::umount2(target, MntFlags::empty()).map_err(|e| {
+        let err = SysError::new("umount2", target, e);
+        if e == Errno::EINVAL {
+            err.with_kind(SysErrorKind::NotMounted)
+        } else {
+            err
+        }
+    })?;
+    tracing::info!(target = %target.display(), "unmounted");
+    Ok(())
+}

@@ -1,0 +1,488 @@
+//! End-to-end tests against the real kernel: loop devices, ext4, mounts.
+//! They need root, `mkfs.ext4` and loop support, and fail (never skip)
+//! without them.
+use super::*;
+use crate::mountinfo::MountInfo;
+use crate::pool::loopdev::*;
+use std::fs::{File, OpenOptions};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const POOL_SIZE: u64 = 256 * MIB;
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "sys root tests drive loop devices, mknod and mount(2): run them as root \
+             (euid is {euid}); they fail rather than skip"
+    );
+}
+
+type Step = Box<dyn FnOnce() -> Result<()>>;
+
+/// Undo steps run in reverse order on drop, including when a test panics.
+/// Errors saying "already undone" are ignored, others are printed.
+struct Cleanup {
+    steps: Vec<(String, Step)>,
+}
+
+impl Cleanup {
+    fn new() -> Self {
+        Cleanup { steps: Vec::new() }
+    }
+
+    fn defer(&mut self, what: impl Into<String>, step: impl FnOnce() -> Result<()> + 'static) {
+        self.steps.push((what.into(), Box::new(step)));
+    }
+
+    fn unmount_later(&mut self, target: &Path) {
+        let target = target.to_path_buf();
+        self.defer(format!("unmount {}", target.display()), move || {
+            unmount(&target)
+        });
+    }
+
+    /// Detaches whatever loop device still backs `backing` at the end.
+    /// Never by device number: once a test has detached its device,
+    /// the number is free, and a test running in parallel may already
+    /// have attached its own file there.
+    fn detach_later(&mut self, backing: &Path) {
+        let backing = backing.to_path_buf();
+        self.defer(
+            format!("detach {}", backing.display()),
+            move || match find_loop_for_file(&backing)? {
+                Some(dev) => detach_loop(&dev),
+                None => Ok(()),
+            },
+        );
+    }
+
+    /// A fresh directory under the temp dir, removed at the end unless
+    /// something is still mounted inside it.
+    fn scratch_dir(&mut self, name: &str) -> PathBuf {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "syscheck-{}-{}-{name}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        let d = dir.clone();
+        self.defer(format!("remove {}", dir.display()), move || {
+            let still_mounted = MountInfo::read()
+                .map(|info| info.mounts().iter().any(|m| m.mount_point.starts_with(&d)))
+                .unwrap_or(true);
+            if still_mounted {
+                eprintln!(
+                    "cleanup: leaving {} in place, something is still mounted in it",
+                    d.display()
+                );
+                return Ok(());
+            }
+            std::fs::remove_dir_all(&d).map_err(|e| SysError::io("remove_dir_all", &d, e))
+        });
+        dir
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        while let Some((what, step)) = self.steps.pop() {
+            match step() {
+                Ok(()) => {}
+                Err(e) if e.is_not_mounted() || e.is_not_attached() || e.is_not_found() => {}
+                Err(e) => eprintln!("cleanup: {what}: {e}"),
+            }
+        }
+    }
+}
+
+fn mkfs_ext4(dev: &Path) {
+    let path = format!(
+        "{}:/usr/sbin:/sbin",
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let status = Command::new("mkfs.ext4")
+        .env("PATH", path)
+        .args(["-q", "-F"])
+        .arg(dev)
+        .status()
+        .expect("mkfs.ext4 must be installed (e2fsprogs)");
+    assert!(
+        status.success(),
+        "mkfs.ext4 {} failed: {status}",
+        dev.display()
+    );
+}
+
+fn allocated_bytes(path: &Path) -> u64 {
+    std::fs::metadata(path).expect("stat").blocks() * 512
+}
+
+fn wait_until_detached(backing: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while find_loop_for_file(backing)
+        .expect("scan loop devices")
+        .is_some()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{} still attached after detach",
+            backing.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn loop_ext4_lifecycle() {
+    require_root();
+    let mut cleanup = Cleanup::new();
+    let dir = cleanup.scratch_dir("lifecycle");
+
+    // Sparse backing file; a second call leaves it alone.
+    let backing = dir.join("pools/pool.img");
+    assert_eq!(
+        create_sparse_file(&backing, POOL_SIZE).unwrap(),
+        SparseFile::Created
+    );
+    assert_eq!(
+        create_sparse_file(&backing, 2 * POOL_SIZE).unwrap(),
+        SparseFile::Existed { len: POOL_SIZE }
+    );
+    assert_eq!(std::fs::metadata(&backing).unwrap().len(), POOL_SIZE);
+    assert!(
+        allocated_bytes(&backing) < MIB,
+        "backing file is not sparse"
+    );
+
+    // Attach; find it again by path, also through a detour.
+    let dev = attach_loop(&backing).expect("attach_loop");
+    cleanup.detach_later(&backing);
+    assert_eq!(find_loop_for_file(&backing).unwrap(), Some(dev.clone()));
+    assert_eq!(
+        find_loop_for_file(&dir.join("pools/./../pools/pool.img")).unwrap(),
+        Some(dev.clone())
+    );
+    let status = loop_status(&dev).unwrap();
+    assert_eq!(
+        status.flags & LO_FLAGS_AUTOCLEAR,
+        0,
+        "must survive our exit"
+    );
+    assert_eq!(status.flags & LO_FLAGS_READ_ONLY, 0);
+    assert_eq!(
+        status.backing_inode,
+        std::fs::metadata(&backing).unwrap().ino()
+    );
+    assert_eq!(block_size_bytes(&dev).unwrap(), POOL_SIZE);
+    let (major, minor) = device_numbers(&dev)
+        .unwrap()
+        .expect("loop is a block device");
+    assert!(is_block_device_unused(&dev).unwrap());
+
+    // Filesystem, mounted nosuid,nodev with an fs option.
+    mkfs_ext4(&dev);
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    mount_fs(
+        &dev,
+        &mnt,
+        "ext4",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("errors=remount-ro"),
+    )
+    .expect("mount ext4");
+    cleanup.unmount_later(&mnt);
+
+    let info = MountInfo::read().unwrap();
+    let mounted = info.top_mount_at(&mnt).expect("mountinfo shows the mount");
+    assert_eq!(mounted.device(), (major, minor));
+    assert_eq!(mounted.fs_type, "ext4");
+    assert_eq!(mounted.source, dev.as_os_str());
+    assert_eq!(mounted.root, Path::new("/"));
+    assert_eq!(mounted.super_option("errors"), Some("remount-ro"));
+    assert!(mounted.mount_option("nosuid").is_some());
+    assert!(!mounted.is_read_only());
+    assert_eq!(info.mounts_of_device(major, minor).len(), 1);
+
+    // In use now: every exclusive operation must refuse.
+    assert!(!is_block_device_unused(&dev).unwrap());
+    assert!(open_exclusive(&dev).unwrap_err().is_busy());
+    assert!(discard_range(&dev, 0, MIB).unwrap_err().is_busy());
+    assert!(detach_loop(&dev).unwrap_err().is_busy());
+    assert_eq!(
+        find_loop_for_file(&backing).unwrap(),
+        Some(dev.clone()),
+        "still attached"
+    );
+
+    // Write and delete a file, then trim.
+    let data = dir.join("mnt/data.bin");
+    std::fs::write(&data, vec![0x5a_u8; 16 * MIB as usize]).unwrap();
+    File::open(&data).unwrap().sync_all().unwrap();
+    std::fs::remove_file(&data).unwrap();
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    let trimmed = fitrim(&mnt, 0, u64::MAX, 0).expect("FITRIM");
+    eprintln!("FITRIM trimmed {trimmed} bytes");
+    assert!(trimmed > 0, "FITRIM reported nothing trimmed");
+
+    // Read-only bind of a subdirectory.
+    let sub = mnt.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("hello"), b"hi").unwrap();
+    let ro = dir.join("ro-bind");
+    std::fs::create_dir(&ro).unwrap();
+    bind_mount(&sub, &ro, true).expect("read-only bind");
+    cleanup.unmount_later(&ro);
+
+    let err = std::fs::write(ro.join("nope"), b"x").unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EROFS),
+        "write through ro bind: {err}"
+    );
+    assert_eq!(std::fs::read(ro.join("hello")).unwrap(), b"hi");
+    std::fs::write(sub.join("still-writable"), b"y").expect("source stays writable");
+    assert_eq!(std::fs::read(ro.join("still-writable")).unwrap(), b"y");
+
+    let info = MountInfo::read().unwrap();
+    let bind = info.top_mount_at(&ro).expect("mountinfo shows the bind");
+    assert_eq!(bind.root, Path::new("/sub"));
+    assert_eq!(bind.device(), (major, minor));
+    assert!(bind.is_read_only());
+    assert!(
+        bind.mount_option("nosuid").is_some(),
+        "nosuid kept: {bind:?}"
+    );
+    assert!(bind.mount_option("nodev").is_some(), "nodev kept: {bind:?}");
+    assert!(!info.top_mount_at(&mnt).unwrap().is_read_only());
+    assert_eq!(info.mounts_of_device(major, minor).len(), 2);
+
+    // Our own device node for the loop device.
+    let node = dir.join("node");
+    make_block_node(&node, major, minor, 0o600).expect("mknod");
+    assert_eq!(
+        std::fs::metadata(&node).unwrap().permissions().mode() & 0o7777,
+        0o600
+    );
+    assert_eq!(device_numbers(&node).unwrap(), Some((major, minor)));
+    assert_eq!(block_size_bytes(&node).unwrap(), POOL_SIZE);
+    let mut magic = [0u8; 2];
+    File::open(&node)
+        .unwrap()
+        .read_exact_at(&mut magic, 1080)
+        .unwrap();
+    assert_eq!(
+        magic,
+        [0x53, 0xef],
+        "ext4 superblock magic through the new node"
+    );
+    make_block_node(&node, major, minor, 0o600).expect("same node again is fine");
+    let err = make_block_node(&node, major, minor + 1, 0o600).unwrap_err();
+    assert_eq!(err.errno(), Errno::EEXIST);
+
+    // Unmount everything; repeated or bogus unmounts are told apart.
+    unmount(&ro).unwrap();
+    unmount(&mnt).unwrap();
+    assert!(unmount(&mnt).unwrap_err().is_not_mounted());
+    assert!(unmount(&dir.join("missing")).unwrap_err().is_not_found());
+    let info = MountInfo::read().unwrap();
+    assert!(!info.is_mount_point(&mnt));
+    assert!(info.mounts_of_device(major, minor).is_empty());
+    assert!(is_block_device_unused(&dev).unwrap());
+
+    // Discard a region that holds data: the backing file loses the blocks
+    // and the region reads back as zeros.
+    let (offset, len) = (160 * MIB, 8 * MIB);
+    let raw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+        .unwrap();
+    raw.write_all_at(&vec![0xab_u8; len as usize], offset)
+        .unwrap();
+    raw.sync_all().unwrap();
+    let before = allocated_bytes(&backing);
+    discard_range(&dev, offset, len).expect("BLKDISCARD");
+    let after = allocated_bytes(&backing);
+    eprintln!("backing file allocation: {before} bytes before discard, {after} after");
+    assert!(
+        before >= after + len,
+        "allocation should drop by {len}: before {before}, after {after}"
+    );
+    let mut back = vec![0xff_u8; len as usize];
+    raw.read_exact_at(&mut back, offset).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0),
+        "discarded range reads as zeros"
+    );
+    drop(raw);
+
+    // Detach. The device number is free again the moment this returns,
+    // and a test running in parallel may attach it: nothing here may
+    // touch `dev` after this (an O_EXCL open of it would make that
+    // test's exclusive open fail with EBUSY). The backing file tells.
+    detach_loop(&dev).expect("detach");
+    wait_until_detached(&backing);
+}
+
+#[test]
+fn a_second_lock_holder_is_refused_until_the_first_lets_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lock");
+    let first = lock_file(&path).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap().trim(),
+        std::process::id().to_string()
+    );
+    let e = lock_file(&path).unwrap_err();
+    assert!(e.is_busy(), "{e}");
+    drop(first);
+    lock_file(&path).unwrap();
+}
+
+#[test]
+fn legacy_attach_with_long_path() {
+    require_root();
+    let mut cleanup = Cleanup::new();
+    let dir = cleanup.scratch_dir("legacy");
+    let deep = dir.join("a-directory-name-long-enough-to-overflow-lo-file-name-by-itself");
+    let backing = deep.join("pool.img");
+    assert!(backing.as_os_str().len() > 63);
+    assert_eq!(
+        create_sparse_file(&backing, 64 * MIB).unwrap(),
+        SparseFile::Created
+    );
+
+    let dev = attach_loop_with(&backing, AttachMethod::SetFd).expect("LOOP_SET_FD path");
+    cleanup.detach_later(&backing);
+    let status = loop_status(&dev).unwrap();
+    assert_eq!(status.flags & LO_FLAGS_AUTOCLEAR, 0);
+    assert_eq!(
+        status.file_name.as_os_str().as_bytes(),
+        &backing.as_os_str().as_bytes()[..63],
+        "name cut to 63 bytes"
+    );
+    assert_eq!(block_size_bytes(&dev).unwrap(), 64 * MIB);
+    // sysfs has the full path even though lo_file_name is cut.
+    assert_eq!(find_loop_for_file(&backing).unwrap(), Some(dev.clone()));
+
+    detach_loop(&dev).unwrap();
+    wait_until_detached(&backing);
+}
+
+#[test]
+fn deleted_backing_file_does_not_match() {
+    require_root();
+    let mut cleanup = Cleanup::new();
+    let dir = cleanup.scratch_dir("deleted");
+    let backing = dir.join("pool.img");
+    create_sparse_file(&backing, 16 * MIB).unwrap();
+    let dev = attach_loop(&backing).unwrap();
+    cleanup.detach_later(&backing);
+
+    std::fs::remove_file(&backing).unwrap();
+    assert!(find_loop_for_file(&backing).unwrap_err().is_not_found());
+    let sysfs = std::fs::read_to_string(format!(
+        "/sys/block/{}/loop/backing_file",
+        dev.file_name().unwrap().to_str().unwrap()
+    ))
+    .unwrap();
+    assert!(sysfs.trim_end().ends_with(" (deleted)"), "{sysfs:?}");
+
+    // A new file under the same name is not what the device backs.
+    create_sparse_file(&backing, 16 * MIB).unwrap();
+    assert_eq!(find_loop_for_file(&backing).unwrap(), None);
+
+    detach_loop(&dev).unwrap();
+}
+
+/// Several attachers at once are handed the same free device by
+/// LOOP_CTL_GET_FREE; the losers get EBUSY and must move on to another.
+#[test]
+fn concurrent_attaches_get_distinct_devices() {
+    require_root();
+    const ATTACHERS: usize = 6;
+    let mut cleanup = Cleanup::new();
+    let dir = cleanup.scratch_dir("concurrent");
+    let files: Vec<PathBuf> = (0..ATTACHERS)
+        .map(|i| {
+            let f = dir.join(format!("pool-{i}.img"));
+            create_sparse_file(&f, 8 * MIB).unwrap();
+            f
+        })
+        .collect();
+
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(ATTACHERS));
+    let handles: Vec<_> = files
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, f)| {
+            let barrier = barrier.clone();
+            // Half use each method so both retry paths get exercised.
+            let method = if i % 2 == 0 {
+                AttachMethod::Configure
+            } else {
+                AttachMethod::SetFd
+            };
+            std::thread::spawn(move || {
+                barrier.wait();
+                attach_loop_with(&f, method)
+            })
+        })
+        .collect();
+    let results: Vec<Result<PathBuf>> = handles
+        .into_iter()
+        .map(|h| h.join().expect("attacher panicked"))
+        .collect();
+    for file in &files {
+        cleanup.detach_later(file);
+    }
+    let devs: Vec<PathBuf> = results.into_iter().map(|r| r.expect("attach")).collect();
+
+    let mut unique = devs.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        ATTACHERS,
+        "devices handed out twice: {devs:?}"
+    );
+    for (file, dev) in files.iter().zip(&devs) {
+        assert_eq!(find_loop_for_file(file).unwrap().as_ref(), Some(dev));
+    }
+    for dev in &devs {
+        detach_loop(dev).unwrap();
+    }
+}
+
+#[test]
+fn missing_loop_nodes_are_created() {
+    require_root();
+    let mut cleanup = Cleanup::new();
+    let dev_dir = cleanup.scratch_dir("devdir");
+    let sys_block = Path::new(SYS_BLOCK);
+
+    // loop0 exists in sysfs: its numbers come from /sys/block/loop0/dev.
+    let expected = std::fs::read_to_string("/sys/block/loop0/dev")
+        .expect("the loop driver is loaded and loop0 exists");
+    let node = ensure_loop_node(sys_block, &dev_dir, 0).unwrap();
+    assert_eq!(node, dev_dir.join("loop0"));
+    let (major, minor) = device_numbers(&node).unwrap().unwrap();
+    assert_eq!(format!("{major}:{minor}"), expected.trim());
+    assert_eq!(ensure_loop_node(sys_block, &dev_dir, 0).unwrap(), node);
+
+    // Unknown to sysfs: falls back to 7:N.
+    let node = ensure_loop_node(sys_block, &dev_dir, 4000).unwrap();
+    assert_eq!(device_numbers(&node).unwrap(), Some((LOOP_MAJOR, 4000)));
+}

@@ -1,0 +1,266 @@
+//! Controller operations: create, delete, expand, publish checks, listing
+//! and capacity. Creates and deletes are decided on fresh LVM reports and
+//! run as detached operations (see the module above).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::size::{fs_minimum, size, size_fits};
+use super::{Owned, SizeRange, VolumeId};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::lvm::report::{Capacity, Report};
+use crate::naming::{self, Access, VolumeTags};
+
+/// A checked CreateVolume request.
+#[derive(Debug, Clone)]
+pub struct CreateSpec {
+    /// The CO's name for the volume (checked for size and characters).
+    pub co_name: String,
+    pub access: Access,
+    /// Parameters by their short names (`grpc::validate::parameters`).
+    pub params: BTreeMap<String, String>,
+    pub range: Option<SizeRange>,
+}
+
+/// What the controller reports of a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub id: String,
+    pub size: u64,
+    pub access: Option<Access>,
+    /// Why the volume or its pool cannot serve I/O; `None` when healthy.
+    pub problem: Option<String>,
+}
+
+impl VolumeInfo {
+    fn of(d: &Driver, report: &Report, o: &Owned) -> VolumeInfo {
+        VolumeInfo {
+            id: o.lv.name.clone(),
+            size: o.lv.size,
+            access: o.tags.access.clone(),
+            problem: d.problem(report, o.lv),
+        }
+    }
+}
+
+/// A capability must fit how the volume was created: block stays block,
+/// and a filesystem volume is mounted with its own filesystem.
+pub fn check_access(vol: &Owned, wanted: &Access) -> Result<()> {
+    naming::fits(&vol.lv.name, vol.tags.access.as_ref(), wanted).map_err(Error::InvalidArgument)
+}
+
+impl Driver {
+    /// CreateVolume; idempotent by name.
+    pub async fn create_volume(self: &Arc<Self>, spec: CreateSpec) -> Result<VolumeInfo> {
+        let lv_name = naming::lv_name_for(&spec.co_name);
+        self.detached(&lv_name.clone(), "CreateVolume", move |d, _| async move {
+            d.create_held(&lv_name, spec).await
+        })
+        .await
+    }
+
+    async fn create_held(&self, lv_name: &str, spec: CreateSpec) -> Result<VolumeInfo> {
+        let name = spec.co_name.as_str();
+        let tags = VolumeTags {
+            owner: self.cfg.driver_name.clone(),
+            co_name: spec.co_name.clone(),
+            access: Some(spec.access.clone()),
+            params: spec.params.clone(),
+        };
+        let range = spec.range.as_ref();
+        let report = self.lvm.report().await?;
+        if let Some(existing) = self
+            .owned(&report, lv_name)
+            .map_err(|e| Error::AlreadyExists(format!("cannot create volume {name:?}: {e}")))?
+        {
+            if existing.tags != tags || !size_fits(range, existing.lv.size) {
+                return Err(Error::AlreadyExists(format!(
+                    "volume {name:?} exists as {lv_name} ({} bytes, {:?}, parameters {:?}) and is incompatible with this request",
+                    existing.lv.size, existing.tags.access, existing.tags.params
+                )));
+            }
+            tracing::info!(
+                name,
+                lv = lv_name,
+                "CreateVolume: already exists, returning it"
+            );
+            return Ok(VolumeInfo::of(self, &report, &existing));
+        }
+
+        let _alloc = self.alloc.lock().await;
+        let report = self.lvm.report().await?;
+        self.check_pool_usable(&report)?;
+        let (cap, extent) = self.capacity(&report)?;
+        let size = size(range, extent, self.cfg.default_volume_size)?;
+        let size = fs_minimum(tags.access.as_ref(), size, range, extent)?;
+        if size > cap.virtual_headroom {
+            return Err(Error::ResourceExhausted(format!(
+                "{size} bytes requested but thin pool {} can hand out only {} more bytes at overprovision ratio {}",
+                self.lvm.lv_path(&self.lvm.pool),
+                cap.virtual_headroom,
+                self.cfg.overprovision_ratio
+            )));
+        }
+        self.lvm.create_thin(lv_name, size, &tags.encode()).await?;
+        tracing::info!(name, lv = lv_name, size, "CreateVolume: created");
+        // lvcreate made exactly this size (extent-aligned) with these
+        // tags: no need to read the report back.
+        Ok(VolumeInfo {
+            id: lv_name.to_string(),
+            size,
+            access: tags.access,
+            problem: None,
+        })
+    }
+
+    /// DeleteVolume: removes the LV when it is ours; gone is success.
+    pub async fn delete_volume(self: &Arc<Self>, id: VolumeId) -> Result<()> {
+        self.detached(&id.clone(), "DeleteVolume", move |d, _| async move {
+            // Never decide a removal on a cached view.
+            let report = d.lvm.fresh_report().await?;
+            if d.owned(&report, &id)?.is_none() {
+                tracing::info!(%id, "DeleteVolume: already gone");
+                return Ok(());
+            }
+            d.lvm.remove(&id).await?;
+            tracing::info!(%id, "DeleteVolume: removed");
+            // Nothing of a deleted volume can be staged here any more.
+            d.forget_node_state(&id).await
+        })
+        .await
+    }
+
+    /// ControllerExpandVolume: grows the LV to the range. Returns the size
+    /// and whether the node must act too.
+    pub async fn expand_volume(
+        self: &Arc<Self>,
+        id: VolumeId,
+        range: SizeRange,
+        requested: Option<Access>,
+    ) -> Result<(u64, bool)> {
+        self.detached(&id.clone(), "ControllerExpandVolume", move |d, _| async move {
+            let _alloc = d.alloc.lock().await;
+            let report = d.lvm.report().await?;
+            let vol = d.must_own(&report, &id)?;
+            // Block volumes need the node step too: a read-only publish is
+            // a device-mapper overlay that NodeExpandVolume resizes.
+            let node_expansion_required = vol.tags.access.is_some() || requested.is_some();
+            let (cap, extent) = d.capacity(&report)?;
+            let target = size(Some(&range), extent, vol.lv.size)?;
+            let current = vol.lv.size;
+            if target <= current {
+                tracing::info!(%id, current, target, "ControllerExpandVolume: already large enough");
+                return Ok((current, node_expansion_required));
+            }
+            d.check_pool_usable(&report)?;
+            if target - current > cap.virtual_headroom {
+                return Err(Error::ResourceExhausted(format!(
+                    "growing {id} by {} bytes exceeds what thin pool {} may still hand out ({} bytes)",
+                    target - current,
+                    d.lvm.lv_path(&d.lvm.pool),
+                    cap.virtual_headroom
+                )));
+            }
+            d.lvm.extend(&id, target).await?;
+            tracing::info!(%id, from = current, to = target, "ControllerExpandVolume: extended");
+            Ok((target, node_expansion_required))
+        })
+        .await
+    }
+
+    /// ControllerPublishVolume: checks the volume, node and capability;
+    /// returns the device path for the publish context.
+    pub async fn controller_publish(
+        &self,
+        id: &VolumeId,
+        node_id: &str,
+        access: &Access,
+    ) -> Result<String> {
+        let report = self.lvm.report().await?;
+        let vol = self.must_own(&report, id)?;
+        self.check_node(node_id)?;
+        check_access(&vol, access)?;
+        Ok(self.lvm.dev_path(id))
+    }
+
+    /// ValidateVolumeCapabilities: `Ok(Err(why))` when the volume exists
+    /// but the capability does not fit it.
+    pub async fn fits(&self, id: &VolumeId, access: Result<Access>) -> Result<Result<()>> {
+        let report = self.lvm.report().await?;
+        let vol = self.must_own(&report, id)?;
+        Ok(access.and_then(|a| check_access(&vol, &a)))
+    }
+
+    /// ControllerGetVolume.
+    pub async fn get_volume(&self, id: &VolumeId) -> Result<VolumeInfo> {
+        let report = self.lvm.report().await?;
+        let vol = self.must_own(&report, id)?;
+        Ok(VolumeInfo::of(self, &report, &vol))
+    }
+
+    /// ListVolumes: one page after `token` (a volume id or empty), and the
+    /// next token.
+    pub async fn list_volumes(&self, token: &str, max: usize) -> Result<(Vec<VolumeInfo>, String)> {
+        let report = self.lvm.report().await?;
+        let (page, next) = paginate(self.owned_volumes(&report), token, max);
+        Ok((
+            page.iter()
+                .map(|o| VolumeInfo::of(self, &report, o))
+                .collect(),
+            next,
+        ))
+    }
+
+    /// GetCapacity: what the pool can still hand out, and its extent size.
+    pub async fn capacity_now(&self) -> Result<(Capacity, u64)> {
+        let report = self.lvm.report().await?;
+        self.capacity(&report)
+    }
+
+    /// Our volumes, sorted by id: the order ListVolumes pages through.
+    fn owned_volumes<'a>(&self, report: &'a Report) -> Vec<Owned<'a>> {
+        let mut vols: Vec<Owned> = report
+            .thin_volumes(&self.lvm.pool)
+            .filter(|lv| naming::is_volume_id(&lv.name))
+            .filter_map(|lv| self.owned(report, &lv.name).ok().flatten())
+            .collect();
+        vols.sort_by(|a, b| a.lv.name.cmp(&b.lv.name));
+        vols
+    }
+
+    fn check_node(&self, node_id: &str) -> Result<()> {
+        if node_id != self.node_id {
+            return Err(Error::NotFound(format!(
+                "node {node_id:?} is not served by this driver (its node is {:?}); thin volumes are local",
+                self.node_id
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl AsRef<str> for Owned<'_> {
+    fn as_ref(&self) -> &str {
+        &self.lv.name
+    }
+}
+
+/// One page of `items` (sorted by name) after `token`. The token is the
+/// last name of the previous page, so creates and deletes between pages
+/// neither repeat nor skip the volumes that stayed.
+pub fn paginate<T: AsRef<str>>(items: Vec<T>, token: &str, max: usize) -> (Vec<T>, String) {
+    let rest: Vec<T> = items
+        .into_iter()
+        .filter(|n| token.is_empty() || n.as_ref() > token)
+        .collect();
+    if max == 0 || rest.len() <= max {
+        return (rest, String::new());
+    }
+    let page: Vec<T> = rest.into_iter().take(max).collect();
+    let next = page
+        .last()
+        .map(|t| t.as_ref().to_string())
+        .unwrap_or_default();
+    (page, next)
+}

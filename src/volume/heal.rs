@@ -1,0 +1,421 @@
+//! NodeHealer, the start-up heal and the start-up clean-up.
+//!
+//! A heal restores exactly what the volume's node record says the CO asked
+//! for, and nothing else: the LV active with its /dev node, the staging
+//! mount with its recorded fs type and mount flags, every publish with its
+//! recorded read-only flag (a bind mount, or a device node with the LV's
+//! current numbers). A part of the record marked as going away (an
+//! interrupted unstage or unpublish) is finished instead. What cannot be
+//! healed (a failed or full pool, filesystem errors, a mount gone
+//! read-only) is reported and left alone.
+//!
+//! At start-up every recorded volume is healed under its guard, several at
+//! once, after the record is read again under that guard: a call the CO
+//! made meanwhile is never undone.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::node::kind_of;
+use super::{Capability, NodePath, VolumeId};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::node::record::{Kind, Record};
+use crate::node::{self, block, dm, fs};
+use crate::sys;
+
+/// The outcome of one check: `abnormal` when anything was wrong, whether
+/// or not it could be healed, with a message saying what and what was done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub abnormal: bool,
+    pub message: String,
+}
+
+/// How many volumes the start-up heal works on at once.
+const HEAL_PARALLEL: usize = 8;
+/// How long the start-up heal waits for a volume the CO is busy with.
+const HEAL_BUSY_WAIT: Duration = Duration::from_secs(120);
+
+impl Driver {
+    /// NodeHealer: checks volume `id` at `target` (and `staging`), and
+    /// heals what it safely can, as its node record says.
+    pub async fn heal(
+        self: &Arc<Self>,
+        id: VolumeId,
+        target: NodePath,
+        staging: Option<NodePath>,
+        cap: Option<Capability>,
+    ) -> Result<Verdict> {
+        let target = self.resolve(&target)?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "the parent directory of volume_path {} does not exist",
+                target.display()
+            ))
+        })?;
+        let staging = self.resolve_optional(staging.as_ref())?;
+        self.detached(&id.clone(), "NodeHealer", move |d, _| async move {
+            let record = d.load_record(&id).await?.ok_or_else(|| {
+                Error::FailedPrecondition(format!(
+                    "volume {id} is not staged on this node (it has no node record): nothing to heal"
+                ))
+            })?;
+            if let Some(st) = staging.as_ref().filter(|st| **st != record.staging) {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is staged at {}, not at {}",
+                    record.staging.display(),
+                    st.display()
+                )));
+            }
+            if record.staging != target && record.publish(&target).is_none() {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is not published at {} on this node",
+                    target.display()
+                )));
+            }
+            if let Some(c) = &cap {
+                if kind_of(&c.access) != record.kind {
+                    return Err(Error::InvalidArgument(format!(
+                        "volume {id} is staged as {:?}, not as {:?}",
+                        record.kind,
+                        kind_of(&c.access)
+                    )));
+                }
+            }
+            d.heal_held(&id, record, Some(&target)).await
+        })
+        .await
+    }
+
+    /// Heals one volume from its record; `only` limits the publishes
+    /// looked at to one target (NodeHealer), `None` heals them all.
+    async fn heal_held(
+        &self,
+        id: &str,
+        mut record: Record,
+        only: Option<&Path>,
+    ) -> Result<Verdict> {
+        let report = self.lvm.fresh_report().await?;
+        let Some(vol) = self.owned(&report, id)? else {
+            // The volume was deleted: nothing of it can be on this node.
+            self.drop_overlays_of(id).await;
+            self.remove_record(id).await?;
+            return Ok(Verdict {
+                abnormal: true,
+                message: format!("volume {id} no longer exists: dropped its node record"),
+            });
+        };
+        // A broken pool or LV is reported and nothing is touched.
+        if let Some(p) = self.pool(&report)?.problem().or_else(|| vol.lv.problem()) {
+            return Ok(Verdict {
+                abnormal: true,
+                message: format!("{p}; nothing was changed"),
+            });
+        }
+        if record.unstaging {
+            self.finish_unstage(id, vol.lv, Some(&record.staging))
+                .await?;
+            self.remove_record(id).await?;
+            return Ok(Verdict {
+                abnormal: true,
+                message: format!(
+                    "an unstage of volume {id} was interrupted: finished it and dropped the record"
+                ),
+            });
+        }
+        let mut found = Vec::new();
+        let dev_path = PathBuf::from(self.lvm.dev_path(id));
+        let node_missing = vol.lv.is_active() && std::fs::symlink_metadata(&dev_path).is_err();
+        let (dev, activated) = self.activate(vol.lv).await?;
+        if activated {
+            found.push(format!(
+                "LV {} was inactive: re-activated it",
+                self.lvm.lv_path(id)
+            ));
+        } else if node_missing {
+            found.push(format!(
+                "device node {} was missing: re-created it",
+                dev_path.display()
+            ));
+        }
+        let staging = record.staging.clone();
+        match &record.kind {
+            Kind::Filesystem { fs_type } => {
+                if !self.mounted_from(&staging, &dev).await? {
+                    let opts = fs::MountOptions::parse(fs_type, &record.mount_flags)?;
+                    let pool = self.pool_state(&report);
+                    let marker = self.formatting_marker(id);
+                    fs::stage(&self.tools, &dev, &staging, fs_type, &opts, &pool, &marker).await?;
+                    found.push(format!(
+                        "staging mount at {} was missing: re-mounted it from {} with mount flags {:?}",
+                        staging.display(),
+                        dev.path.display(),
+                        record.mount_flags
+                    ));
+                }
+            }
+            Kind::Block => {
+                let (d, st) = (dev.clone(), staging.clone());
+                self.tools
+                    .blocking("stage a block volume", move || block::stage(&d, &st))
+                    .await?;
+            }
+        }
+        let publishes: Vec<_> = record
+            .publishes
+            .iter()
+            .filter(|p| only.is_none_or(|t| p.target == t))
+            .cloned()
+            .collect();
+        for p in publishes {
+            if p.removing {
+                node::unpublish(&self.tools, Some(dev.numbers()), id, &p.target, true).await?;
+                record.publishes.retain(|q| q.target != p.target);
+                self.save_record(&record).await?;
+                found.push(format!(
+                    "an unpublish at {} was interrupted: finished it",
+                    p.target.display()
+                ));
+                continue;
+            }
+            if self
+                .publish_in_place(&record.kind, &p.target, p.readonly, &dev)
+                .await?
+            {
+                continue;
+            }
+            let others: Vec<_> = record
+                .publishes
+                .iter()
+                .filter(|q| q.target != p.target)
+                .cloned()
+                .collect();
+            self.place_publish(&dev, &record, &p, true, &others).await?;
+            found.push(match record.kind {
+                Kind::Filesystem { .. } => format!(
+                    "publish mount at {} was missing: re-bound it from {} (readonly={})",
+                    p.target.display(),
+                    staging.display(),
+                    p.readonly
+                ),
+                Kind::Block => format!(
+                    "device node at {} was missing or stale: re-created it (readonly={})",
+                    p.target.display(),
+                    p.readonly
+                ),
+            });
+        }
+        // What healing cannot fix: filesystem errors, error-remounts.
+        let block_staging = (record.kind == Kind::Block).then(|| staging.clone());
+        let paths: Vec<PathBuf> = record
+            .publishes
+            .iter()
+            .map(|p| p.target.clone())
+            .filter(|t| only.is_none_or(|o| t == o))
+            .chain(std::iter::once(staging.clone()))
+            .collect();
+        let d2 = dev.clone();
+        let problems = self
+            .tools
+            .blocking("check the volume's filesystem", move || {
+                let mut out = Vec::new();
+                for p in &paths {
+                    out.extend(node::stats(&d2, p, block_staging.as_deref())?.problems);
+                }
+                Ok(out)
+            })
+            .await?;
+        for problem in problems {
+            if !found.contains(&problem) {
+                found.push(problem);
+            }
+        }
+        let verdict = Verdict {
+            abnormal: !found.is_empty(),
+            message: if found.is_empty() {
+                "volume is healthy: LV active, device node, mounts and filesystem in order".into()
+            } else {
+                found.join("; ")
+            },
+        };
+        tracing::info!(
+            id,
+            abnormal = verdict.abnormal,
+            message = verdict.message,
+            "heal"
+        );
+        Ok(verdict)
+    }
+
+    async fn mounted_from(&self, path: &Path, dev: &node::Device) -> Result<bool> {
+        let (p, n) = (path.to_path_buf(), dev.numbers());
+        self.tools
+            .blocking("read the mount table", move || {
+                Ok(node::mount_table()?
+                    .top_mount_at(&p)
+                    .is_some_and(|m| m.device() == n))
+            })
+            .await
+    }
+
+    /// Whether a publish is in place as recorded: a bind mount of the
+    /// volume, or a device node that opens the LV (or, read-only, one of
+    /// its overlays) by its current numbers.
+    async fn publish_in_place(
+        &self,
+        kind: &Kind,
+        target: &Path,
+        readonly: bool,
+        dev: &node::Device,
+    ) -> Result<bool> {
+        match kind {
+            Kind::Filesystem { .. } => self.mounted_from(target, dev).await,
+            Kind::Block => {
+                let (t, n) = (target.to_path_buf(), dev.numbers());
+                self.tools
+                    .blocking("inspect a device node", move || {
+                        Ok(sys::device_numbers(&t).ok().flatten().is_some_and(|node| {
+                            match block::classify(node, Some(n)) {
+                                block::NodeKind::Lv => !readonly,
+                                block::NodeKind::Overlay(_) => readonly,
+                                _ => false,
+                            }
+                        }))
+                    })
+                    .await
+            }
+        }
+    }
+
+    /// Removes the read-only overlays stacked on volume `id`'s LV.
+    async fn drop_overlays_of(&self, id: &str) {
+        let lv = dm::lv_dm_name(&self.lvm.vg, id);
+        for (name, on) in dm::overlays_in_vg(&self.lvm.vg) {
+            if on == lv {
+                if let Err(e) = dm::remove_overlay(&self.tools, &name).await {
+                    tracing::warn!(name, error = %e, "could not remove a leftover overlay");
+                }
+            }
+        }
+    }
+
+    /// Start-up clean-up of what a killed driver can leave: private
+    /// reclaim mounts under `state_dir`, and read-only overlays over our
+    /// VG's LVs that no node record names. Logs what it did.
+    pub async fn clean_debris(&self) {
+        let dir = self.cfg.state_dir.join("reclaim");
+        let res = self
+            .tools
+            .blocking("clean private reclaim mounts", move || {
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+                };
+                for e in entries.filter_map(|e| e.ok()) {
+                    let p = e.path();
+                    while node::mount_table()?.is_mount_point(&p) {
+                        sys::unmount(&p)?;
+                        tracing::warn!(path = %p.display(), "start-up: unmounted a private reclaim mount a killed driver left");
+                    }
+                    let _ = std::fs::remove_dir(&p);
+                }
+                Ok(())
+            })
+            .await;
+        if let Err(e) = res {
+            tracing::warn!(error = %e, "start-up: could not clean private reclaim mounts");
+        }
+        let named: Vec<String> = match self.records.ids() {
+            Ok(ids) => ids
+                .iter()
+                .filter_map(|id| self.records.load(id).ok().flatten())
+                .flat_map(|r| {
+                    r.publishes
+                        .iter()
+                        .filter(|p| p.readonly && r.kind == Kind::Block)
+                        .map(|p| dm::overlay_name(&r.volume_id, &p.target))
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "start-up: cannot list node records; leaving overlays alone");
+                return;
+            }
+        };
+        for (name, _) in dm::overlays_in_vg(&self.lvm.vg) {
+            if named.contains(&name) {
+                continue;
+            }
+            match dm::remove_overlay(&self.tools, &name).await {
+                Ok(()) => tracing::warn!(
+                    name,
+                    "start-up: removed a read-only overlay no record names"
+                ),
+                Err(e) => {
+                    tracing::warn!(name, error = %e, "start-up: could not remove an overlay no record names")
+                }
+            }
+        }
+    }
+
+    /// The start-up heal: every volume with a node record, several at a
+    /// time, each under its guard with its record read again there.
+    pub async fn heal_recorded(self: &Arc<Self>) {
+        let ids = match self.records.ids() {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(error = %e, "start-up heal: cannot list node records");
+                return;
+            }
+        };
+        let started = Instant::now();
+        let total = ids.len();
+        let limit = Arc::new(tokio::sync::Semaphore::new(HEAL_PARALLEL));
+        let mut tasks = tokio::task::JoinSet::new();
+        for id in ids {
+            let (d, limit) = (self.clone(), limit.clone());
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                d.heal_at_start(VolumeId::new_unchecked(id)).await;
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        tracing::info!(volumes = total, elapsed = ?started.elapsed(), "start-up heal done");
+    }
+
+    async fn heal_at_start(self: &Arc<Self>, id: VolumeId) {
+        let deadline = Instant::now() + HEAL_BUSY_WAIT;
+        loop {
+            let res = self
+                .detached(&id.clone(), "start-up heal", {
+                    let id = id.clone();
+                    move |d, _| async move {
+                        match d.load_record(&id).await? {
+                            Some(r) => d.heal_held(&id, r, None).await.map(Some),
+                            None => Ok(None),
+                        }
+                    }
+                })
+                .await;
+            match res {
+                Err(Error::Aborted(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok(Some(v)) => {
+                    tracing::info!(%id, abnormal = v.abnormal, message = v.message, "start-up heal");
+                    return;
+                }
+                Ok(None) => {
+                    tracing::info!(%id, "start-up heal: the record went away meanwhile; nothing to do");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%id, error = %e, "start-up heal failed");
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! The volume layer: the one place that orchestrates. The gRPC layer hands
+//! it typed values ([`request`]); it proves a volume is ours from an LVM
+//! report, holds the volume's guard, and drives the LVM layer
+//! (`crate::lvm`) and the node layer (`crate::node`).
+//!
+//! **Operations outlive their caller.** A CO cancels a call at its
+//! deadline and retries it. Every mutation therefore runs as a task
+//! ([`Driver::detached`]) that holds the volume's guard until its work
+//! ends: the caller's cancel only detaches the caller, a retry meets
+//! ABORTED while the task runs, and the finished state afterwards (every
+//! operation is idempotent). No `lvcreate` or `mkfs` is ever killed because
+//! a caller left.
+//!
+//! Modules: [`controller`] (create, delete, expand, list, capacity),
+//! [`node`] (stage, publish, unpublish, unstage, stats, expand), [`heal`]
+//! (NodeHealer and the start-up heal), [`reclaim`] (ReclaimSpace),
+//! [`size`] (range to LV size), [`request`] (typed request values).
+
+pub mod controller;
+pub mod heal;
+pub mod node;
+pub mod reclaim;
+pub mod request;
+pub mod size;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::lvm::report::{Capacity, Lv, Report};
+use crate::naming::VolumeTags;
+use crate::node::{self as nodefs, fs, paths, Device};
+pub use request::{Capability, NodePath, SizeRange, VolumeId};
+
+/// A thin volume of our pool that carries our owner tag.
+pub struct Owned<'a> {
+    pub lv: &'a Lv,
+    pub tags: VolumeTags,
+}
+
+/// Set when the caller of a detached operation went away. Long scans
+/// (reclaim) stop at the next step; everything else runs to its end.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+    fn set(&self) {
+        self.0.store(true, Ordering::Relaxed)
+    }
+    /// The flag itself, for blocking loops in the node layer.
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+/// Sets the [`Cancel`] of a detached operation when the caller's future is
+/// dropped before the operation ended.
+struct CancelOnDrop(Option<Cancel>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.set();
+        }
+    }
+}
+
+impl Driver {
+    /// Runs a mutation of volume `id` as a task that holds the volume's
+    /// guard until it ends; see the module documentation. A second call
+    /// for the same volume meanwhile gets ABORTED.
+    pub async fn detached<T, F, Fut>(
+        self: &Arc<Self>,
+        id: &str,
+        what: &'static str,
+        op: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(Arc<Driver>, Cancel) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let held = self.inflight.try_hold(id, what)?;
+        let cancel = Cancel::default();
+        let work = op(self.clone(), cancel.clone());
+        let key = id.to_string();
+        let task = tokio::spawn(async move {
+            let _held = held;
+            let res = work.await;
+            if let Err(e) = &res {
+                tracing::debug!(id = key, what, error = %e, "operation failed");
+            }
+            res
+        });
+        let mut on_drop = CancelOnDrop(Some(cancel));
+        let res = task
+            .await
+            .map_err(|e| Error::Internal(format!("{what} task failed: {e}")));
+        on_drop.0 = None;
+        res?
+    }
+
+    /// Looks `id` up in `report` and proves it is ours: a thin LV of our
+    /// pool with our owner tag. A foreign LV is FAILED_PRECONDITION and is
+    /// never touched.
+    pub fn owned<'a>(&self, report: &'a Report, id: &str) -> Result<Option<Owned<'a>>> {
+        let Some(lv) = report.find(id) else {
+            return Ok(None);
+        };
+        let tags = VolumeTags::decode(lv.tags.iter().map(String::as_str));
+        match tags {
+            Some(tags)
+                if tags.owner == self.cfg.driver_name
+                    && lv.is_thin_volume()
+                    && lv.pool == self.lvm.pool =>
+            {
+                Ok(Some(Owned { lv, tags }))
+            }
+            _ => Err(Error::FailedPrecondition(format!(
+                "LV {} exists but is not a thin volume owned by {} in pool {}; it is left alone",
+                self.lvm.lv_path(id),
+                self.cfg.driver_name,
+                self.lvm.pool
+            ))),
+        }
+    }
+
+    /// Like [`Driver::owned`], but a missing volume is NOT_FOUND.
+    pub fn must_own<'a>(&self, report: &'a Report, id: &str) -> Result<Owned<'a>> {
+        self.owned(report, id)?
+            .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))
+    }
+
+    /// The pool's LV, or UNAVAILABLE when it is missing.
+    pub fn pool<'a>(&self, report: &'a Report) -> Result<&'a Lv> {
+        report
+            .find(&self.lvm.pool)
+            .filter(|lv| lv.is_thin_pool())
+            .ok_or_else(|| {
+                Error::Unavailable(format!(
+                    "thin pool {} not found",
+                    self.lvm.lv_path(&self.lvm.pool)
+                ))
+            })
+    }
+
+    /// Capacity left in the pool, and the extent size.
+    pub fn capacity(&self, report: &Report) -> Result<(Capacity, u64)> {
+        let pool = self.pool(report)?;
+        let virtual_sum: u64 = report.thin_volumes(&self.lvm.pool).map(|lv| lv.size).sum();
+        let cap = Capacity::compute(
+            pool.size,
+            pool.data_percent.unwrap_or(0.0),
+            self.cfg.overprovision_ratio,
+            virtual_sum,
+        );
+        Ok((cap, pool.vg_extent_size))
+    }
+
+    /// Why the volume or its pool cannot serve I/O; `None` when healthy.
+    pub fn problem(&self, report: &Report, lv: &Lv) -> Option<String> {
+        lv.problem()
+            .or_else(|| self.pool(report).ok().and_then(Lv::problem))
+    }
+
+    /// Refuses allocation in a pool that cannot take it.
+    fn check_pool_usable(&self, report: &Report) -> Result<()> {
+        if let Some(p) = self.pool(report)?.problem() {
+            return Err(if p.contains("full") {
+                Error::ResourceExhausted(p)
+            } else {
+                Error::FailedPrecondition(p)
+            });
+        }
+        Ok(())
+    }
+
+    /// Ready when the VG and thin pool exist and the pool can serve I/O.
+    /// A full pool still counts as usable: volumes can be deleted and
+    /// space reclaimed, and its condition is reported per volume. A pool
+    /// left half active (by an LVM command stopped mid-way) is brought
+    /// back first.
+    pub async fn probe(&self) -> Result<()> {
+        let report = self.lvm.report().await?;
+        let report = if self.pool(&report)?.is_active() {
+            report
+        } else {
+            crate::pool::repair_half_active(&self.lvm).await?;
+            self.lvm.fresh_report().await?
+        };
+        let pool = self.pool(&report)?;
+        match pool.problem() {
+            Some(p) if !p.contains("full") => Err(Error::FailedPrecondition(p)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The real location of a checked path; `None` when its parent is
+    /// missing.
+    pub fn resolve(&self, path: &Path) -> Result<Option<PathBuf>> {
+        Ok(match paths::resolve(path, &self.cfg.allowed_roots)? {
+            paths::Resolved::At(p) => Some(p),
+            paths::Resolved::ParentMissing => None,
+        })
+    }
+
+    /// [`Driver::resolve`] of a path the request may leave out.
+    pub fn resolve_optional(&self, path: Option<&NodePath>) -> Result<Option<PathBuf>> {
+        match path {
+            Some(p) => self.resolve(p),
+            None => Ok(None),
+        }
+    }
+
+    /// The volume's device when its LV is active (no /dev changes).
+    pub fn current_device(&self, lv: &Lv) -> Option<Device> {
+        let (major, minor) = lv.kernel.filter(|_| lv.is_active())?;
+        Some(Device {
+            volume_id: lv.name.clone(),
+            path: PathBuf::from(self.lvm.dev_path(&lv.name)),
+            major,
+            minor,
+        })
+    }
+
+    /// Activates the LV when needed and returns its device, with the /dev
+    /// node in place. The bool says whether this call activated it.
+    pub async fn activate(&self, lv: &Lv) -> Result<(Device, bool)> {
+        let id = lv.name.as_str();
+        let (lv, activated) = if lv.is_active() && lv.kernel.is_some() {
+            (lv.clone(), false)
+        } else {
+            self.lvm.activate(id).await?;
+            tracing::info!(id, "activated LV");
+            let fresh = self.lvm.fresh_report().await?;
+            (self.must_own(&fresh, id)?.lv.clone(), true)
+        };
+        let kernel = lv.kernel.ok_or_else(|| {
+            Error::Internal(format!(
+                "LV {id} is active but LVM reports no device numbers"
+            ))
+        })?;
+        let dev_path = PathBuf::from(self.lvm.dev_path(id));
+        let id_owned = id.to_string();
+        let dev = self
+            .tools
+            .blocking("create the LV's /dev node", move || {
+                nodefs::ensure_dev_node(&id_owned, &dev_path, kernel)
+            })
+            .await?;
+        Ok((dev, activated))
+    }
+
+    /// Deactivates the LV when nothing uses it any more; a failure is
+    /// logged, not returned (the LV merely stays active).
+    pub async fn deactivate_if_unused(&self, dev: &Device) {
+        let d = dev.clone();
+        match self
+            .tools
+            .blocking("check whether the LV is in use", move || {
+                nodefs::device_unused(&d)
+            })
+            .await
+        {
+            Ok(true) => match self.lvm.deactivate(&dev.volume_id).await {
+                Ok(()) => tracing::info!(id = dev.volume_id, "deactivated LV"),
+                Err(e) => {
+                    tracing::warn!(id = dev.volume_id, error = %e, "could not deactivate LV; it stays active")
+                }
+            },
+            Ok(false) => tracing::info!(
+                id = dev.volume_id,
+                "LV still in use on this node; it stays active"
+            ),
+            Err(e) => {
+                tracing::warn!(id = dev.volume_id, error = %e, "cannot tell whether the LV is in use; it stays active")
+            }
+        }
+    }
+
+    /// What staging needs to know of the pool in `report`.
+    pub fn pool_state(&self, report: &Report) -> fs::PoolState {
+        let pool = self.pool(report).ok();
+        fs::PoolState {
+            zeroes_new_chunks: pool.is_some_and(|p| pool_zeroes_new_chunks(&p.attr)),
+            problem: pool.and_then(Lv::problem),
+        }
+    }
+}
+
+/// Whether the pool zeroes newly provisioned chunks (lv_attr column 8):
+/// then a fresh thin volume reads zeros everywhere, even inside partly
+/// written chunks, and mkfs may skip zeroing inode tables.
+pub fn pool_zeroes_new_chunks(pool_attr: &str) -> bool {
+    pool_attr.chars().nth(7) == Some('z')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::time::Duration;
+
+    #[test]
+    fn pool_zeroing_is_read_from_lv_attr() {
+        assert!(pool_zeroes_new_chunks("twi-aotz--"));
+        assert!(!pool_zeroes_new_chunks("twi-aot---"));
+        assert!(!pool_zeroes_new_chunks(""));
+    }
+
+    /// The caller's cancel detaches the caller only: the operation runs to
+    /// its end holding the guard (a retry meanwhile is ABORTED), and sees
+    /// that its caller left.
+    #[tokio::test]
+    async fn detached_operations_outlive_their_caller() {
+        let d = Arc::new(Driver::new(Config::default(), "n1".into()));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let call = d.detached("vol", "Test", |_, cancel| async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let _ = tx.send(cancel.is_cancelled());
+            Ok(())
+        });
+        assert!(tokio::time::timeout(Duration::from_millis(50), call)
+            .await
+            .is_err());
+        let retry = d.detached("vol", "Retry", |_, _| async { Ok(()) }).await;
+        assert!(matches!(retry, Err(Error::Aborted(_))), "{retry:?}");
+        assert!(rx.await.unwrap(), "the operation saw its caller leave");
+        // The guard is released when the operation ends, not before.
+        d.detached("vol", "Retry", |_, _| async { Ok(()) })
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_waits_is_not_cancelled() {
+        let d = Arc::new(Driver::new(Config::default(), "n1".into()));
+        let cancelled = d
+            .detached("vol", "Test", |_, c| async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(c.is_cancelled())
+            })
+            .await
+            .unwrap();
+        assert!(!cancelled);
+    }
+}

@@ -1,0 +1,489 @@
+//! Node operations: stage, unstage, publish, unpublish, stats and expand.
+//! Each proves the volume is ours from a fresh LVM report, keeps the
+//! volume's node record (`node::record`) in step with what it does, gets
+//! the LV active when it must be, and hands the work to the node layer.
+//!
+//! Error codes follow the spec's tables: a capability that does not fit
+//! the volume's recorded access is FAILED_PRECONDITION (INVALID_ARGUMENT
+//! for NodeExpandVolume); a staged volume staged again with other
+//! arguments, or a target published again with other arguments, is
+//! ALREADY_EXISTS.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{Capability, NodePath, Owned, SizeRange, VolumeId};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::naming::{self, Access};
+use crate::node::record::{Kind, Publish, Record};
+use crate::node::{self, block, fs};
+use crate::proto::csi::v1::volume_capability::access_mode::Mode;
+
+/// Whether a capability fits how the volume was created; `Err` says why
+/// not. Volumes without a recorded access accept either.
+fn access_fits(vol: &Owned, wanted: &Access) -> std::result::Result<(), String> {
+    naming::fits(&vol.lv.name, vol.tags.access.as_ref(), wanted)
+}
+
+/// The record's kind for an access type.
+pub fn kind_of(access: &Access) -> Kind {
+    match access {
+        Access::Mount { fs_type } => Kind::Filesystem {
+            fs_type: fs_type.clone(),
+        },
+        Access::Block => Kind::Block,
+    }
+}
+
+/// What NodeGetVolumeStats reports: usage, and every problem found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub usage: node::Usage,
+    pub problems: Vec<String>,
+}
+
+impl Driver {
+    /// The real location of a checked path whose parent must exist.
+    fn resolve_existing_parent(&self, field: &str, p: &NodePath) -> Result<PathBuf> {
+        self.resolve(p)?.ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "the parent directory of {field} {} does not exist",
+                p.display()
+            ))
+        })
+    }
+
+    /// Where the formatting marker of a volume lives; see `fs::stage`.
+    pub fn formatting_marker(&self, id: &str) -> PathBuf {
+        self.cfg.state_dir.join("formatting").join(id)
+    }
+
+    pub(super) async fn load_record(&self, id: &str) -> Result<Option<Record>> {
+        let (records, id) = (self.records.clone(), id.to_string());
+        self.tools
+            .blocking("read a node record", move || records.load(&id))
+            .await
+    }
+
+    pub(super) async fn save_record(&self, r: &Record) -> Result<()> {
+        let (records, r) = (self.records.clone(), r.clone());
+        self.tools
+            .blocking("write a node record", move || records.save(&r))
+            .await
+    }
+
+    pub(super) async fn remove_record(&self, id: &str) -> Result<()> {
+        let (records, id) = (self.records.clone(), id.to_string());
+        self.tools
+            .blocking("remove a node record", move || records.remove(&id))
+            .await
+    }
+
+    /// Drops the node record and formatting marker of a deleted volume.
+    pub(super) async fn forget_node_state(&self, id: &str) -> Result<()> {
+        let (records, marker, id) = (
+            self.records.clone(),
+            self.formatting_marker(id),
+            id.to_string(),
+        );
+        self.tools
+            .blocking("drop a deleted volume's node state", move || {
+                records.remove(&id)?;
+                crate::node::marker::remove(&marker)
+            })
+            .await
+    }
+
+    /// NodeStageVolume.
+    pub async fn stage(
+        self: &Arc<Self>,
+        id: VolumeId,
+        staging: NodePath,
+        cap: Capability,
+    ) -> Result<()> {
+        self.detached(&id.clone(), "NodeStageVolume", move |d, _| async move {
+            d.stage_held(&id, &staging, &cap).await
+        })
+        .await
+    }
+
+    async fn stage_held(&self, id: &VolumeId, staging: &NodePath, cap: &Capability) -> Result<()> {
+        let report = self.lvm.fresh_report().await?;
+        let vol = self.must_own(&report, id)?;
+        access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
+        let staging = self.resolve_existing_parent("staging_target_path", staging)?;
+        let kind = kind_of(&cap.access);
+        let created = match self.load_record(id).await? {
+            Some(r) if !r.unstaging => {
+                if r.staging != staging {
+                    return Err(Error::FailedPrecondition(format!(
+                        "volume {id} is already staged at {}; one volume has one staging path",
+                        r.staging.display()
+                    )));
+                }
+                if r.kind != kind || !r.same_flags(&cap.mount_flags) {
+                    return Err(Error::AlreadyExists(format!(
+                        "volume {id} is already staged at {} as {:?} with mount flags {:?}, not as {kind:?} with {:?}",
+                        staging.display(),
+                        r.kind,
+                        r.mount_flags,
+                        cap.mount_flags
+                    )));
+                }
+                false
+            }
+            _ => {
+                // Recorded before anything is mounted, so a restart in the
+                // middle knows what this stage was for.
+                self.save_record(&Record {
+                    volume_id: id.to_string(),
+                    staging: staging.clone(),
+                    kind,
+                    mount_flags: cap.mount_flags.clone(),
+                    publishes: Vec::new(),
+                    unstaging: false,
+                })
+                .await?;
+                true
+            }
+        };
+        let pool = self.pool_state(&report);
+        let res = async {
+            let (dev, activated) = self.activate(vol.lv).await?;
+            let res = match (&cap.access, &cap.mount) {
+                (Access::Mount { fs_type }, Some(opts)) => {
+                    let marker = self.formatting_marker(id);
+                    fs::stage(&self.tools, &dev, &staging, fs_type, opts, &pool, &marker).await
+                }
+                _ => {
+                    let (d, st) = (dev.clone(), staging.clone());
+                    self.tools
+                        .blocking("stage a block volume", move || block::stage(&d, &st))
+                        .await
+                }
+            };
+            if res.is_err() && activated {
+                // Leave the LV as it was found.
+                self.deactivate_if_unused(&dev).await;
+            }
+            res
+        }
+        .await;
+        if res.is_err() && created {
+            self.remove_record(id).await?;
+        }
+        res
+    }
+
+    /// NodeUnstageVolume.
+    pub async fn unstage(self: &Arc<Self>, id: VolumeId, staging: NodePath) -> Result<()> {
+        self.detached(&id.clone(), "NodeUnstageVolume", move |d, _| async move {
+            let report = d.lvm.fresh_report().await?;
+            let vol = d.must_own(&report, &id)?;
+            let staging_real = d.resolve(&staging)?;
+            let record = d
+                .load_record(&id)
+                .await?
+                .filter(|r| Some(&r.staging) == staging_real.as_ref());
+            if let Some(mut r) = record.clone() {
+                if let Some(p) = r.publishes.first() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "volume {id} is still published at {}: unpublish it first",
+                        p.target.display()
+                    )));
+                }
+                if !r.unstaging {
+                    r.unstaging = true;
+                    d.save_record(&r).await?;
+                }
+            }
+            d.finish_unstage(&id, vol.lv, staging_real.as_deref())
+                .await?;
+            if record.is_some() {
+                d.remove_record(&id).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The node part of an unstage: unmount (or drop overlays), then
+    /// deactivate the LV when nothing uses it.
+    pub(super) async fn finish_unstage(
+        &self,
+        id: &str,
+        lv: &crate::lvm::report::Lv,
+        staging: Option<&Path>,
+    ) -> Result<()> {
+        let dev = self.current_device(lv);
+        match staging {
+            Some(p) if p.exists() => node::unstage(&self.tools, dev.as_ref(), id, p).await?,
+            _ => tracing::info!(id, staging = ?staging, "NodeUnstageVolume: staging path is gone"),
+        }
+        if let Some(dev) = &dev {
+            self.deactivate_if_unused(dev).await;
+        }
+        Ok(())
+    }
+
+    /// NodePublishVolume.
+    pub async fn publish(
+        self: &Arc<Self>,
+        id: VolumeId,
+        staging: NodePath,
+        target: NodePath,
+        cap: Capability,
+        readonly: bool,
+    ) -> Result<()> {
+        self.detached(&id.clone(), "NodePublishVolume", move |d, _| async move {
+            let report = d.lvm.fresh_report().await?;
+            let vol = d.must_own(&report, &id)?;
+            access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
+            let not_staged = || {
+                Error::FailedPrecondition(format!(
+                    "volume {id} is not staged at {}: call NodeStageVolume first",
+                    staging.display()
+                ))
+            };
+            let staging = d.resolve(&staging)?.ok_or_else(not_staged)?;
+            let target = d.resolve_existing_parent("target_path", &target)?;
+            let mut record = d
+                .load_record(&id)
+                .await?
+                .filter(|r| r.staging == staging && !r.unstaging)
+                .ok_or_else(not_staged)?;
+            if record.kind != kind_of(&cap.access) {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is staged as {:?}, not as {:?}",
+                    record.kind,
+                    kind_of(&cap.access)
+                )));
+            }
+            let dev = d.current_device(vol.lv).ok_or_else(not_staged)?;
+            let (vid, path, numbers) = (id.to_string(), dev.path.clone(), dev.numbers());
+            let dev = d
+                .tools
+                .blocking("check the LV's /dev node", move || {
+                    node::ensure_dev_node(&vid, &path, numbers)
+                })
+                .await?;
+            let wanted = Publish {
+                target: target.clone(),
+                readonly: cap.readonly(readonly),
+                mode: cap.mode.as_str_name().to_string(),
+                removing: false,
+            };
+            let added = match record.publish(&target) {
+                Some(p)
+                    if !p.removing && (p.readonly != wanted.readonly || p.mode != wanted.mode) =>
+                {
+                    return Err(Error::AlreadyExists(format!(
+                        "volume {id} is already published at {} with readonly={} and {}",
+                        target.display(),
+                        p.readonly,
+                        p.mode
+                    )));
+                }
+                Some(p) if !p.removing => false,
+                _ => {
+                    record.publishes.retain(|p| p.target != target);
+                    record.publishes.push(wanted.clone());
+                    d.save_record(&record).await?;
+                    true
+                }
+            };
+            let others: Vec<Publish> = record
+                .publishes
+                .iter()
+                .filter(|p| p.target != target)
+                .cloned()
+                .collect();
+            let res = d
+                .place_publish(&dev, &record, &wanted, !added, &others)
+                .await;
+            if res.is_err() && added {
+                record.publishes.retain(|p| p.target != target);
+                d.save_record(&record).await?;
+            }
+            res
+        })
+        .await
+    }
+
+    /// Makes the publish `p` of the record's volume exist: a bind mount of
+    /// the staging mount, or a device node (`recorded`: a node there is
+    /// ours whatever its numbers).
+    pub(super) async fn place_publish(
+        &self,
+        dev: &node::Device,
+        record: &Record,
+        p: &Publish,
+        recorded: bool,
+        others: &[Publish],
+    ) -> Result<()> {
+        let mode = Mode::from_str_name(&p.mode).unwrap_or(Mode::SingleNodeWriter);
+        match record.kind {
+            Kind::Filesystem { .. } => {
+                let (dev, staging, target, ro) = (
+                    dev.clone(),
+                    record.staging.clone(),
+                    p.target.clone(),
+                    p.readonly,
+                );
+                let single = mode == Mode::SingleNodeSingleWriter;
+                self.tools
+                    .blocking("bind-mount a publish", move || {
+                        fs::publish(&dev, &staging, &target, ro, single)
+                    })
+                    .await
+            }
+            Kind::Block => {
+                block::publish(
+                    &self.tools,
+                    dev,
+                    &p.target,
+                    mode,
+                    p.readonly,
+                    others,
+                    recorded,
+                )
+                .await
+            }
+        }
+    }
+
+    /// NodeUnpublishVolume.
+    pub async fn unpublish(self: &Arc<Self>, id: VolumeId, target: NodePath) -> Result<()> {
+        self.detached(&id.clone(), "NodeUnpublishVolume", move |d, _| async move {
+            let report = d.lvm.fresh_report().await?;
+            let vol = d.must_own(&report, &id)?;
+            let lv = d.current_device(vol.lv).map(|dev| dev.numbers());
+            let Some(target) = d.resolve(&target)? else {
+                tracing::info!(%id, target = %target.display(), "NodeUnpublishVolume: target already gone");
+                return Ok(());
+            };
+            let mut record = d.load_record(&id).await?;
+            let recorded = record.as_ref().is_some_and(|r| r.publish(&target).is_some());
+            if let Some(r) = record.as_mut().filter(|_| recorded) {
+                if let Some(p) = r.publishes.iter_mut().find(|p| p.target == target) {
+                    if !p.removing {
+                        p.removing = true;
+                        d.save_record(r).await?;
+                    }
+                }
+            }
+            node::unpublish(&d.tools, lv, &id, &target, recorded).await?;
+            if let Some(r) = record.as_mut().filter(|_| recorded) {
+                r.publishes.retain(|p| p.target != target);
+                d.save_record(r).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// NodeGetVolumeStats: usage and condition of the volume at `path`.
+    pub async fn volume_stats(&self, id: &VolumeId, path: &NodePath) -> Result<VolumeStats> {
+        let report = self.lvm.report().await?;
+        let vol = self.must_own(&report, id)?;
+        let missing = || {
+            Error::NotFound(format!(
+                "volume {id} is not at {}: the path does not exist",
+                path.display()
+            ))
+        };
+        let real = self.resolve(path)?.ok_or_else(missing)?;
+        let mut problems: Vec<String> = self.problem(&report, vol.lv).into_iter().collect();
+        let dev = self.current_device(vol.lv);
+        let records = self.records.clone();
+        let vid = id.to_string();
+        let (exists, stats) = self
+            .tools
+            .blocking("read volume stats", move || {
+                if std::fs::symlink_metadata(&real).is_err() {
+                    return Ok((false, None));
+                }
+                let Some(dev) = dev else {
+                    return Ok((true, None));
+                };
+                let record = records.load(&vid)?;
+                let block_staging = record.filter(|r| r.kind == Kind::Block).map(|r| r.staging);
+                node::stats(&dev, &real, block_staging.as_deref()).map(|s| (true, Some(s)))
+            })
+            .await?;
+        if !exists {
+            return Err(missing());
+        }
+        let usage = match stats {
+            Some(s) => {
+                problems.extend(s.problems);
+                s.usage
+            }
+            None => {
+                problems.push(format!(
+                    "LV {} is not active: the volume is not staged on this node, or was deactivated \
+                     outside the driver; unstage and stage it again (restart the workload)",
+                    self.lvm.lv_path(id)
+                ));
+                node::Usage::Unknown
+            }
+        };
+        Ok(VolumeStats { usage, problems })
+    }
+
+    /// NodeExpandVolume: grows the filesystem (or a block volume's
+    /// read-only overlays) to the LV's size and returns it.
+    pub async fn node_expand(
+        self: &Arc<Self>,
+        id: VolumeId,
+        path: NodePath,
+        staging: Option<NodePath>,
+        requested: Option<Access>,
+        range: SizeRange,
+    ) -> Result<u64> {
+        self.detached(&id.clone(), "NodeExpandVolume", move |d, _| async move {
+            let report = d.lvm.fresh_report().await?;
+            let vol = d.must_own(&report, &id)?;
+            if let Some(a) = &requested {
+                access_fits(&vol, a).map_err(Error::InvalidArgument)?;
+            }
+            let block_access = matches!(
+                vol.tags.access.as_ref().or(requested.as_ref()),
+                Some(Access::Block)
+            );
+            let real = d
+                .resolve(&path)?
+                .filter(|p| std::fs::symlink_metadata(p).is_ok())
+                .ok_or_else(|| {
+                    Error::NotFound(format!(
+                        "volume {id} is not at {}: the path does not exist",
+                        path.display()
+                    ))
+                })?;
+            let staging = d.resolve_optional(staging.as_ref())?;
+            let dev = d.current_device(vol.lv).ok_or_else(|| {
+                Error::FailedPrecondition(format!(
+                    "volume {id} is not staged on this node: stage it before NodeExpandVolume"
+                ))
+            })?;
+            let mut at: Vec<&Path> = vec![&real];
+            at.extend(staging.as_deref());
+            let size = node::expand(&d.tools, &dev, block_access, &at).await?;
+            if range.required > size {
+                return Err(Error::OutOfRange(format!(
+                    "volume {id} is {size} bytes, less than the required {}: ControllerExpandVolume must grow it first",
+                    range.required
+                )));
+            }
+            if range.limit > 0 && size > range.limit {
+                return Err(Error::OutOfRange(format!(
+                    "volume {id} is {size} bytes, more than limit_bytes {}",
+                    range.limit
+                )));
+            }
+            Ok(size)
+        })
+        .await
+    }
+}

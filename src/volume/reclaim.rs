@@ -1,0 +1,174 @@
+//! ReclaimSpace: give blocks that hold no data back to the thin pool, with
+//! the volume's usage (`lv_size × data_percent` from a fresh `lvs`) before
+//! and after.
+//!
+//! ControllerReclaimSpace runs as a detached operation holding the volume's
+//! guard until the scan has ended, so no publish can reach the volume while
+//! the scan may still discard. When its caller goes away the scan stops at
+//! its next step and discards nothing more; it is bounded by
+//! `reclaim_timeout_secs` as well.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{Cancel, VolumeId};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::lvm::report::round_up;
+use crate::naming::Access;
+use crate::node::reclaim::{self, Stop};
+
+/// Pool usage of a volume before and after a reclaim, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub pre: u64,
+    pub post: u64,
+}
+
+impl Driver {
+    /// Bytes the volume has allocated in the pool (size × Data%), from a
+    /// fresh `lvs` report.
+    pub async fn usage(&self, id: &str) -> Result<u64> {
+        let report = self.lvm.fresh_report().await?;
+        let vol = self.must_own(&report, id)?;
+        vol.lv.allocated_bytes().ok_or_else(|| {
+            Error::Internal(format!("lvs reports no Data% for {}", self.lvm.lv_path(id)))
+        })
+    }
+
+    fn reclaim_stop(&self, cancel: &Cancel) -> Stop {
+        Stop::new(cancel.flag(), self.cfg.reclaim_timeout())
+    }
+
+    /// NodeReclaimSpace: FITRIM of the volume's mounted filesystem, found
+    /// from the mount table by the LV's device numbers (the request's
+    /// paths are not trusted).
+    pub async fn node_reclaim(self: &Arc<Self>, id: VolumeId) -> Result<Reclaimed> {
+        self.detached(&id.clone(), "NodeReclaimSpace", move |d, cancel| async move {
+            let report = d.lvm.fresh_report().await?;
+            let vol = d.must_own(&report, &id)?;
+            let Some((major, minor)) = vol.lv.kernel else {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is not active on this node, so nothing is staged to trim; use ControllerReclaimSpace"
+                )));
+            };
+            let access = vol.tags.access.clone();
+            let pre = vol.lv.allocated_bytes().unwrap_or(0);
+            let size = vol.lv.size;
+            let stop = d.reclaim_stop(&cancel);
+            let trimmed = crate::blocking::run(
+                "NodeReclaimSpace trim",
+                d.cfg.reclaim_timeout() + d.cfg.command_timeout(),
+                move || {
+                    let Some((mountpoint, fs)) = reclaim::fs_mount_of(major, minor)? else {
+                        return Err(match access {
+                            Some(Access::Block) => Error::Unimplemented(format!(
+                                "volume {id} is a raw block volume in use: a whole-device discard would destroy live data; \
+                                 reclaim it with ControllerReclaimSpace while nothing uses it"
+                            )),
+                            _ => Error::FailedPrecondition(format!(
+                                "volume {id} is active but its filesystem is not mounted on this node"
+                            )),
+                        });
+                    };
+                    reclaim::trim_filesystem(&mountpoint, &fs, size, &stop)
+                },
+            )
+            .await?;
+            let post = d.usage(&vol.lv.name).await?;
+            tracing::info!(id = vol.lv.name, pre, post, trimmed, "NodeReclaimSpace: trimmed");
+            Ok(Reclaimed { pre, post })
+        })
+        .await
+    }
+
+    /// ControllerReclaimSpace on a volume nothing has open: an unstaged
+    /// filesystem is mounted privately under `state_dir` and trimmed; an
+    /// unused block volume has only its all-zero runs discarded. The LV's
+    /// activation state is restored.
+    pub async fn controller_reclaim(self: &Arc<Self>, id: VolumeId) -> Result<Reclaimed> {
+        self.detached(&id.clone(), "ControllerReclaimSpace", move |d, cancel| async move {
+            let report = d.lvm.fresh_report().await?;
+            let vol = d.must_own(&report, &id)?;
+            if vol.lv.is_open() {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is in use on this node (its device is open); \
+                     reclaim it with NodeReclaimSpace, or when nothing uses it"
+                )));
+            }
+            let access = vol.tags.access.clone();
+            let pool_chunk = d.pool(&report)?.chunk_size.max(512);
+            let was_active = vol.lv.is_active();
+            // An LV that was active already has its usage in this report.
+            let known_pre = vol.lv.allocated_bytes().filter(|_| was_active);
+            if !was_active {
+                d.lvm.activate(&id).await?;
+            }
+            let res = d
+                .reclaim_unused(&id, access, pool_chunk, known_pre, &cancel)
+                .await;
+            if !was_active {
+                if let Err(e) = d.lvm.deactivate(&id).await {
+                    tracing::warn!(%id, error = %e, "ControllerReclaimSpace: could not deactivate again");
+                }
+            }
+            res
+        })
+        .await
+    }
+
+    /// The reclaim itself, on an active LV nothing else uses.
+    async fn reclaim_unused(
+        &self,
+        id: &VolumeId,
+        access: Option<Access>,
+        chunk: u64,
+        known_pre: Option<u64>,
+        cancel: &Cancel,
+    ) -> Result<Reclaimed> {
+        let dev = PathBuf::from(self.lvm.dev_path(id));
+        let pre = match known_pre {
+            Some(p) => p,
+            None => self.usage(id).await?,
+        };
+        let stop = self.reclaim_stop(cancel);
+        let bound = self.cfg.reclaim_timeout() + self.cfg.command_timeout();
+        match access {
+            Some(Access::Mount { fs_type }) => {
+                let dir = self.private_mount_dir(id);
+                let trimmed = crate::blocking::run("ControllerReclaimSpace trim", bound, move || {
+                    reclaim::trim_unmounted(&dev, &fs_type, &dir, &stop).map_err(|e| match e {
+                        Error::Sys(s) if s.op() == "mount" => Error::FailedPrecondition(format!(
+                            "cannot mount the volume's {fs_type} filesystem to trim it (was it ever staged?): {s}"
+                        )),
+                        other => other,
+                    })
+                })
+                .await?;
+                tracing::info!(%id, trimmed, "ControllerReclaimSpace: trimmed unmounted filesystem");
+            }
+            Some(Access::Block) => {
+                let run = round_up(self.cfg.reclaim_zero_run.max(chunk), chunk).unwrap_or(chunk);
+                let discarded = crate::blocking::run(
+                    "ControllerReclaimSpace zero-run scan",
+                    bound,
+                    move || reclaim::discard_zero_runs(&dev, run, &stop),
+                )
+                .await?;
+                tracing::info!(%id, run, discarded, "ControllerReclaimSpace: discarded zero runs");
+            }
+            None => {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} carries no access type tag; refusing to guess how to reclaim it"
+                )))
+            }
+        }
+        let post = self.usage(id).await?;
+        Ok(Reclaimed { pre, post })
+    }
+
+    /// Where ControllerReclaimSpace mounts a filesystem privately.
+    pub fn private_mount_dir(&self, id: &str) -> PathBuf {
+        self.cfg.state_dir.join("reclaim").join(id)
+    }
+}
