@@ -95,11 +95,81 @@ pub fn stage(dev: &Device, staging: &Path) -> Result<()> {
 /// the LV (every publish is gone by now).
 pub async fn unstage(tools: &Tools, dev: Option<&Device>) -> Result<()> {
     if let Some(dev) = dev {
-        for (name, _) in dm::overlays_of(dev.numbers()) {
+        let lv = dev.numbers();
+        let overlays = tools
+            .blocking("list overlays", move || Ok(dm::overlays_of(lv)))
+            .await?;
+        for (name, _) in overlays {
             dm::remove_overlay(tools, &name).await?;
         }
     }
     Ok(())
+}
+
+/// What is at a block publish target already.
+enum AtTarget {
+    /// A node of ours for this publish: nothing to do.
+    Published,
+    /// Nothing (any more): make the node.
+    Free,
+}
+
+/// The blocking part of [`publish`]: looks at the target, and removes a
+/// node there that leads nowhere or is ours by the record but stale.
+fn inspect_target(
+    volume_id: &str,
+    lv: (u32, u32),
+    target: &Path,
+    readonly: bool,
+    recorded: bool,
+) -> Result<AtTarget> {
+    if mount_table()?.is_mount_point(target) {
+        return Err(Error::FailedPrecondition(format!(
+            "target {} is a mount point; it is left alone",
+            target.display()
+        )));
+    }
+    let Some(n) = node_at(target)? else {
+        if std::fs::symlink_metadata(target).is_ok() {
+            return Err(Error::FailedPrecondition(format!(
+                "target {} exists and is not a device node (published as a filesystem?); it is left alone",
+                target.display()
+            )));
+        }
+        return Ok(AtTarget::Free);
+    };
+    match classify(n, Some(lv)) {
+        kind @ (NodeKind::Lv | NodeKind::Overlay(_)) => {
+            let have_ro = matches!(kind, NodeKind::Overlay(_));
+            if have_ro != readonly {
+                return Err(Error::AlreadyExists(format!(
+                    "volume {volume_id} is already published at {} with readonly={have_ro}",
+                    target.display(),
+                )));
+            }
+            tracing::info!(volume = volume_id, target = %target.display(), "NodePublishVolume: already published (block)");
+            Ok(AtTarget::Published)
+        }
+        NodeKind::Dangling => {
+            remove_node(target)?;
+            tracing::info!(target = %target.display(), "removed a stale device node that led to no device");
+            Ok(AtTarget::Free)
+        }
+        NodeKind::Foreign if recorded => {
+            // Ours by the record, but its numbers are old (a reboot, a
+            // re-activation): never opened, replaced.
+            remove_node(target)?;
+            tracing::warn!(volume = volume_id, target = %target.display(), stale = ?n, current = ?lv,
+                "removed a stale device node of ours that carried old device numbers");
+            Ok(AtTarget::Free)
+        }
+        NodeKind::Foreign => Err(Error::FailedPrecondition(format!(
+            "target {} is a device node of another device ({}:{}); it is left alone",
+            target.display(),
+            n.0,
+            n.1
+        ))),
+    }
 }
 
 /// NodePublishVolume for block access; see the module documentation.
@@ -115,51 +185,14 @@ pub async fn publish(
     recorded: bool,
 ) -> Result<()> {
     let lv = dev.numbers();
-    if mount_table()?.is_mount_point(target) {
-        return Err(Error::FailedPrecondition(format!(
-            "target {} is a mount point; it is left alone",
-            target.display()
-        )));
-    }
-    if let Some(n) = node_at(target)? {
-        match classify(n, Some(lv)) {
-            kind @ (NodeKind::Lv | NodeKind::Overlay(_)) => {
-                let have_ro = matches!(kind, NodeKind::Overlay(_));
-                if have_ro != readonly {
-                    return Err(Error::AlreadyExists(format!(
-                        "volume {} is already published at {} with readonly={have_ro}",
-                        dev.volume_id,
-                        target.display(),
-                    )));
-                }
-                tracing::info!(volume = dev.volume_id, target = %target.display(), "NodePublishVolume: already published (block)");
-                return Ok(());
-            }
-            NodeKind::Dangling => {
-                remove_node(target)?;
-                tracing::info!(target = %target.display(), "removed a stale device node that led to no device");
-            }
-            NodeKind::Foreign if recorded => {
-                // Ours by the record, but its numbers are old (a reboot, a
-                // re-activation): never opened, replaced.
-                remove_node(target)?;
-                tracing::warn!(volume = dev.volume_id, target = %target.display(), stale = ?n, current = ?lv,
-                    "replaced a stale device node of ours that carried old device numbers");
-            }
-            NodeKind::Foreign => {
-                return Err(Error::FailedPrecondition(format!(
-                    "target {} is a device node of another device ({}:{}); it is left alone",
-                    target.display(),
-                    n.0,
-                    n.1
-                )))
-            }
-        }
-    } else if std::fs::symlink_metadata(target).is_ok() {
-        return Err(Error::FailedPrecondition(format!(
-            "target {} exists and is not a device node (published as a filesystem?); it is left alone",
-            target.display()
-        )));
+    let (v, t) = (dev.volume_id.clone(), target.to_path_buf());
+    let at = tools
+        .blocking("publish: inspect the target", move || {
+            inspect_target(&v, lv, &t, readonly, recorded)
+        })
+        .await?;
+    if let AtTarget::Published = at {
+        return Ok(());
     }
 
     let single = Mode::SingleNodeSingleWriter.as_str_name();
@@ -174,16 +207,32 @@ pub async fn publish(
         )));
     }
 
+    let t = target.to_path_buf();
     if readonly {
         let name = dm::overlay_name(&dev.volume_id, target);
-        let sectors = sys::block_size_bytes(&dev.path)? / 512;
+        let path = dev.path.clone();
+        let sectors = tools
+            .blocking("read the LV's size", move || {
+                Ok(sys::block_size_bytes(&path)?)
+            })
+            .await?
+            / 512;
         let n = dm::ensure_overlay(tools, &name, lv, sectors).await?;
-        if let Err(e) = sys::make_block_node(target, n.0, n.1, 0o400) {
+        let made = tools
+            .blocking("make a device node", move || {
+                Ok(sys::make_block_node(&t, n.0, n.1, 0o400)?)
+            })
+            .await;
+        if let Err(e) = made {
             let _ = dm::remove_overlay(tools, &name).await;
-            return Err(e.into());
+            return Err(e);
         }
     } else {
-        sys::make_block_node(target, lv.0, lv.1, 0o600)?;
+        tools
+            .blocking("make a device node", move || {
+                Ok(sys::make_block_node(&t, lv.0, lv.1, 0o600)?)
+            })
+            .await?;
     }
     tracing::info!(volume = dev.volume_id, target = %target.display(), readonly, "NodePublishVolume: device node created");
     Ok(())
@@ -205,10 +254,18 @@ pub async fn unpublish_node(
     node: (u32, u32),
     recorded: bool,
 ) -> Result<()> {
-    match classify(node, lv) {
+    let ours = dm::overlay_name(volume_id, target);
+    let (kind, our_overlay) = {
+        let ours = ours.clone();
+        tools
+            .blocking("unpublish: inspect the node", move || {
+                Ok((classify(node, lv), dm::find_by_name(&ours).is_some()))
+            })
+            .await?
+    };
+    match kind {
         NodeKind::Foreign if recorded => {
-            let ours = dm::overlay_name(volume_id, target);
-            if dm::find_by_name(&ours).is_some() {
+            if our_overlay {
                 dm::remove_overlay(tools, &ours).await?;
             }
         }
@@ -223,8 +280,10 @@ pub async fn unpublish_node(
         NodeKind::Overlay(name) => dm::remove_overlay(tools, &name).await?,
         NodeKind::Lv | NodeKind::Dangling => {}
     }
-    std::fs::remove_file(target)
-        .map_err(|e| Error::io(format!("remove {}", target.display()), e))?;
+    let t = target.to_path_buf();
+    tools
+        .blocking("remove a device node", move || remove_node(&t))
+        .await?;
     tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: removed device node");
     Ok(())
 }

@@ -183,43 +183,25 @@ pub async fn stage(
     pool: &PoolState,
     marker: &Path,
 ) -> Result<()> {
-    let info = mount_table()?;
-    if let Some(m) = info.top_mount_at(staging) {
-        if m.device() != dev.numbers() {
-            return Err(Error::FailedPrecondition(format!(
-                "staging path {} already is a mount of another device ({}:{}, {}); it is left alone",
-                staging.display(),
-                m.major,
-                m.minor,
-                m.fs_type
-            )));
-        }
-        if m.fs_type != fs_type {
-            return Err(Error::AlreadyExists(format!(
-                "volume {} is already staged at {} as {}, not {fs_type}",
-                dev.volume_id,
-                staging.display(),
-                m.fs_type
-            )));
-        }
-        tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: already staged");
+    let (d, st, fs) = (dev.clone(), staging.to_path_buf(), fs_type.to_string());
+    let already = tools
+        .blocking("stage: inspect the staging path", move || {
+            staging_in_place(&d, &st, &fs)
+        })
+        .await?;
+    if already {
         return Ok(());
     }
-    if let Some(m) = info.mounts_of_device(dev.major, dev.minor).first() {
-        return Err(Error::FailedPrecondition(format!(
-            "volume {} is already mounted at {}; one volume has one staging path",
-            dev.volume_id,
-            m.mount_point.display()
-        )));
-    }
-    ensure_dir(staging)?;
+    let m = marker.to_path_buf();
+    let unfinished = tools
+        .blocking("read the formatting marker", move || marker::exists(&m))
+        .await?;
 
     let found = blkid::probe(tools, &dev.path).await?;
     let mapped = match found {
         blkid::Signature::None => dm::thin_mapped_sectors(tools, dev.major, dev.minor).await?,
         _ => 0,
     };
-    let unfinished = marker::exists(marker)?;
     let plan = match blkid::plan(&found, fs_type, mapped) {
         _ if unfinished => {
             tracing::warn!(volume = dev.volume_id, ?found, marker = %marker.display(),
@@ -244,7 +226,10 @@ pub async fn stage(
                     dev.volume_id
                 )));
             }
-            marker::write(marker, &dev.volume_id)?;
+            let (m, v) = (marker.to_path_buf(), dev.volume_id.clone());
+            tools
+                .blocking("write the formatting marker", move || marker::write(&m, &v))
+                .await?;
             mkfs(tools, fs_type, &dev.path, pool.zeroes_new_chunks).await?;
             let made = blkid::probe(tools, &dev.path).await?;
             if made != blkid::Signature::Filesystem(fs_type.to_string()) {
@@ -253,19 +238,65 @@ pub async fn stage(
                     dev.path.display()
                 )));
             }
-            marker::remove(marker)?;
+            let m = marker.to_path_buf();
+            tools
+                .blocking("remove the formatting marker", move || marker::remove(&m))
+                .await?;
         }
         blkid::Plan::Mount => {}
     }
-    sys::mount_fs(
-        &dev.path,
-        staging,
-        fs_type,
+    let (src, st, fs, flags, data) = (
+        dev.path.clone(),
+        staging.to_path_buf(),
+        fs_type.to_string(),
         opts.flags,
-        opts.data().as_deref(),
-    )?;
+        opts.data(),
+    );
+    tools
+        .blocking("mount the staging filesystem", move || {
+            Ok(sys::mount_fs(&src, &st, &fs, flags, data.as_deref())?)
+        })
+        .await?;
     tracing::info!(volume = dev.volume_id, staging = %staging.display(), fs_type, "NodeStageVolume: mounted");
     Ok(())
+}
+
+/// The blocking first step of [`stage`]: `true` when the staging path is
+/// already a mount of this device with this fs; refuses another device, or
+/// the volume mounted elsewhere; otherwise makes sure the directory exists.
+fn staging_in_place(dev: &Device, staging: &Path, fs_type: &str) -> Result<bool> {
+    let info = mount_table()?;
+    if let Some(m) = info.top_mount_at(staging) {
+        if m.device() != dev.numbers() {
+            return Err(Error::FailedPrecondition(format!(
+                "staging path {} already is a mount of another device ({}:{}, {}); it is left alone",
+                staging.display(),
+                m.major,
+                m.minor,
+                m.fs_type
+            )));
+        }
+        if m.fs_type != fs_type {
+            return Err(Error::AlreadyExists(format!(
+                "volume {} is already staged at {} as {}, not {fs_type}",
+                dev.volume_id,
+                staging.display(),
+                m.fs_type
+            )));
+        }
+        tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: already staged");
+        return Ok(true);
+    }
+    if let Some(m) = info.mounts_of_device(dev.major, dev.minor).first() {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {} is already mounted at {}; one volume has one staging path",
+            dev.volume_id,
+            m.mount_point.display()
+        )));
+    }
+    ensure_dir(staging)?;
+
+    Ok(false)
 }
 
 /// Creates the staging directory if the CO has not (its parent exists:

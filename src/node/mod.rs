@@ -137,6 +137,25 @@ pub async fn unpublish(
     target: &Path,
     recorded: bool,
 ) -> Result<()> {
+    let (v, t) = (volume_id.to_string(), target.to_path_buf());
+    let left = tools
+        .blocking("unpublish: unmount and remove", move || {
+            unpublish_mounts(lv, &v, &t)
+        })
+        .await?;
+    match left {
+        Some(node) => block::unpublish_node(tools, lv, volume_id, target, node, recorded).await,
+        None => Ok(()),
+    }
+}
+
+/// The blocking part of [`unpublish`]: unmounts and removes a target
+/// directory; returns the numbers of a block node left for the caller.
+fn unpublish_mounts(
+    lv: Option<(u32, u32)>,
+    volume_id: &str,
+    target: &Path,
+) -> Result<Option<(u32, u32)>> {
     let mut unmounted = false;
     // Stacked mounts of the volume (a publish repeated behind our back)
     // come off one by one; the bound keeps a kernel surprise from looping.
@@ -162,26 +181,25 @@ pub async fn unpublish(
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: target already gone");
-            return Ok(());
+            return Ok(None);
         }
         Err(e) => return Err(Error::io(format!("stat {}", target.display()), e)),
     };
     use std::os::unix::fs::FileTypeExt;
     if meta.file_type().is_block_device() {
-        let node = numbers_of_node(target)?;
-        return block::unpublish_node(tools, lv, volume_id, target, node, recorded).await;
+        return numbers_of_node(target).map(Some);
     }
     if meta.is_dir() {
         return match std::fs::remove_dir(target) {
             Ok(()) => {
                 tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: removed target directory");
-                Ok(())
+                Ok(None)
             }
             Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && unmounted => {
                 // Data written into the directory underneath the mount is
                 // not the volume's and not ours to delete.
                 tracing::warn!(target = %target.display(), "target directory is not empty after unmount; left in place");
-                Ok(())
+                Ok(None)
             }
             Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Err(Error::FailedPrecondition(format!(
                 "target {} is a non-empty directory that is not a mount of volume {volume_id}; it is left alone",
@@ -216,39 +234,52 @@ pub async fn unstage(
     staging: &Path,
 ) -> Result<()> {
     let lv = dev.map(Device::numbers);
-    let info = mount_table()?;
-    if let Some(m) = info.top_mount_at(staging) {
-        if Some(m.device()) != lv {
-            return Err(Error::FailedPrecondition(format!(
-                "staging path {} is a mount of another device ({}:{}, {}), not of volume {volume_id}; it is left mounted",
-                staging.display(),
-                m.major,
-                m.minor,
-                m.fs_type
-            )));
-        }
-        let staging_n = crate::mountinfo::normalize(staging);
-        if let Some(other) = info
-            .mounts_of_device(m.major, m.minor)
-            .into_iter()
-            .find(|o| crate::mountinfo::normalize(&o.mount_point) != staging_n)
-        {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {volume_id} is still mounted at {}: unpublish it first",
-                other.mount_point.display()
-            )));
-        }
-        sys::unmount(staging)?;
-        tracing::info!(volume = volume_id, staging = %staging.display(), "NodeUnstageVolume: unmounted");
-        if mount_table()?.top_mount_at(staging).map(|m| m.device()) == lv {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {volume_id} was mounted more than once at {}; call NodeUnstageVolume again",
-                staging.display()
-            )));
-        }
+    let (v, st) = (volume_id.to_string(), staging.to_path_buf());
+    let was_mount = tools
+        .blocking("unstage: unmount", move || unmount_staging(lv, &v, &st))
+        .await?;
+    if was_mount {
         return Ok(());
     }
     block::unstage(tools, dev).await
+}
+
+/// The blocking part of [`unstage`]: unmounts the staging mount of the
+/// volume; `false` when the staging path is no mount at all.
+fn unmount_staging(lv: Option<(u32, u32)>, volume_id: &str, staging: &Path) -> Result<bool> {
+    let info = mount_table()?;
+    let Some(m) = info.top_mount_at(staging) else {
+        return Ok(false);
+    };
+    if Some(m.device()) != lv {
+        return Err(Error::FailedPrecondition(format!(
+            "staging path {} is a mount of another device ({}:{}, {}), not of volume {volume_id}; it is left mounted",
+            staging.display(),
+            m.major,
+            m.minor,
+            m.fs_type
+        )));
+    }
+    let staging_n = crate::mountinfo::normalize(staging);
+    if let Some(other) = info
+        .mounts_of_device(m.major, m.minor)
+        .into_iter()
+        .find(|o| crate::mountinfo::normalize(&o.mount_point) != staging_n)
+    {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {volume_id} is still mounted at {}: unpublish it first",
+            other.mount_point.display()
+        )));
+    }
+    sys::unmount(staging)?;
+    tracing::info!(volume = volume_id, staging = %staging.display(), "NodeUnstageVolume: unmounted");
+    if mount_table()?.top_mount_at(staging).map(|m| m.device()) == lv {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {volume_id} was mounted more than once at {}; call NodeUnstageVolume again",
+            staging.display()
+        )));
+    }
+    Ok(true)
 }
 
 /// True when nothing on this node uses the volume any more: no mount of
@@ -368,9 +399,26 @@ pub async fn expand(
     block_access: bool,
     paths: &[&Path],
 ) -> Result<u64> {
-    let size = sys::block_size_bytes(&dev.path)?;
+    let d = dev.clone();
+    let paths: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+    let (size, overlays, mount) = tools
+        .blocking("expand: read size and mounts", move || {
+            let size = sys::block_size_bytes(&d.path)?;
+            if block_access {
+                return Ok((size, dm::overlays_of(d.numbers()), None));
+            }
+            let info = mount_table()?;
+            let mount = paths
+                .iter()
+                .filter_map(|p| info.top_mount_at(p))
+                .find(|m| m.device() == d.numbers())
+                .or_else(|| info.mounts_of_device(d.major, d.minor).into_iter().next())
+                .cloned();
+            Ok((size, Vec::new(), mount))
+        })
+        .await?;
     if block_access {
-        for (name, _) in dm::overlays_of(dev.numbers()) {
+        for (name, _) in overlays {
             dm::resize_overlay(tools, &name, dev.numbers(), size / 512).await?;
         }
         tracing::info!(
@@ -380,22 +428,12 @@ pub async fn expand(
         );
         return Ok(size);
     }
-    let info = mount_table()?;
-    let mount = paths
-        .iter()
-        .filter_map(|p| info.top_mount_at(p))
-        .find(|m| m.device() == dev.numbers())
-        .or_else(|| {
-            info.mounts_of_device(dev.major, dev.minor)
-                .into_iter()
-                .next()
-        })
-        .ok_or_else(|| {
-            Error::FailedPrecondition(format!(
-                "volume {} is not mounted on this node: stage it before NodeExpandVolume",
-                dev.volume_id
-            ))
-        })?;
+    let mount = mount.ok_or_else(|| {
+        Error::FailedPrecondition(format!(
+            "volume {} is not mounted on this node: stage it before NodeExpandVolume",
+            dev.volume_id
+        ))
+    })?;
     fs::grow(tools, &mount.fs_type, &dev.path, &mount.mount_point).await?;
     tracing::info!(
         volume = dev.volume_id,

@@ -264,3 +264,34 @@ pub fn paginate<T: AsRef<str>>(items: Vec<T>, token: &str, max: usize) -> (Vec<T
         .unwrap_or_default();
     (page, next)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn pagination_pages_and_survives_changes() {
+        let all = names(&["a", "b", "c", "d", "e"]);
+        let (p1, t1) = paginate(all.clone(), "", 2);
+        assert_eq!(p1, names(&["a", "b"]));
+        assert_eq!(t1, "b");
+        // "b" deleted and "bb" created between pages: nothing repeats,
+        // nothing that stayed is skipped, and the new one is seen.
+        let changed = names(&["a", "bb", "c", "d", "e"]);
+        let (p2, t2) = paginate(changed.clone(), &t1, 2);
+        assert_eq!(p2, names(&["bb", "c"]));
+        let (p3, t3) = paginate(changed, &t2, 2);
+        assert_eq!(p3, names(&["d", "e"]));
+        assert_eq!(t3, "", "last page has no token");
+        let (all_page, t) = paginate(all.clone(), "", 0);
+        assert_eq!(all_page.len(), 5);
+        assert!(t.is_empty());
+        let (exact, t) = paginate(all, "", 5);
+        assert_eq!(exact.len(), 5);
+        assert!(t.is_empty());
+    }
+}

@@ -48,13 +48,13 @@ impl Driver {
         staging: Option<NodePath>,
         cap: Option<Capability>,
     ) -> Result<Verdict> {
-        let target = self.resolve(&target)?.ok_or_else(|| {
+        let target = self.resolve(&target).await?.ok_or_else(|| {
             Error::NotFound(format!(
                 "the parent directory of volume_path {} does not exist",
                 target.display()
             ))
         })?;
-        let staging = self.resolve_optional(staging.as_ref())?;
+        let staging = self.resolve_optional(staging.as_ref()).await?;
         self.detached(&id.clone(), "NodeHealer", move |d, _| async move {
             let record = d.load_record(&id).await?.ok_or_else(|| {
                 Error::FailedPrecondition(format!(
@@ -290,8 +290,13 @@ impl Driver {
 
     /// Removes the read-only overlays stacked on volume `id`'s LV.
     async fn drop_overlays_of(&self, id: &str) {
-        let lv = dm::lv_dm_name(&self.lvm.vg, id);
-        for (name, on) in dm::overlays_in_vg(&self.lvm.vg) {
+        let (lv, vg) = (dm::lv_dm_name(&self.lvm.vg, id), self.lvm.vg.clone());
+        let overlays = self
+            .tools
+            .blocking("list overlays", move || Ok(dm::overlays_in_vg(&vg)))
+            .await
+            .unwrap_or_default();
+        for (name, on) in overlays {
             if on == lv {
                 if let Err(e) = dm::remove_overlay(&self.tools, &name).await {
                     tracing::warn!(name, error = %e, "could not remove a leftover overlay");
@@ -327,27 +332,36 @@ impl Driver {
         if let Err(e) = res {
             tracing::warn!(error = %e, "start-up: could not clean private reclaim mounts");
         }
-        let named: Vec<String> = match self.records.ids() {
-            Ok(ids) => ids
-                .iter()
-                .filter_map(|id| self.records.load(id).ok().flatten())
-                .flat_map(|r| {
-                    r.publishes
-                        .iter()
-                        .filter(|p| p.readonly && r.kind == Kind::Block)
-                        .map(|p| dm::overlay_name(&r.volume_id, &p.target))
-                        .collect::<Vec<_>>()
-                })
-                .collect(),
+        let (records, vg) = (self.records.clone(), self.lvm.vg.clone());
+        let unnamed = self
+            .tools
+            .blocking("find overlays no record names", move || {
+                let mut named = Vec::new();
+                for id in records.ids()? {
+                    if let Some(r) = records.load(&id)? {
+                        named.extend(
+                            r.publishes
+                                .iter()
+                                .filter(|p| p.readonly && r.kind == Kind::Block)
+                                .map(|p| dm::overlay_name(&r.volume_id, &p.target)),
+                        );
+                    }
+                }
+                Ok(dm::overlays_in_vg(&vg)
+                    .into_iter()
+                    .map(|(name, _)| name)
+                    .filter(|name| !named.contains(name))
+                    .collect::<Vec<_>>())
+            })
+            .await;
+        let unnamed = match unnamed {
+            Ok(u) => u,
             Err(e) => {
-                tracing::warn!(error = %e, "start-up: cannot list node records; leaving overlays alone");
+                tracing::warn!(error = %e, "start-up: cannot read the node records; leaving overlays alone");
                 return;
             }
         };
-        for (name, _) in dm::overlays_in_vg(&self.lvm.vg) {
-            if named.contains(&name) {
-                continue;
-            }
+        for name in unnamed {
             match dm::remove_overlay(&self.tools, &name).await {
                 Ok(()) => tracing::warn!(
                     name,
@@ -363,7 +377,12 @@ impl Driver {
     /// The start-up heal: every volume with a node record, several at a
     /// time, each under its guard with its record read again there.
     pub async fn heal_recorded(self: &Arc<Self>) {
-        let ids = match self.records.ids() {
+        let records = self.records.clone();
+        let ids = match self
+            .tools
+            .blocking("list node records", move || records.ids())
+            .await
+        {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::warn!(error = %e, "start-up heal: cannot list node records");

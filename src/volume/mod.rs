@@ -203,17 +203,22 @@ impl Driver {
 
     /// The real location of a checked path; `None` when its parent is
     /// missing.
-    pub fn resolve(&self, path: &Path) -> Result<Option<PathBuf>> {
-        Ok(match paths::resolve(path, &self.cfg.allowed_roots)? {
-            paths::Resolved::At(p) => Some(p),
-            paths::Resolved::ParentMissing => None,
-        })
+    pub async fn resolve(&self, path: &Path) -> Result<Option<PathBuf>> {
+        let (p, roots) = (path.to_path_buf(), self.cfg.allowed_roots.clone());
+        self.tools
+            .blocking("resolve a path", move || {
+                Ok(match paths::resolve(&p, &roots)? {
+                    paths::Resolved::At(p) => Some(p),
+                    paths::Resolved::ParentMissing => None,
+                })
+            })
+            .await
     }
 
     /// [`Driver::resolve`] of a path the request may leave out.
-    pub fn resolve_optional(&self, path: Option<&NodePath>) -> Result<Option<PathBuf>> {
+    pub async fn resolve_optional(&self, path: Option<&NodePath>) -> Result<Option<PathBuf>> {
         match path {
-            Some(p) => self.resolve(p),
+            Some(p) => self.resolve(p).await,
             None => Ok(None),
         }
     }

@@ -45,8 +45,8 @@ pub struct VolumeStats {
 
 impl Driver {
     /// The real location of a checked path whose parent must exist.
-    fn resolve_existing_parent(&self, field: &str, p: &NodePath) -> Result<PathBuf> {
-        self.resolve(p)?.ok_or_else(|| {
+    async fn resolve_existing_parent(&self, field: &str, p: &NodePath) -> Result<PathBuf> {
+        self.resolve(p).await?.ok_or_else(|| {
             Error::FailedPrecondition(format!(
                 "the parent directory of {field} {} does not exist",
                 p.display()
@@ -112,7 +112,9 @@ impl Driver {
         let report = self.lvm.fresh_report().await?;
         let vol = self.must_own(&report, id)?;
         access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
-        let staging = self.resolve_existing_parent("staging_target_path", staging)?;
+        let staging = self
+            .resolve_existing_parent("staging_target_path", staging)
+            .await?;
         let kind = kind_of(&cap.access);
         let created = match self.load_record(id).await? {
             Some(r) if !r.unstaging => {
@@ -181,12 +183,34 @@ impl Driver {
         self.detached(&id.clone(), "NodeUnstageVolume", move |d, _| async move {
             let report = d.lvm.fresh_report().await?;
             let vol = d.must_own(&report, &id)?;
-            let staging_real = d.resolve(&staging)?;
+            let staging_real = d.resolve(&staging).await?;
             let record = d
                 .load_record(&id)
                 .await?
                 .filter(|r| Some(&r.staging) == staging_real.as_ref());
             if let Some(mut r) = record.clone() {
+                // A recorded publish whose target holds nothing any more
+                // (removed behind the driver's back) no longer counts.
+                // (A filesystem publish is a mount; a block one a node.)
+                let targets: Vec<PathBuf> = r.publishes.iter().map(|p| p.target.clone()).collect();
+                let block = r.kind == Kind::Block;
+                let present = d
+                    .tools
+                    .blocking("unstage: look at the publish targets", move || {
+                        let table = node::mount_table()?;
+                        Ok(targets
+                            .into_iter()
+                            .filter(|t| {
+                                if block {
+                                    t.symlink_metadata().is_ok()
+                                } else {
+                                    table.is_mount_point(t)
+                                }
+                            })
+                            .collect::<Vec<_>>())
+                    })
+                    .await?;
+                r.publishes.retain(|p| present.contains(&p.target));
                 if let Some(p) = r.publishes.first() {
                     return Err(Error::FailedPrecondition(format!(
                         "volume {id} is still published at {}: unpublish it first",
@@ -246,8 +270,8 @@ impl Driver {
                     staging.display()
                 ))
             };
-            let staging = d.resolve(&staging)?.ok_or_else(not_staged)?;
-            let target = d.resolve_existing_parent("target_path", &target)?;
+            let staging = d.resolve(&staging).await?.ok_or_else(not_staged)?;
+            let target = d.resolve_existing_parent("target_path", &target).await?;
             let mut record = d
                 .load_record(&id)
                 .await?
@@ -359,7 +383,7 @@ impl Driver {
             let report = d.lvm.fresh_report().await?;
             let vol = d.must_own(&report, &id)?;
             let lv = d.current_device(vol.lv).map(|dev| dev.numbers());
-            let Some(target) = d.resolve(&target)? else {
+            let Some(target) = d.resolve(&target).await? else {
                 tracing::info!(%id, target = %target.display(), "NodeUnpublishVolume: target already gone");
                 return Ok(());
             };
@@ -393,7 +417,7 @@ impl Driver {
                 path.display()
             ))
         };
-        let real = self.resolve(path)?.ok_or_else(missing)?;
+        let real = self.resolve(path).await?.ok_or_else(missing)?;
         let mut problems: Vec<String> = self.problem(&report, vol.lv).into_iter().collect();
         let dev = self.current_device(vol.lv);
         let records = self.records.clone();
@@ -453,15 +477,16 @@ impl Driver {
                 Some(Access::Block)
             );
             let real = d
-                .resolve(&path)?
-                .filter(|p| std::fs::symlink_metadata(p).is_ok())
+                .resolve(&path)
+                .await?
+                .filter(|p| p.symlink_metadata().is_ok())
                 .ok_or_else(|| {
                     Error::NotFound(format!(
                         "volume {id} is not at {}: the path does not exist",
                         path.display()
                     ))
                 })?;
-            let staging = d.resolve_optional(staging.as_ref())?;
+            let staging = d.resolve_optional(staging.as_ref()).await?;
             let dev = d.current_device(vol.lv).ok_or_else(|| {
                 Error::FailedPrecondition(format!(
                     "volume {id} is not staged on this node: stage it before NodeExpandVolume"
