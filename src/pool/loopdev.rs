@@ -223,8 +223,10 @@ fn find_loop_in(
         let text = match std::fs::read(&attr) {
             Ok(text) => text,
             // Not attached (the `loop` directory only exists while bound), or
-            // detached while we were scanning.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            // detached while we were scanning: between the detach and the
+            // removal of the `loop` directory the kernel answers ENODEV (and
+            // ENXIO on older kernels) for an attribute it still lists.
+            Err(e) if detached_while_read(&e) => continue,
             Err(e) => return Err(SysError::io("read", &attr, e)),
         };
         let text = text.strip_suffix(b"\n").unwrap_or(&text);
@@ -246,6 +248,14 @@ fn find_loop_in(
         }
     }
     Ok(None)
+}
+
+/// Whether a failed read of a loop device's sysfs attribute means only that
+/// the device is not (or no longer) attached.
+fn detached_while_read(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+        || e.raw_os_error() == Some(Errno::ENODEV as i32)
+        || e.raw_os_error() == Some(Errno::ENXIO as i32)
 }
 
 /// Loop device numbers present in sysfs, ascending.
@@ -405,6 +415,23 @@ pub fn detach_loop(dev: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use std::mem;
+
+    /// A device detached between the sysfs listing and the attribute read
+    /// answers ENODEV; that must read as "not this file", not as a failure
+    /// of the whole scan (it made a concurrent-attach test flaky).
+    #[test]
+    fn a_device_detached_mid_scan_is_skipped_not_fatal() {
+        for errno in [Errno::ENOENT, Errno::ENODEV, Errno::ENXIO] {
+            assert!(detached_while_read(&io::Error::from_raw_os_error(
+                errno as i32
+            )));
+        }
+        for errno in [Errno::EACCES, Errno::EIO, Errno::EINVAL] {
+            assert!(!detached_while_read(&io::Error::from_raw_os_error(
+                errno as i32
+            )));
+        }
+    }
 
     #[test]
     fn request_codes_and_layouts_match_the_c_headers() {
