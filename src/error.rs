@@ -27,6 +27,9 @@ pub enum Error {
     /// Another operation on the same object is in flight; retry later.
     #[error("{0}")]
     Aborted(String),
+    /// An operation ran past a bound of its own and was undone.
+    #[error("{0}")]
+    DeadlineExceeded(String),
     #[error("{0}")]
     OutOfRange(String),
     #[error("{0}")]
@@ -67,6 +70,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// A blocking step that ran past its bound and may still finish.
+    pub fn is_stalled(&self) -> bool {
+        matches!(self, Error::Stalled { .. })
+    }
+
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),
@@ -82,6 +90,7 @@ impl Error {
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Aborted(_) => Code::Aborted,
+            Error::DeadlineExceeded(_) => Code::DeadlineExceeded,
             Error::OutOfRange(_) => Code::OutOfRange,
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Unavailable(_) => Code::Unavailable,

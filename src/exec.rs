@@ -56,27 +56,7 @@ pub async fn run_with(
     timeout: Duration,
     stop: Stop,
 ) -> Result<Output> {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(false);
-    // If the driver itself dies (kill -9), its children must not run on
-    // beside a restarted driver: they get the signal their Stop says
-    // (LVM: SIGINT, a safe stop; others: SIGKILL, their work is redone).
-    let on_parent_death = match stop {
-        Stop::Kill => nix::sys::signal::Signal::SIGKILL,
-        Stop::Interrupt => nix::sys::signal::Signal::SIGINT,
-    };
-    // SAFETY: the closure runs in the child between fork and exec and only
-    // makes the prctl system call, which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(on_parent_death).map_err(std::io::Error::from)
-        });
-    }
+    let mut cmd = command(program, args, env, stop);
     let started = Instant::now();
     let child = cmd
         .spawn()
@@ -142,6 +122,124 @@ pub async fn run_with(
     Ok(Output { stdout, stderr })
 }
 
+/// The command for `program args...`: `env` added, stdin closed, stdout
+/// and stderr piped, never killed because its handle is dropped, and
+/// stopped as `stop` says if the driver itself dies.
+fn command(program: &str, args: &[String], env: &[(&str, &str)], stop: Stop) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    // If the driver itself dies (kill -9), its children must not run on
+    // beside a restarted driver: they get the signal their Stop says
+    // (LVM: SIGINT, a safe stop; others: SIGKILL, their work is redone).
+    let on_parent_death = match stop {
+        Stop::Kill => nix::sys::signal::Signal::SIGKILL,
+        Stop::Interrupt => nix::sys::signal::Signal::SIGINT,
+    };
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // makes the prctl system call, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(on_parent_death).map_err(std::io::Error::from)
+        });
+    }
+    cmd
+}
+
+/// The stdout of a running read-only program, line by line as it is
+/// printed, so a long output is never held whole. The whole run is bounded
+/// by its timeout. [`Lines::finish`] reaps the program (killing it when
+/// the caller stopped reading early: it changes nothing) and turns a
+/// non-zero exit into an [`Error::Command`] with its stderr. Dropped
+/// unfinished, the program is killed.
+pub struct Lines {
+    program: String,
+    args: Vec<String>,
+    timeout: Duration,
+    deadline: tokio::time::Instant,
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    errors: tokio::task::JoinHandle<String>,
+    ended: bool,
+}
+
+impl Lines {
+    pub fn spawn(program: &str, args: &[String], timeout: Duration) -> Result<Lines> {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+        let mut cmd = command(program, args, &[], Stop::Kill);
+        cmd.kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| Error::io(format!("cannot start {program}"), e))?;
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let errors = tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text).await;
+            text
+        });
+        let lines = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
+        Ok(Lines {
+            program: program.to_string(),
+            args: args.to_vec(),
+            timeout,
+            deadline: tokio::time::Instant::now() + timeout,
+            child,
+            lines,
+            errors,
+            ended: false,
+        })
+    }
+
+    /// The next line; `None` at the end of the output.
+    pub async fn next(&mut self) -> Result<Option<String>> {
+        match tokio::time::timeout_at(self.deadline, self.lines.next_line()).await {
+            Err(_) => {
+                let _ = self.child.kill().await;
+                tracing::warn!(program = self.program, args = ?self.args, timeout = ?self.timeout, "command timed out, killed");
+                Err(Error::Timeout {
+                    program: self.program.clone(),
+                    argv: self.args.clone(),
+                    after: self.timeout,
+                })
+            }
+            Ok(Err(e)) => Err(Error::io(
+                format!("reading the output of {}", self.program),
+                e,
+            )),
+            Ok(Ok(line)) => {
+                self.ended = line.is_none();
+                Ok(line)
+            }
+        }
+    }
+
+    /// Reaps the program; see the type's documentation.
+    pub async fn finish(mut self) -> Result<()> {
+        if !self.ended {
+            let _ = self.child.kill().await;
+        }
+        let status = self
+            .child
+            .wait()
+            .await
+            .map_err(|e| Error::io(format!("waiting for {}", self.program), e))?;
+        let stderr = (&mut self.errors).await.unwrap_or_default();
+        if self.ended && !status.success() {
+            return Err(Error::Command {
+                program: self.program.clone(),
+                argv: self.args.clone(),
+                status: status.to_string(),
+                stderr: stderr.trim().to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Turns string literals and owned strings into an argv.
 #[macro_export]
 macro_rules! argv {
@@ -164,6 +262,37 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(out.stdout, "a b|$(touch /tmp/never); ;");
+    }
+
+    #[tokio::test]
+    async fn lines_stream_and_an_early_stop_kills_the_program() {
+        let mut out =
+            Lines::spawn("sh", &argv!["-c", "echo a; echo b"], Duration::from_secs(5)).unwrap();
+        assert_eq!(out.next().await.unwrap().as_deref(), Some("a"));
+        assert_eq!(out.next().await.unwrap().as_deref(), Some("b"));
+        assert_eq!(out.next().await.unwrap(), None);
+        out.finish().await.unwrap();
+        // Stopping early ends an endless program.
+        let started = Instant::now();
+        let mut endless = Lines::spawn("yes", &argv!["x"], Duration::from_secs(30)).unwrap();
+        assert_eq!(endless.next().await.unwrap().as_deref(), Some("x"));
+        endless.finish().await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let mut bad = Lines::spawn(
+            "sh",
+            &argv!["-c", "echo half; echo bad >&2; exit 2"],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        while bad.next().await.unwrap().is_some() {}
+        let e = bad.finish().await.unwrap_err();
+        assert!(
+            matches!(&e, Error::Command { stderr, .. } if stderr == "bad"),
+            "{e}"
+        );
+        let mut slow = Lines::spawn("sleep", &argv!["5"], Duration::from_millis(100)).unwrap();
+        let e = slow.next().await.unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
     }
 
     #[tokio::test]

@@ -31,6 +31,13 @@ impl InFlight {
             key: key.to_string(),
         })
     }
+
+    /// The volumes with an operation running now, sorted.
+    pub fn busy(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.busy.lock().unwrap().iter().cloned().collect();
+        keys.sort();
+        keys
+    }
 }
 
 impl Drop for Held {
@@ -51,7 +58,9 @@ mod tests {
         assert!(matches!(e, Error::Aborted(_)));
         assert!(e.to_string().contains("v1") && e.to_string().contains("expand"));
         let _other = f.try_hold("v2", "create").unwrap();
+        assert_eq!(f.busy(), ["v1", "v2"]);
         drop(a);
+        assert_eq!(f.busy(), ["v2"]);
         f.try_hold("v1", "expand").unwrap();
     }
 }

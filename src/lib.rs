@@ -14,5 +14,6 @@ pub mod naming;
 pub mod node;
 pub mod pool;
 pub mod proto;
+pub mod socket;
 pub mod sys;
 pub mod volume;

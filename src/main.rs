@@ -142,18 +142,19 @@ async fn main() -> ExitCode {
     match pool::ensure(&driver.cfg, &driver.lvm).await {
         Err(e) => tracing::error!(error = %e, "thin pool is not usable"),
         Ok(()) => {
+            // What an earlier version recorded becomes node records, and
+            // debris of a killed driver goes, before any call can come in.
+            driver.adopt_legacy().await;
+            driver.clean_debris().await;
             // Bring back what was staged here (a rebooted node lost its
             // mounts), while the sockets come up; the per-volume guard
             // keeps it apart from calls the CO makes meanwhile.
             let d = driver.clone();
-            tokio::spawn(async move {
-                d.clean_debris().await;
-                d.heal_recorded().await
-            });
+            tokio::spawn(async move { d.heal_recorded().await });
         }
     }
     let bind = |path: &std::path::Path| {
-        grpc::bind(path)
+        thinpool_csi::socket::bind(path)
             .map_err(|e| tracing::error!(socket = %path.display(), error = %e, "cannot listen"))
     };
     let Ok(listener) = bind(&socket) else {
@@ -188,6 +189,10 @@ async fn main() -> ExitCode {
         }
     };
     let (res, addons_res) = tokio::join!(csi, addons);
+    // No new call comes in now; operations whose caller already left still
+    // run (a CO's retry expects them done). Leaving now would cut them off
+    // at their next step, so a routine restart would act like a kill -9.
+    driver.drain(driver.cfg.command_timeout()).await;
     let _ = std::fs::remove_file(&socket);
     if let Some(p) = &addons_socket {
         let _ = std::fs::remove_file(p);

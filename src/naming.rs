@@ -23,10 +23,53 @@ pub const TAG_OWNER: &str = "tpcsi.owner=";
 pub const TAG_NAME: &str = "tpcsi.name=";
 pub const TAG_ACCESS: &str = "tpcsi.access=";
 pub const TAG_PARAM: &str = "tpcsi.p.";
+/// A mutable parameter (ControllerModifyVolume): `tpcsi.m.<key>=<hex value>`.
+pub const TAG_MUTABLE: &str = "tpcsi.m.";
+/// On a volume made from a snapshot or a volume: `snapshot:<id>` or
+/// `volume:<id>`.
+pub const TAG_FROM: &str = "tpcsi.from=";
+/// On a snapshot: the id of the volume it was taken from.
+pub const TAG_SOURCE: &str = "tpcsi.source=";
+/// On a member of a group snapshot: `<group id>:<number of members>`.
+pub const TAG_GROUP: &str = "tpcsi.group=";
+const SNAPSHOT_PREFIX: &str = "snap-";
+const GROUP_PREFIX: &str = "group-";
+
 /// The LV name (and CSI volume id) for a CO volume name: a readable part
 /// from the name's safe characters, then 64 bits of its SHA-256, so two
 /// different names never share an LV.
 pub fn lv_name_for(co_name: &str) -> String {
+    name_with(ID_PREFIX, co_name)
+}
+
+/// The LV name (and CSI snapshot id) for a CO snapshot name; the prefix
+/// keeps snapshots and volumes apart whatever the names.
+pub fn snapshot_lv_name_for(co_name: &str) -> String {
+    name_with(SNAPSHOT_PREFIX, co_name)
+}
+
+/// The id of a group snapshot, from its CO name.
+pub fn group_id_for(co_name: &str) -> String {
+    name_with(GROUP_PREFIX, co_name)
+}
+
+/// True when `id` has the exact shape of an id [`group_id_for`] makes.
+pub fn is_group_id(id: &str) -> bool {
+    has_shape(GROUP_PREFIX, id)
+}
+
+/// The snapshot LV name of the member of group `group_name` taken from
+/// volume `source`.
+pub fn group_member_name(group_name: &str, source: &str) -> String {
+    snapshot_lv_name_for(&member_co_name(group_name, source))
+}
+
+/// The name a group member carries in its name tag.
+pub fn member_co_name(group_name: &str, source: &str) -> String {
+    format!("{group_name}/{source}")
+}
+
+fn name_with(prefix: &str, co_name: &str) -> String {
     let readable: String = co_name
         .chars()
         .map(|c| match c {
@@ -38,14 +81,24 @@ pub fn lv_name_for(co_name: &str) -> String {
         .collect();
     let digest = Sha256::digest(co_name.as_bytes());
     let hash = hex(&digest[..HASH_HEX / 2]);
-    format!("{ID_PREFIX}{readable}-{hash}")
+    format!("{prefix}{readable}-{hash}")
 }
 
 /// True when `id` has the exact shape of an id [`lv_name_for`] makes. Only
 /// such ids are ever passed to LVM, so `vg0/root`, `../x` or the pool name
 /// can never reach an LVM command line.
 pub fn is_volume_id(id: &str) -> bool {
-    let Some(rest) = id.strip_prefix(ID_PREFIX) else {
+    has_shape(ID_PREFIX, id)
+}
+
+/// True when `id` has the exact shape of an id [`snapshot_lv_name_for`]
+/// makes.
+pub fn is_snapshot_id(id: &str) -> bool {
+    has_shape(SNAPSHOT_PREFIX, id)
+}
+
+fn has_shape(prefix: &str, id: &str) -> bool {
+    let Some(rest) = id.strip_prefix(prefix) else {
         return false;
     };
     if rest.len() < HASH_HEX + 1 || rest.len() > READABLE_LEN + 1 + HASH_HEX {
@@ -60,6 +113,22 @@ pub fn is_volume_id(id: &str) -> bool {
         && hash
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The tag in which versions before the node record kept a volume's
+/// staging path (hex) on its LV; read once at start-up and dropped.
+pub const LEGACY_TAG_STAGED: &str = "tpcsi.staged=";
+
+/// The legacy staging tag among `tags`, and the path it holds.
+pub fn legacy_staged_path(tags: &[String]) -> Option<(&str, std::path::PathBuf)> {
+    use std::os::unix::ffi::OsStringExt;
+    tags.iter().find_map(|t| {
+        let bytes = unhex(t.strip_prefix(LEGACY_TAG_STAGED)?)?;
+        Some((
+            t.as_str(),
+            std::path::PathBuf::from(std::ffi::OsString::from_vec(bytes)),
+        ))
+    })
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -118,6 +187,124 @@ pub struct VolumeTags {
     pub co_name: String,
     pub access: Option<Access>,
     pub params: BTreeMap<String, String>,
+    /// Mutable parameters as last set (at creation or by a modify).
+    pub mutable: BTreeMap<String, String>,
+    /// What the volume was made from, when it was not made empty.
+    pub from: Option<ContentSource>,
+}
+
+/// The content a volume was made from (its ids have a checked shape).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentSource {
+    Snapshot(String),
+    Volume(String),
+}
+
+impl ContentSource {
+    fn encode(&self) -> String {
+        match self {
+            ContentSource::Snapshot(id) => format!("snapshot:{id}"),
+            ContentSource::Volume(id) => format!("volume:{id}"),
+        }
+    }
+
+    fn decode(v: &str) -> Option<ContentSource> {
+        if let Some(id) = v.strip_prefix("snapshot:").filter(|id| is_snapshot_id(id)) {
+            return Some(ContentSource::Snapshot(id.to_string()));
+        }
+        v.strip_prefix("volume:")
+            .filter(|id| is_volume_id(id))
+            .map(|id| ContentSource::Volume(id.to_string()))
+    }
+}
+
+/// What we store about a snapshot in the tags of its LV.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotTags {
+    pub owner: String,
+    pub co_name: String,
+    /// The id of the volume it was taken from.
+    pub source: String,
+    /// The source's access, so a restore knows what it holds.
+    pub access: Option<Access>,
+    /// The group snapshot this one belongs to.
+    pub group: Option<GroupTag>,
+}
+
+/// A member's group: its id and how many members it has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupTag {
+    pub id: String,
+    pub members: usize,
+}
+
+impl SnapshotTags {
+    pub fn encode(&self) -> Vec<String> {
+        let mut tags = vec![
+            format!("{TAG_OWNER}{}", self.owner),
+            format!("{TAG_NAME}{}", hex(self.co_name.as_bytes())),
+            format!("{TAG_SOURCE}{}", self.source),
+        ];
+        tags.extend(encode_access(self.access.as_ref()));
+        if let Some(g) = &self.group {
+            tags.push(format!("{TAG_GROUP}{}:{}", g.id, g.members));
+        }
+        tags
+    }
+
+    /// `None` unless the LV carries an owner, a name and a source tag.
+    pub fn decode<'a>(tags: impl IntoIterator<Item = &'a str>) -> Option<SnapshotTags> {
+        let (mut owner, mut co_name, mut source, mut access) = (None, None, None, None);
+        let mut group = None;
+        for t in tags {
+            if let Some(v) = t.strip_prefix(TAG_OWNER) {
+                owner = Some(v.to_string());
+            } else if let Some(v) = t.strip_prefix(TAG_NAME) {
+                co_name = Some(String::from_utf8(unhex(v)?).ok()?);
+            } else if let Some(v) = t.strip_prefix(TAG_SOURCE) {
+                source = Some(v.to_string()).filter(|s| is_volume_id(s));
+            } else if let Some(v) = t.strip_prefix(TAG_ACCESS) {
+                access = decode_access(v);
+            } else if let Some(v) = t.strip_prefix(TAG_GROUP) {
+                let (id, n) = v.rsplit_once(':')?;
+                if !is_group_id(id) {
+                    return None;
+                }
+                group = Some(GroupTag {
+                    id: id.to_string(),
+                    members: n.parse().ok()?,
+                });
+            }
+        }
+        Some(SnapshotTags {
+            owner: owner?,
+            co_name: co_name?,
+            source: source?,
+            access,
+            group,
+        })
+    }
+}
+
+/// The tag that records mutable parameter `key` as `value`.
+pub fn mutable_tag(key: &str, value: &str) -> String {
+    format!("{TAG_MUTABLE}{key}={}", hex(value.as_bytes()))
+}
+
+fn encode_access(access: Option<&Access>) -> Option<String> {
+    match access? {
+        Access::Block => Some(format!("{TAG_ACCESS}block")),
+        Access::Mount { fs_type } => Some(format!("{TAG_ACCESS}mount:{fs_type}")),
+    }
+}
+
+fn decode_access(v: &str) -> Option<Access> {
+    match v {
+        "block" => Some(Access::Block),
+        _ => v.strip_prefix("mount:").map(|fs| Access::Mount {
+            fs_type: fs.to_string(),
+        }),
+    }
 }
 
 impl VolumeTags {
@@ -127,39 +314,44 @@ impl VolumeTags {
             format!("{TAG_OWNER}{}", self.owner),
             format!("{TAG_NAME}{}", hex(self.co_name.as_bytes())),
         ];
-        match &self.access {
-            Some(Access::Block) => tags.push(format!("{TAG_ACCESS}block")),
-            Some(Access::Mount { fs_type }) => tags.push(format!("{TAG_ACCESS}mount:{fs_type}")),
-            None => {}
-        }
+        tags.extend(encode_access(self.access.as_ref()));
         for (k, v) in &self.params {
             tags.push(format!("{TAG_PARAM}{k}={}", hex(v.as_bytes())));
+        }
+        tags.extend(self.mutable.iter().map(|(k, v)| mutable_tag(k, v)));
+        if let Some(f) = &self.from {
+            tags.push(format!("{TAG_FROM}{}", f.encode()));
         }
         tags
     }
 
     /// Reads our tags back; `None` when the LV carries no owner tag, or
-    /// its name tag is damaged (such an LV is not ours to touch).
+    /// its name tag is damaged (such an LV is not ours to touch), or it is
+    /// a snapshot.
     pub fn decode<'a>(tags: impl IntoIterator<Item = &'a str>) -> Option<VolumeTags> {
         let mut owner = None;
         let mut co_name = None;
         let mut access = None;
         let mut params = BTreeMap::new();
+        let mut from = None;
+        let mut mutable = BTreeMap::new();
         for t in tags {
             if let Some(v) = t.strip_prefix(TAG_OWNER) {
                 owner = Some(v.to_string());
             } else if let Some(v) = t.strip_prefix(TAG_NAME) {
                 co_name = Some(String::from_utf8(unhex(v)?).ok()?);
             } else if let Some(v) = t.strip_prefix(TAG_ACCESS) {
-                access = match v {
-                    "block" => Some(Access::Block),
-                    _ => v.strip_prefix("mount:").map(|fs| Access::Mount {
-                        fs_type: fs.to_string(),
-                    }),
-                };
+                access = decode_access(v);
             } else if let Some(kv) = t.strip_prefix(TAG_PARAM) {
                 let (k, v) = kv.split_once('=')?;
                 params.insert(k.to_string(), String::from_utf8(unhex(v)?).ok()?);
+            } else if let Some(kv) = t.strip_prefix(TAG_MUTABLE) {
+                let (k, v) = kv.split_once('=')?;
+                mutable.insert(k.to_string(), String::from_utf8(unhex(v)?).ok()?);
+            } else if let Some(v) = t.strip_prefix(TAG_FROM) {
+                from = Some(ContentSource::decode(v)?);
+            } else if t.starts_with(TAG_SOURCE) {
+                return None;
             }
         }
         Some(VolumeTags {
@@ -167,6 +359,8 @@ impl VolumeTags {
             co_name: co_name?,
             access,
             params,
+            mutable,
+            from,
         })
     }
 }
@@ -301,6 +495,8 @@ mod tests {
                 fs_type: "xfs".into(),
             }),
             params,
+            mutable: [("readAheadSectors".to_string(), "256".to_string())].into(),
+            from: None,
         };
         let enc = t.encode();
         for tag in &enc {
@@ -345,6 +541,85 @@ mod tests {
         assert!(fits("v", Some(&Access::Block), &ext4).is_err());
         assert!(fits("v", Some(&ext4), &Access::Block).is_err());
         assert!(fits("v", None, &Access::Block).is_ok());
+    }
+
+    #[test]
+    fn snapshot_ids_and_volume_ids_never_meet() {
+        let snap = snapshot_lv_name_for("snapshot-1");
+        let vol = lv_name_for("snapshot-1");
+        assert!(is_snapshot_id(&snap) && !is_volume_id(&snap));
+        assert!(is_volume_id(&vol) && !is_snapshot_id(&vol));
+        assert_ne!(snap, vol);
+        assert!(!is_snapshot_id("snap-../x-0123456789abcdef"));
+    }
+
+    #[test]
+    fn snapshot_tags_round_trip_and_are_no_volume() {
+        let t = SnapshotTags {
+            owner: "d.x".into(),
+            co_name: "snap one".into(),
+            source: lv_name_for("pvc-1"),
+            access: Some(Access::Mount {
+                fs_type: "xfs".into(),
+            }),
+            group: Some(GroupTag {
+                id: group_id_for("g1"),
+                members: 3,
+            }),
+        };
+        let enc = t.encode();
+        assert_eq!(
+            SnapshotTags::decode(enc.iter().map(String::as_str)),
+            Some(t)
+        );
+        assert!(is_group_id(&group_id_for("g1")) && !is_snapshot_id(&group_id_for("g1")));
+        let member = group_member_name("g1", &lv_name_for("pvc-1"));
+        assert!(is_snapshot_id(&member));
+        assert_ne!(member, group_member_name("g1", &lv_name_for("pvc-2")));
+        // A snapshot LV is never taken for a volume.
+        assert_eq!(VolumeTags::decode(enc.iter().map(String::as_str)), None);
+        // A source of the wrong shape is no snapshot of ours.
+        let bad = ["tpcsi.owner=d.x", "tpcsi.name=61", "tpcsi.source=vg0/root"];
+        assert_eq!(SnapshotTags::decode(bad), None);
+    }
+
+    #[test]
+    fn volume_sources_round_trip() {
+        for from in [
+            ContentSource::Snapshot(snapshot_lv_name_for("s")),
+            ContentSource::Volume(lv_name_for("v")),
+        ] {
+            let t = VolumeTags {
+                owner: "d.x".into(),
+                co_name: "restored".into(),
+                access: Some(Access::Block),
+                params: BTreeMap::new(),
+                mutable: BTreeMap::new(),
+                from: Some(from),
+            };
+            let enc = t.encode();
+            assert_eq!(VolumeTags::decode(enc.iter().map(String::as_str)), Some(t));
+        }
+        // A damaged source tag makes the LV not ours to touch.
+        let bad = [
+            "tpcsi.owner=d.x",
+            "tpcsi.name=61",
+            "tpcsi.from=volume:vg0/root",
+        ];
+        assert_eq!(VolumeTags::decode(bad), None);
+    }
+
+    #[test]
+    fn legacy_staging_tags_are_read() {
+        let tags = vec![
+            "tpcsi.owner=x".to_string(),
+            format!("{LEGACY_TAG_STAGED}{}", hex(b"/var/lib/kubelet/s")),
+        ];
+        let (tag, path) = legacy_staged_path(&tags).unwrap();
+        assert_eq!(tag, tags[1]);
+        assert_eq!(path, std::path::Path::new("/var/lib/kubelet/s"));
+        assert!(legacy_staged_path(&["tpcsi.staged=zz".to_string()]).is_none());
+        assert!(legacy_staged_path(&[]).is_none());
     }
 
     #[test]

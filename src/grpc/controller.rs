@@ -8,12 +8,13 @@ use tonic::{Request, Response, Status};
 use super::{reply, validate};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::naming::{self, Access};
+use crate::naming::{self, Access, ContentSource};
 use crate::proto::csi::v1::controller_server::Controller;
 use crate::proto::csi::v1::controller_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::controller_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::*;
 use crate::volume::controller::{CreateSpec, VolumeInfo};
+use crate::volume::snapshot::SnapshotInfo;
 
 pub struct ControllerService {
     pub driver: Arc<Driver>,
@@ -29,6 +30,10 @@ pub const CAPABILITIES: &[RpcType] = &[
     RpcType::GetVolume,
     RpcType::VolumeCondition,
     RpcType::SingleNodeMultiWriter,
+    RpcType::CreateDeleteSnapshot,
+    RpcType::ListSnapshots,
+    RpcType::CloneVolume,
+    RpcType::ModifyVolume,
 ];
 
 impl ControllerService {
@@ -44,11 +49,13 @@ impl ControllerService {
         if let Some(Access::Mount { fs_type }) = &v.access {
             ctx.insert("fsType".to_string(), fs_type.clone());
         }
+        // Mutable parameters as last set, reported back.
+        ctx.extend(v.mutable.clone());
         Volume {
             capacity_bytes: v.size as i64,
             volume_id: v.id.clone(),
             volume_context: ctx,
-            content_source: None,
+            content_source: v.from.as_ref().map(content_source),
             accessible_topology: self.topology(),
         }
     }
@@ -59,16 +66,8 @@ impl ControllerService {
         let access = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)?;
         let params = validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool)?;
         let range = validate::size_range(req.capacity_range.as_ref())?;
-        if !req.mutable_parameters.is_empty() {
-            return Err(Error::InvalidArgument(
-                "mutable_parameters are not supported (no MODIFY_VOLUME capability)".into(),
-            ));
-        }
-        if req.volume_content_source.is_some() {
-            return Err(Error::InvalidArgument(
-                "volume_content_source is not supported: this driver neither clones nor restores snapshots".into(),
-            ));
-        }
+        let mutable = validate::mutable_parameters(&req.mutable_parameters)?;
+        let from = validate::content_source(req.volume_content_source.as_ref())?;
         if !validate::topology_allows(
             req.accessibility_requirements.as_ref(),
             &d.topology_key(),
@@ -84,6 +83,8 @@ impl ControllerService {
             access,
             params,
             range,
+            from,
+            mutable,
         };
         let v = d.create_volume(spec).await?;
         Ok(CreateVolumeResponse {
@@ -133,14 +134,15 @@ impl ControllerService {
             ));
         }
         let wanted = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)
-            .and_then(|a| validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool).map(|_| a));
+            .and_then(|a| validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool).map(|_| a))
+            .and_then(|a| validate::mutable_parameters(&req.mutable_parameters).map(|_| a));
         Ok(match d.fits(&id, wanted).await? {
             Ok(()) => ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(validate_volume_capabilities_response::Confirmed {
                     volume_context: req.volume_context,
                     volume_capabilities: req.volume_capabilities,
                     parameters: req.parameters,
-                    mutable_parameters: HashMap::new(),
+                    mutable_parameters: req.mutable_parameters,
                 }),
                 message: String::new(),
             },
@@ -152,21 +154,8 @@ impl ControllerService {
     }
 
     async fn list(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse> {
-        if req.max_entries < 0 {
-            return Err(Error::InvalidArgument(
-                "max_entries must not be negative".into(),
-            ));
-        }
-        if !req.starting_token.is_empty() && !naming::is_volume_id(&req.starting_token) {
-            return Err(Error::Aborted(format!(
-                "starting_token {:?} was not issued by this driver",
-                req.starting_token
-            )));
-        }
-        let (page, next_token) = self
-            .driver
-            .list_volumes(&req.starting_token, req.max_entries as usize)
-            .await?;
+        let max = validate::page(req.max_entries, &req.starting_token, naming::is_volume_id)?;
+        let (page, next_token) = self.driver.list_volumes(&req.starting_token, max).await?;
         let entries = page
             .iter()
             .map(|v| list_volumes_response::Entry {
@@ -240,6 +229,103 @@ impl ControllerService {
                 volume_condition: Some(condition(&v)),
             }),
         })
+    }
+}
+
+/// CSI's form of what a volume was made from.
+fn content_source(from: &ContentSource) -> VolumeContentSource {
+    use volume_content_source::{SnapshotSource, Type, VolumeSource};
+    VolumeContentSource {
+        r#type: Some(match from {
+            ContentSource::Snapshot(id) => Type::Snapshot(SnapshotSource {
+                snapshot_id: id.clone(),
+            }),
+            ContentSource::Volume(id) => Type::Volume(VolumeSource {
+                volume_id: id.clone(),
+            }),
+        }),
+    }
+}
+
+pub(crate) fn snapshot(s: &SnapshotInfo) -> Snapshot {
+    Snapshot {
+        size_bytes: s.size as i64,
+        snapshot_id: s.id.clone(),
+        source_volume_id: s.source.clone(),
+        creation_time: s
+            .created
+            .map(|seconds| prost_types::Timestamp { seconds, nanos: 0 }),
+        ready_to_use: true,
+        group_snapshot_id: s.group.clone().unwrap_or_default(),
+    }
+}
+
+impl ControllerService {
+    async fn create_snap(&self, req: CreateSnapshotRequest) -> Result<CreateSnapshotResponse> {
+        let name = validate::required_string("name", &req.name)?;
+        validate::required_string("source_volume_id", &req.source_volume_id)?;
+        validate::snapshot_parameters(&req.parameters)?;
+        let source = validate::existing_volume_id(&req.source_volume_id)?;
+        let s = self
+            .driver
+            .create_snapshot(name.to_string(), source)
+            .await?;
+        Ok(CreateSnapshotResponse {
+            snapshot: Some(snapshot(&s)),
+        })
+    }
+
+    async fn delete_snap(&self, req: DeleteSnapshotRequest) -> Result<DeleteSnapshotResponse> {
+        let Some(id) = validate::snapshot_id("snapshot_id", &req.snapshot_id)? else {
+            tracing::info!(
+                id = req.snapshot_id,
+                "DeleteSnapshot: not an id this driver issues; nothing to delete"
+            );
+            return Ok(DeleteSnapshotResponse {});
+        };
+        self.driver.delete_snapshot(id).await?;
+        Ok(DeleteSnapshotResponse {})
+    }
+
+    async fn list_snaps(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
+        let max = validate::page(req.max_entries, &req.starting_token, naming::is_snapshot_id)?;
+        let empty = || ListSnapshotsResponse {
+            entries: vec![],
+            next_token: String::new(),
+        };
+        // A filter naming an id this driver never issues matches nothing.
+        let by_id = (!req.snapshot_id.is_empty()).then_some(req.snapshot_id.as_str());
+        let by_source = (!req.source_volume_id.is_empty()).then_some(req.source_volume_id.as_str());
+        if by_id.is_some_and(|id| !naming::is_snapshot_id(id))
+            || by_source.is_some_and(|id| !naming::is_volume_id(id))
+        {
+            return Ok(empty());
+        }
+        let (page, next_token) = self
+            .driver
+            .list_snapshots(by_id, by_source, &req.starting_token, max)
+            .await?;
+        Ok(ListSnapshotsResponse {
+            entries: page
+                .iter()
+                .map(|s| list_snapshots_response::Entry {
+                    snapshot: Some(snapshot(s)),
+                })
+                .collect(),
+            next_token,
+        })
+    }
+}
+
+impl ControllerService {
+    async fn modify(
+        &self,
+        req: ControllerModifyVolumeRequest,
+    ) -> Result<ControllerModifyVolumeResponse> {
+        let mutable = validate::mutable_parameters(&req.mutable_parameters)?;
+        let id = validate::existing_volume_id(&req.volume_id)?;
+        self.driver.modify_volume(id, mutable).await?;
+        Ok(ControllerModifyVolumeResponse {})
     }
 }
 
@@ -319,21 +405,21 @@ impl Controller for ControllerService {
     }
     async fn create_snapshot(
         &self,
-        _r: Request<CreateSnapshotRequest>,
+        r: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
-        Err(Status::unimplemented("snapshots are not implemented"))
+        reply(self.create_snap(r.into_inner()).await)
     }
     async fn delete_snapshot(
         &self,
-        _r: Request<DeleteSnapshotRequest>,
+        r: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
-        Err(Status::unimplemented("snapshots are not implemented"))
+        reply(self.delete_snap(r.into_inner()).await)
     }
     async fn list_snapshots(
         &self,
-        _r: Request<ListSnapshotsRequest>,
+        r: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        Err(Status::unimplemented("snapshots are not implemented"))
+        reply(self.list_snaps(r.into_inner()).await)
     }
     async fn controller_expand_volume(
         &self,
@@ -349,11 +435,9 @@ impl Controller for ControllerService {
     }
     async fn controller_modify_volume(
         &self,
-        _r: Request<ControllerModifyVolumeRequest>,
+        r: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "volume modification is not implemented",
-        ))
+        reply(self.modify(r.into_inner()).await)
     }
 }
 
@@ -363,17 +447,42 @@ mod tests {
 
     #[test]
     fn capabilities_advertised_have_handlers() {
-        // Everything advertised is something create/delete/list/... serve;
-        // snapshots, clones and modify are neither advertised nor served.
-        for t in CAPABILITIES {
-            assert!(!matches!(
-                t,
-                RpcType::CreateDeleteSnapshot
-                    | RpcType::ListSnapshots
-                    | RpcType::CloneVolume
-                    | RpcType::ModifyVolume
-                    | RpcType::ListVolumesPublishedNodes
-            ));
+        // Published-node listing is neither advertised nor served;
+        // snapshots, clones and modify are.
+        assert!(!CAPABILITIES.contains(&RpcType::ListVolumesPublishedNodes));
+        for t in [
+            RpcType::CreateDeleteSnapshot,
+            RpcType::ListSnapshots,
+            RpcType::CloneVolume,
+            RpcType::ModifyVolume,
+        ] {
+            assert!(CAPABILITIES.contains(&t), "{t:?}");
         }
+    }
+
+    #[test]
+    fn content_sources_round_trip_through_csi() {
+        let id = naming::snapshot_lv_name_for("snap-1");
+        let from = ContentSource::Snapshot(id.clone());
+        let csi = content_source(&from);
+        assert_eq!(validate::content_source(Some(&csi)).unwrap(), Some(from));
+        let vol = ContentSource::Volume(naming::lv_name_for("pvc-1"));
+        assert_eq!(
+            validate::content_source(Some(&content_source(&vol))).unwrap(),
+            Some(vol)
+        );
+        // Ids this driver never issues name nothing that exists.
+        let foreign = VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: "other-snap".into(),
+                },
+            )),
+        };
+        let e = validate::content_source(Some(&foreign)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound);
+        let empty = VolumeContentSource { r#type: None };
+        let e = validate::content_source(Some(&empty)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 }

@@ -43,6 +43,8 @@ impl Identity for IdentityService {
             capabilities: vec![
                 service(service::Type::ControllerService),
                 service(service::Type::VolumeAccessibilityConstraints),
+                service(service::Type::SnapshotMetadataService),
+                service(service::Type::GroupControllerService),
                 PluginCapability {
                     r#type: Some(plugin_capability::Type::VolumeExpansion(
                         plugin_capability::VolumeExpansion {

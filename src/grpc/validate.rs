@@ -8,13 +8,16 @@ use std::path::PathBuf;
 
 use crate::config::FS_TYPES;
 use crate::error::{Error, Result};
-use crate::naming::{self, Access, MAX_STRING};
+use crate::naming::{self, Access, ContentSource, MAX_STRING};
 use crate::node::fs::MountOptions;
 use crate::node::paths;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::csi::v1::volume_capability::AccessType;
-use crate::proto::csi::v1::{CapacityRange, TopologyRequirement, VolumeCapability};
-use crate::volume::{Capability, NodePath, SizeRange, VolumeId};
+use crate::proto::csi::v1::volume_content_source::Type as SourceType;
+use crate::proto::csi::v1::{
+    CapacityRange, TopologyRequirement, VolumeCapability, VolumeContentSource,
+};
+use crate::volume::{Capability, NodePath, SizeRange, SnapshotId, VolumeId};
 
 fn invalid<T>(msg: impl Into<String>) -> Result<T> {
     Err(Error::InvalidArgument(msg.into()))
@@ -63,6 +66,96 @@ pub fn volume_id(id: &str) -> Result<Option<VolumeId>> {
 /// A volume id that must name one of ours; anything else is NOT_FOUND.
 pub fn existing_volume_id(id: &str) -> Result<VolumeId> {
     volume_id(id)?.ok_or_else(|| Error::NotFound(format!("volume {id:?} does not exist")))
+}
+
+/// A snapshot id in a request; `Ok(None)` when well formed for CSI but not
+/// an id this driver issues.
+pub fn snapshot_id(field: &str, id: &str) -> Result<Option<SnapshotId>> {
+    required_string(field, id)?;
+    if id.chars().any(char::is_control) {
+        return invalid(format!("{field} contains control characters"));
+    }
+    Ok(naming::is_snapshot_id(id).then(|| SnapshotId::new_unchecked(id.to_string())))
+}
+
+/// CreateVolume's content source: a snapshot or a volume of ours. An id of
+/// another shape names nothing that exists: NOT_FOUND.
+pub fn content_source(src: Option<&VolumeContentSource>) -> Result<Option<ContentSource>> {
+    let Some(src) = src else {
+        return Ok(None);
+    };
+    match &src.r#type {
+        None => invalid("volume_content_source names neither a snapshot nor a volume"),
+        Some(SourceType::Snapshot(s)) => match snapshot_id("snapshot_id", &s.snapshot_id)? {
+            Some(id) => Ok(Some(ContentSource::Snapshot(id.to_string()))),
+            None => Err(Error::NotFound(format!(
+                "snapshot {:?} does not exist",
+                s.snapshot_id
+            ))),
+        },
+        Some(SourceType::Volume(v)) => Ok(Some(ContentSource::Volume(
+            existing_volume_id(&v.volume_id)?.to_string(),
+        ))),
+    }
+}
+
+/// CreateSnapshot's parameters: only what external-snapshotter adds
+/// (`csi.storage.k8s.io/volumesnapshot/...`); this driver takes none.
+pub fn snapshot_parameters(params: &HashMap<String, String>) -> Result<()> {
+    match params
+        .keys()
+        .find(|k| !k.starts_with("csi.storage.k8s.io/"))
+    {
+        Some(k) => invalid(format!(
+            "unknown snapshot parameter {k:?}: this driver takes no snapshot parameters"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Mutable parameters (CreateVolume, ControllerModifyVolume): only
+/// `readAheadSectors`, as `auto` or a multiple of 8 sectors up to 1 GiB'
+/// worth; a creation parameter is immutable. Values come back canonical.
+pub fn mutable_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    use crate::volume::controller::READ_AHEAD;
+    let mut out = BTreeMap::new();
+    for (key, value) in params {
+        if key != READ_AHEAD {
+            return invalid(if PARAMETERS.iter().any(|(k, _)| k == key) {
+                format!("parameter {key:?} is set at creation and cannot be modified")
+            } else {
+                format!("unknown mutable parameter {key:?} (known: [{READ_AHEAD:?}])")
+            });
+        }
+        let canonical = match value.as_str() {
+            "auto" => "auto".to_string(),
+            v => match v.parse::<u32>() {
+                Ok(n) if n % 8 == 0 && n <= 2 * 1024 * 1024 => n.to_string(),
+                _ => {
+                    return invalid(format!(
+                        "{key}={value:?}: use \"auto\" or a number of 512-byte sectors that is a multiple of 8, at most 2097152"
+                    ))
+                }
+            },
+        };
+        out.insert(key.clone(), canonical);
+    }
+    Ok(out)
+}
+
+/// A list call's paging: `max_entries` not negative, and a token this
+/// driver issued (`issued` checks its shape) or none; a foreign token is
+/// ABORTED, as the spec says.
+pub fn page(max_entries: i32, token: &str, issued: fn(&str) -> bool) -> Result<usize> {
+    if max_entries < 0 {
+        return invalid("max_entries must not be negative");
+    }
+    if !token.is_empty() && !issued(token) {
+        return Err(Error::Aborted(format!(
+            "starting_token {token:?} was not issued by this driver"
+        )));
+    }
+    Ok(max_entries as usize)
 }
 
 /// A staging or target path, checked against `allowed_roots`.
@@ -278,6 +371,29 @@ pub fn topology_allows(req: Option<&TopologyRequirement>, key: &str, node: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mutable_parameters_take_read_ahead_only() {
+        let m = |k: &str, v: &str| HashMap::from([(k.to_string(), v.to_string())]);
+        let ok = mutable_parameters(&m("readAheadSectors", "0512")).unwrap();
+        assert_eq!(ok["readAheadSectors"], "512");
+        assert_eq!(
+            mutable_parameters(&m("readAheadSectors", "auto")).unwrap()["readAheadSectors"],
+            "auto"
+        );
+        for (k, v) in [
+            ("readAheadSectors", "13"),
+            ("readAheadSectors", "-8"),
+            ("readAheadSectors", "99999999"),
+            ("readAheadSectors", "none; rm"),
+            ("volumeGroup", "vg0"),
+            ("iops", "100"),
+        ] {
+            let e = mutable_parameters(&m(k, v)).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{k}={v}");
+        }
+        assert!(mutable_parameters(&HashMap::new()).unwrap().is_empty());
+    }
     use crate::proto::csi::v1::volume_capability::{AccessMode, BlockVolume, MountVolume};
     use crate::proto::csi::v1::Topology;
 

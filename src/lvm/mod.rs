@@ -6,6 +6,7 @@
 //! `report_max_age` so that Data% written by workloads is seen.
 
 pub mod report;
+pub mod thin;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,6 +15,10 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::{self, Output};
 use report::Report;
+
+/// Every command reports times as seconds since the epoch, whatever the
+/// node's lvm.conf says.
+const REPORT_CONFIG: &str = "report { time_format = \"%s\" }";
 
 /// Settings that let LVM work where no udevd runs (containers, our VM):
 /// libdevmapper then creates /dev/mapper and /dev/VG/LV nodes itself.
@@ -28,6 +33,8 @@ pub struct Lvm {
     no_udev: bool,
     max_age: Duration,
     cache: Mutex<Cache>,
+    /// A pool holds one metadata snapshot at a time (`thin`).
+    metadata_lock: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -48,16 +55,18 @@ impl Lvm {
             no_udev: cfg.no_udev(),
             max_age: Duration::from_secs(cfg.report_max_age_secs),
             cache: Mutex::new(Cache::default()),
+            metadata_lock: tokio::sync::Mutex::new(()),
         }
     }
 
     /// `lvm <subcommand> [--config ...] args...`.
     pub fn argv(&self, subcommand: &str, args: Vec<String>) -> Vec<String> {
-        let mut argv = vec![subcommand.to_string()];
-        if self.no_udev {
-            argv.push("--config".into());
-            argv.push(NO_UDEV_CONFIG.into());
-        }
+        let config = if self.no_udev {
+            format!("{REPORT_CONFIG} {NO_UDEV_CONFIG}")
+        } else {
+            REPORT_CONFIG.to_string()
+        };
+        let mut argv = vec![subcommand.to_string(), "--config".into(), config];
         argv.extend(args);
         argv
     }
@@ -138,7 +147,13 @@ impl Lvm {
 
     /// Creates a thin LV with its tags in the same command, inactive: the
     /// node activates it when it stages the volume.
-    pub async fn create_thin(&self, name: &str, size: u64, tags: &[String]) -> Result<()> {
+    pub async fn create_thin(
+        &self,
+        name: &str,
+        size: u64,
+        tags: &[String],
+        read_ahead: Option<&str>,
+    ) -> Result<()> {
         let mut args = crate::argv![
             "--type",
             "thin",
@@ -152,11 +167,39 @@ impl Lvm {
             "n",
             "--yes"
         ];
-        for t in tags {
-            args.push("--addtag".into());
-            args.push(t.clone());
-        }
+        add_tags(&mut args, tags);
+        add_read_ahead(&mut args, read_ahead);
         args.push(self.vg.clone());
+        self.change("lvcreate", args).await.map(drop)
+    }
+
+    /// Creates a thin snapshot `name` of the thin LV `origin` with its tags,
+    /// inactive: read-only with LVM's activation-skip flag for a snapshot,
+    /// writable without the flag for a volume made from one (a restore or
+    /// a clone). A thin snapshot has its origin's size.
+    pub async fn create_snapshot(
+        &self,
+        name: &str,
+        origin: &str,
+        tags: &[String],
+        writable: bool,
+        read_ahead: Option<&str>,
+    ) -> Result<()> {
+        let mut args = crate::argv![
+            "--snapshot",
+            "--name",
+            name,
+            "--permission",
+            if writable { "rw" } else { "r" },
+            "--setactivationskip",
+            if writable { "n" } else { "y" },
+            "--activate",
+            "n",
+            "--yes"
+        ];
+        add_tags(&mut args, tags);
+        add_read_ahead(&mut args, read_ahead);
+        args.push(self.lv_path(origin));
         self.change("lvcreate", args).await.map(drop)
     }
 
@@ -207,6 +250,26 @@ impl Lvm {
         self.change("lvchange", args).await.map(drop)
     }
 
+    /// Sets the LV's read-ahead (`auto` or sectors) and, in the same
+    /// command, replaces tag `del` with `add` (each when given).
+    pub async fn set_read_ahead(
+        &self,
+        name: &str,
+        value: &str,
+        del: Option<&str>,
+        add: Option<&str>,
+    ) -> Result<()> {
+        let mut args = crate::argv!["--readahead", value];
+        if let Some(t) = del {
+            args.extend(crate::argv!["--deltag", t]);
+        }
+        if let Some(t) = add {
+            args.extend(crate::argv!["--addtag", t]);
+        }
+        args.push(self.lv_path(name));
+        self.change("lvchange", args).await.map(drop)
+    }
+
     pub async fn deactivate(&self, name: &str) -> Result<()> {
         self.change(
             "lvchange",
@@ -214,6 +277,21 @@ impl Lvm {
         )
         .await
         .map(drop)
+    }
+}
+
+/// `--addtag T` for each tag: tags are written by the command that makes
+/// the LV.
+fn add_tags(args: &mut Vec<String>, tags: &[String]) {
+    for t in tags {
+        args.push("--addtag".into());
+        args.push(t.clone());
+    }
+}
+
+fn add_read_ahead(args: &mut Vec<String>, read_ahead: Option<&str>) {
+    if let Some(r) = read_ahead {
+        args.extend(crate::argv!["--readahead", r]);
     }
 }
 
@@ -239,11 +317,11 @@ mod tests {
         assert!(
             a[2].contains("udev_rules = 0") && a[2].contains("obtain_device_list_from_udev = 0")
         );
+        assert!(a[2].contains(r#"time_format = "%s""#), "{}", a[2]);
         assert_eq!(a.last().unwrap(), "vg1");
-        assert_eq!(
-            lvm(UdevMode::On).argv("lvs", crate::argv!["vg1"]),
-            vec!["lvs", "vg1"]
-        );
+        let on = lvm(UdevMode::On).argv("lvs", crate::argv!["vg1"]);
+        assert_eq!(on, vec!["lvs", "--config", REPORT_CONFIG, "vg1"]);
+        assert!(!on[2].contains("udev"));
     }
 
     #[tokio::test]

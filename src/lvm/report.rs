@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 /// The columns we ask `lvs` for, in one call.
 pub const LVS_FIELDS: &str = "lv_name,vg_name,lv_attr,lv_size,pool_lv,segtype,data_percent,\
 metadata_percent,lv_tags,lv_health_status,lv_kernel_major,lv_kernel_minor,vg_extent_size,\
-vg_size,vg_free,chunk_size";
+vg_size,vg_free,chunk_size,lv_time,origin,lv_read_ahead,thin_id";
 
 /// Arguments of `lvs` for the report of volume group `vg`.
 pub fn lvs_args(vg: &str) -> Vec<String> {
@@ -47,6 +47,14 @@ pub struct Lv {
     pub vg_free: u64,
     /// Thin pool allocation unit (0 for LVs that have none).
     pub chunk_size: u64,
+    /// When the LV was created, in seconds since the epoch.
+    pub created: Option<i64>,
+    /// The LV a thin snapshot was taken from, while it exists.
+    pub origin: String,
+    /// Read-ahead as LVM reports it: `auto`, or bytes.
+    pub read_ahead: String,
+    /// The thin device id in the pool's metadata (thin LVs only).
+    pub thin_id: Option<u32>,
 }
 
 impl Lv {
@@ -74,10 +82,10 @@ impl Lv {
             .map(|p| (self.size as f64 * p / 100.0).round() as u64)
     }
 
-    /// Why this LV cannot serve I/O, in words a person can act on; `None`
-    /// when healthy. Reads the health column of lv_attr and
-    /// lv_health_status, which say the same in two ways.
-    pub fn problem(&self) -> Option<String> {
+    /// Why this LV cannot serve I/O, decoded once from the health column
+    /// of lv_attr and lv_health_status (which say the same in two ways),
+    /// with words a person can act on; `None` when healthy.
+    pub fn problem(&self) -> Option<Problem> {
         let what = if self.is_thin_pool() {
             "thin pool"
         } else {
@@ -85,36 +93,85 @@ impl Lv {
         };
         let id = format!("{}/{}", self.vg, self.name);
         let h = self.attr_char(8);
+        let found = |condition, message| Some(Problem { condition, message });
         if h == 'F' || self.health == "failed" {
-            return Some(format!(
-                "{what} {id} has failed: check `lvs -a {}` and dmesg, then repair it (lvconvert --repair)",
-                self.vg
-            ));
+            return found(
+                Condition::Failed,
+                format!(
+                    "{what} {id} has failed: check `lvs -a {}` and dmesg, then repair it (lvconvert --repair)",
+                    self.vg
+                ),
+            );
         }
         if self.is_thin_pool() {
             if h == 'D'
                 || self.health == "out_of_data"
                 || self.data_percent.is_some_and(|p| p >= 100.0)
             {
-                return Some(format!(
-                    "thin pool {id} is 100% full: extend it (lvextend) or reclaim space"
-                ));
+                return found(
+                    Condition::Full,
+                    format!("thin pool {id} is 100% full: extend it (lvextend) or reclaim space"),
+                );
             }
             if h == 'M' || self.health == "metadata_read_only" {
-                return Some(format!(
-                    "thin pool {id} metadata is read-only: repair it (lvconvert --repair {id})"
-                ));
+                return found(
+                    Condition::MetadataReadOnly,
+                    format!(
+                        "thin pool {id} metadata is read-only: repair it (lvconvert --repair {id})"
+                    ),
+                );
             }
             if self.metadata_percent.is_some_and(|p| p >= 100.0) {
-                return Some(format!(
-                    "thin pool {id} metadata is full: extend it (lvextend --poolmetadatasize)"
-                ));
+                return found(
+                    Condition::MetadataFull,
+                    format!(
+                        "thin pool {id} metadata is full: extend it (lvextend --poolmetadatasize)"
+                    ),
+                );
             }
         }
         if h == 'p' || self.health == "partial" {
-            return Some(format!("{what} {id} is missing physical volumes (partial)"));
+            return found(
+                Condition::Partial,
+                format!("{what} {id} is missing physical volumes (partial)"),
+            );
         }
         None
+    }
+}
+
+/// What is wrong with an LV or the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    /// The kernel failed it.
+    Failed,
+    /// The pool's data space is used up: no new chunk can be written.
+    Full,
+    /// The pool's metadata went read-only (after an error).
+    MetadataReadOnly,
+    /// The pool's metadata space is used up.
+    MetadataFull,
+    /// A physical volume is missing.
+    Partial,
+}
+
+/// A [`Condition`] with the message that says what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub condition: Condition,
+    pub message: String,
+}
+
+impl Problem {
+    /// Space ran out (data or metadata): freeing or adding space mends it.
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(self.condition, Condition::Full | Condition::MetadataFull)
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }
 
@@ -233,6 +290,25 @@ fn parse_lv(row: &Value) -> Result<Lv> {
         vg_size: bytes(row, "vg_size")?,
         vg_free: bytes(row, "vg_free")?,
         chunk_size: number(row, "chunk_size")?.unwrap_or(0.0).max(0.0) as u64,
+        // Older samples and reports without these columns still parse.
+        created: row
+            .get("lv_time")
+            .and_then(|_| number(row, "lv_time").ok().flatten())
+            .map(|t| t as i64),
+        origin: row
+            .get("origin")
+            .map(|_| text(row, "origin"))
+            .transpose()?
+            .unwrap_or_default(),
+        read_ahead: row
+            .get("lv_read_ahead")
+            .map(|_| text(row, "lv_read_ahead"))
+            .transpose()?
+            .unwrap_or_default(),
+        thin_id: row
+            .get("thin_id")
+            .and_then(|_| number(row, "thin_id").ok().flatten())
+            .map(|n| n as u32),
     })
 }
 
@@ -278,7 +354,7 @@ mod tests {
       "report": [
           {
               "lv": [
-                  {"lv_name":"csi-pvc-1-0123456789abcdef", "vg_name":"vg0", "lv_attr":"Vwi-a-tz--", "lv_size":"1073741824", "pool_lv":"pool", "segtype":"thin", "data_percent":"12.50", "metadata_percent":"", "lv_tags":"tpcsi.owner=d.x,tpcsi.name=61", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"4", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304", "chunk_size":"65536"},
+                  {"lv_name":"csi-pvc-1-0123456789abcdef", "vg_name":"vg0", "lv_attr":"Vwi-a-tz--", "lv_size":"1073741824", "pool_lv":"pool", "segtype":"thin", "data_percent":"12.50", "metadata_percent":"", "lv_tags":"tpcsi.owner=d.x,tpcsi.name=61", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"4", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304", "chunk_size":"65536", "lv_time":"1795448321", "origin":""},
                   {"lv_name":"pool", "vg_name":"vg0", "lv_attr":"twi-aotz--", "lv_size":"209715200", "pool_lv":"", "segtype":"thin-pool", "data_percent":"25.00", "metadata_percent":"10.55", "lv_tags":"", "lv_health_status":"", "lv_kernel_major":"253", "lv_kernel_minor":"2", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304", "chunk_size":"65536"},
                   {"lv_name":"root", "vg_name":"vg0", "lv_attr":"-wi-------", "lv_size":"8388608", "pool_lv":"", "segtype":"linear", "data_percent":"", "metadata_percent":"", "lv_tags":"", "lv_health_status":"", "lv_kernel_major":"-1", "lv_kernel_minor":"-1", "vg_extent_size":"4194304", "vg_size":"268435456", "vg_free":"4194304", "chunk_size":"65536"}
               ]
@@ -298,6 +374,8 @@ mod tests {
         assert_eq!(v.kernel, Some((253, 4)));
         assert_eq!(v.tags, vec!["tpcsi.owner=d.x", "tpcsi.name=61"]);
         assert_eq!(v.allocated_bytes(), Some(134217728));
+        assert_eq!(v.created, Some(1795448321));
+        assert_eq!(v.origin, "");
         let pool = r.find("pool").unwrap();
         assert!(pool.is_thin_pool());
         assert_eq!(pool.metadata_percent, Some(10.55));
@@ -351,37 +429,38 @@ mod tests {
 
     #[test]
     fn pool_problems_are_decoded_from_attr_and_health() {
+        let cond = |lv: Lv| lv.problem().map(|p| p.condition);
         assert_eq!(pool("twi-aotz--", "", 50.0, 10.0).problem(), None);
         let full = pool("twi-aotzD-", "out_of_data", 100.0, 10.0)
             .problem()
             .unwrap();
+        assert_eq!(full.condition, Condition::Full);
         assert!(
-            full.contains("100% full") && full.contains("vg0/pool"),
+            full.message.contains("100% full") && full.message.contains("vg0/pool"),
             "{full}"
         );
-        assert!(pool("twi-aotz--", "", 100.0, 1.0)
-            .problem()
-            .unwrap()
-            .contains("full"));
-        assert!(pool("twi-aotzF-", "failed", 1.0, 1.0)
-            .problem()
-            .unwrap()
-            .contains("failed"));
-        assert!(pool("twi-aotzM-", "metadata_read_only", 1.0, 1.0)
-            .problem()
-            .unwrap()
-            .contains("read-only"));
-        assert!(pool("twi-aotz--", "", 1.0, 100.0)
-            .problem()
-            .unwrap()
-            .contains("metadata is full"));
+        assert!(full.is_out_of_space());
+        assert_eq!(
+            cond(pool("twi-aotz--", "", 100.0, 1.0)),
+            Some(Condition::Full)
+        );
+        assert_eq!(
+            cond(pool("twi-aotzF-", "failed", 1.0, 1.0)),
+            Some(Condition::Failed)
+        );
+        assert_eq!(
+            cond(pool("twi-aotzM-", "metadata_read_only", 1.0, 1.0)),
+            Some(Condition::MetadataReadOnly)
+        );
+        let meta = pool("twi-aotz--", "", 1.0, 100.0).problem().unwrap();
+        assert_eq!(meta.condition, Condition::MetadataFull);
+        assert!(meta.message.contains("metadata is full"));
         let mut thin = Report::parse(SAMPLE).unwrap().lvs[0].clone();
         assert_eq!(thin.problem(), None);
         thin.attr = "Vwi-a-tzF-".into();
-        assert!(thin
-            .problem()
-            .unwrap()
-            .starts_with("logical volume vg0/csi-pvc-1"));
+        let failed = thin.problem().unwrap();
+        assert!(!failed.is_out_of_space());
+        assert!(failed.message.starts_with("logical volume vg0/csi-pvc-1"));
     }
 
     #[test]

@@ -138,29 +138,36 @@ fn inspect_target(
         }
         return Ok(AtTarget::Free);
     };
-    match classify(n, Some(lv)) {
-        kind @ (NodeKind::Lv | NodeKind::Overlay(_)) => {
-            let have_ro = matches!(kind, NodeKind::Overlay(_));
-            if have_ro != readonly {
-                return Err(Error::AlreadyExists(format!(
-                    "volume {volume_id} is already published at {} with readonly={have_ro}",
-                    target.display(),
-                )));
-            }
+    let kind = classify(n, Some(lv));
+    // What this publish itself would have made: the LV for read-write, its
+    // own overlay (named after the target) for read-only.
+    let as_wanted = match &kind {
+        NodeKind::Lv => !readonly,
+        NodeKind::Overlay(name) => readonly && *name == dm::overlay_name(volume_id, target),
+        _ => false,
+    };
+    match kind {
+        NodeKind::Lv | NodeKind::Overlay(_) if as_wanted => {
             tracing::info!(volume = volume_id, target = %target.display(), "NodePublishVolume: already published (block)");
             Ok(AtTarget::Published)
         }
-        NodeKind::Dangling => {
-            remove_node(target)?;
-            tracing::info!(target = %target.display(), "removed a stale device node that led to no device");
-            Ok(AtTarget::Free)
-        }
-        NodeKind::Foreign if recorded => {
+        NodeKind::Lv | NodeKind::Overlay(_) | NodeKind::Foreign if recorded => {
             // Ours by the record, but its numbers are old (a reboot, a
-            // re-activation): never opened, replaced.
+            // re-activation) and now name another device, possibly this
+            // LV or an overlay of another publish: never opened, replaced.
             remove_node(target)?;
             tracing::warn!(volume = volume_id, target = %target.display(), stale = ?n, current = ?lv,
                 "removed a stale device node of ours that carried old device numbers");
+            Ok(AtTarget::Free)
+        }
+        NodeKind::Lv | NodeKind::Overlay(_) => Err(Error::AlreadyExists(format!(
+            "volume {volume_id} is already published at {} with readonly={}",
+            target.display(),
+            !readonly
+        ))),
+        NodeKind::Dangling => {
+            remove_node(target)?;
+            tracing::info!(target = %target.display(), "removed a stale device node that led to no device");
             Ok(AtTarget::Free)
         }
         NodeKind::Foreign => Err(Error::FailedPrecondition(format!(
@@ -238,6 +245,23 @@ pub async fn publish(
     Ok(())
 }
 
+/// Removes the overlay of the read-only publish of `volume_id` at
+/// `target` if one is left, with or without a table (a publish stopped
+/// before it made its node leaves one that no node leads to).
+pub async fn drop_own_overlay(tools: &Tools, volume_id: &str, target: &Path) -> Result<()> {
+    let name = dm::overlay_name(volume_id, target);
+    let n = name.clone();
+    let exists = tools
+        .blocking("look for a publish's overlay", move || {
+            Ok(sys::dm_has_table(&n)?.is_some())
+        })
+        .await?;
+    if exists {
+        dm::remove_overlay(tools, &name).await?;
+    }
+    Ok(())
+}
+
 fn remove_node(target: &Path) -> Result<()> {
     std::fs::remove_file(target).map_err(|e| Error::io(format!("remove {}", target.display()), e))
 }
@@ -259,26 +283,28 @@ pub async fn unpublish_node(
         let ours = ours.clone();
         tools
             .blocking("unpublish: inspect the node", move || {
-                Ok((classify(node, lv), dm::find_by_name(&ours).is_some()))
+                Ok((classify(node, lv), sys::dm_has_table(&ours)?.is_some()))
             })
             .await?
     };
     match kind {
-        NodeKind::Foreign if recorded => {
-            if our_overlay {
-                dm::remove_overlay(tools, &ours).await?;
-            }
-        }
-        NodeKind::Foreign => {
+        NodeKind::Overlay(name) if name == ours => dm::remove_overlay(tools, &name).await?,
+        NodeKind::Foreign | NodeKind::Overlay(_) if !recorded => {
             return Err(Error::FailedPrecondition(format!(
-                "target {} is a device node of another device ({}:{}), not of volume {volume_id}; it is left alone",
+                "target {} is a device node of another device ({}:{}), not of this publish of volume {volume_id}; it is left alone",
                 target.display(),
                 node.0,
                 node.1
             )))
         }
-        NodeKind::Overlay(name) => dm::remove_overlay(tools, &name).await?,
-        NodeKind::Lv | NodeKind::Dangling => {}
+        // The LV, a device gone, or (by the record ours, with stale
+        // numbers) another device: only the node goes, with this
+        // publish's own overlay if one is left.
+        _ => {
+            if our_overlay {
+                dm::remove_overlay(tools, &ours).await?;
+            }
+        }
     }
     let t = target.to_path_buf();
     tools

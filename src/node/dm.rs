@@ -164,6 +164,43 @@ pub fn overlays_in_vg(vg: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The volume id an overlay name was made from (see [`overlay_name`]).
+pub fn overlay_volume(name: &str) -> Option<&str> {
+    name.strip_prefix(OVERLAY_PREFIX)?
+        .rsplit_once('-')
+        .map(|(id, _)| id)
+}
+
+/// Parses `dmsetup ls` (`name<TAB>(254:3)` or `(254, 3)` per line, or
+/// "No devices found"): the device names.
+pub fn parse_ls(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.split_once('\t').map(|(name, _)| name.trim().to_string()))
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// Our overlays that exist without a table (a `dmsetup create` stopped
+/// between its create and its load), by name.
+pub async fn tableless_overlays(tools: &Tools) -> Result<Vec<String>> {
+    let out = tools.run("dmsetup", &["ls".to_string()]).await?;
+    let names: Vec<String> = parse_ls(&out.stdout)
+        .into_iter()
+        .filter(|n| n.starts_with(OVERLAY_PREFIX))
+        .collect();
+    tools
+        .blocking("look for table-less overlays", move || {
+            let mut found = Vec::new();
+            for n in names {
+                if crate::sys::dm_has_table(&n)? == Some(false) {
+                    found.push(n);
+                }
+            }
+            Ok(found)
+        })
+        .await
+}
+
 /// The numbers of the dm device called `name`, if it exists.
 pub fn find_by_name(name: &str) -> Option<(u32, u32)> {
     list(PathBuf::from("/sys/block"))
@@ -197,15 +234,47 @@ pub async fn ensure_overlay(
     lv: (u32, u32),
     sectors: u64,
 ) -> Result<(u32, u32)> {
-    if let Some(n) = find_by_name(name) {
-        if overlay_on(n, lv).is_some() && is_read_only(n.0, n.1) {
+    enum Found {
+        Reusable((u32, u32)),
+        TableLess,
+        Other,
+        Nothing,
+    }
+    let nm = name.to_string();
+    let found = tools
+        .blocking("look for an overlay", move || {
+            Ok(match find_by_name(&nm) {
+                Some(n) if overlay_on(n, lv).is_some() && is_read_only(n.0, n.1) => {
+                    Found::Reusable(n)
+                }
+                Some(_) => Found::Other,
+                // A device with no table is in no sysfs listing.
+                None => match crate::sys::dm_has_table(&nm)? {
+                    None => Found::Nothing,
+                    Some(false) => Found::TableLess,
+                    Some(true) => Found::Other,
+                },
+            })
+        })
+        .await?;
+    match found {
+        Found::Reusable(n) => {
             tracing::info!(name, "read-only overlay already exists; reusing it");
             return Ok(n);
         }
-        return Err(Error::FailedPrecondition(format!(
-            "device-mapper device {name} exists but is not a read-only overlay of {}:{}; left alone",
-            lv.0, lv.1
-        )));
+        Found::Other => {
+            return Err(Error::FailedPrecondition(format!(
+                "device-mapper device {name} exists but is not a read-only overlay of {}:{}; left alone",
+                lv.0, lv.1
+            )))
+        }
+        Found::TableLess => {
+            // Our name, no table: an earlier create of this very overlay
+            // was stopped half-way. It maps nothing, so it goes.
+            remove_overlay(tools, name).await?;
+            tracing::warn!(name, "removed a table-less overlay an interrupted create left");
+        }
+        Found::Nothing => {}
     }
     let mut args = crate::argv![
         "create",
@@ -216,9 +285,13 @@ pub async fn ensure_overlay(
     ];
     args.extend(udev_args(tools));
     tools.run("dmsetup", &args).await?;
-    let n = find_by_name(name).ok_or_else(|| {
-        Error::Internal(format!("dmsetup created {name} but sysfs does not show it"))
-    })?;
+    let nm = name.to_string();
+    let n = tools
+        .blocking("find the new overlay", move || Ok(find_by_name(&nm)))
+        .await?
+        .ok_or_else(|| {
+            Error::Internal(format!("dmsetup created {name} but sysfs does not show it"))
+        })?;
     tracing::info!(name, lv = ?lv, overlay = ?n, sectors, "created read-only overlay");
     Ok(n)
 }
@@ -231,9 +304,22 @@ pub async fn remove_overlay(tools: &Tools, name: &str) -> Result<()> {
             "refusing to remove {name}: not an overlay of this driver"
         )));
     }
-    let mut args = crate::argv!["remove", name];
+    // --retry: an LVM command anywhere on the node scans every block
+    // device and holds ours open for a moment; dmsetup retries through it.
+    let mut args = crate::argv!["remove", "--retry", name];
     args.extend(udev_args(tools));
-    tools.run("dmsetup", &args).await?;
+    if let Err(e) = tools.run("dmsetup", &args).await {
+        let nm = name.to_string();
+        let open_count = tools
+            .blocking("read an overlay's open count", move || {
+                Ok(find_by_name(&nm).and_then(|n| crate::sys::dm_open_count(n.0, n.1).ok()))
+            })
+            .await
+            .ok()
+            .flatten();
+        tracing::warn!(name, ?open_count, error = %e, "could not remove read-only overlay");
+        return Err(e);
+    }
     tracing::info!(name, "removed read-only overlay");
     Ok(())
 }
@@ -270,6 +356,23 @@ mod tests {
         ));
         assert!(parse_thin_status("0 819200 linear\n").is_err());
         assert!(parse_thin_status("").is_err());
+    }
+
+    #[test]
+    fn overlay_names_give_back_their_volume() {
+        let id = crate::naming::lv_name_for("pvc-1");
+        let name = overlay_name(&id, Path::new("/var/lib/kubelet/a"));
+        assert_eq!(overlay_volume(&name), Some(id.as_str()));
+        assert_eq!(overlay_volume("other-device"), None);
+    }
+
+    #[test]
+    fn dmsetup_ls_names() {
+        assert_eq!(
+            parse_ls("tpcsi-ro-a-1\t(254:3)\nvg-lv\t(254, 4)\n"),
+            vec!["tpcsi-ro-a-1".to_string(), "vg-lv".to_string()]
+        );
+        assert!(parse_ls("No devices found\n").is_empty());
     }
 
     #[test]

@@ -151,15 +151,20 @@ async fn mkfs(tools: &Tools, fs_type: &str, dev: &Path, prezeroed: bool) -> Resu
     Ok(())
 }
 
-/// What staging needs to know about the thin pool.
+/// What staging needs to know that LVM knows: of the thin pool, and of the
+/// volume's origin.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolState {
+pub struct StageFacts {
     /// The pool zeroes newly provisioned chunks, so a never-written volume
     /// reads zeros everywhere and mkfs may skip zeroing its tables.
     pub zeroes_new_chunks: bool,
     /// Why the pool cannot take writes now (full, failed, read-only
     /// metadata); formatting is then refused, mounting still allowed.
     pub problem: Option<String>,
+    /// The volume was made from a snapshot or another volume and may be
+    /// larger than the filesystem it holds: that filesystem is grown to
+    /// the device once mounted (the spec's rule for larger restores).
+    pub made_from_source: bool,
 }
 
 /// NodeStageVolume for mount access: format only a never-written device
@@ -180,7 +185,7 @@ pub async fn stage(
     staging: &Path,
     fs_type: &str,
     opts: &MountOptions,
-    pool: &PoolState,
+    pool: &StageFacts,
     marker: &Path,
 ) -> Result<()> {
     let (d, st, fs) = (dev.clone(), staging.to_path_buf(), fs_type.to_string());
@@ -189,7 +194,13 @@ pub async fn stage(
             staging_in_place(&d, &st, &fs)
         })
         .await?;
+    // A copy larger than its source grows once mounted; a retry after a
+    // grow that did not finish grows it then (a no-op at full size).
+    let grow_it = pool.made_from_source && !opts.flags.contains(MsFlags::MS_RDONLY);
     if already {
+        if grow_it {
+            grow(tools, fs_type, &dev.path, staging).await?;
+        }
         return Ok(());
     }
     let m = marker.to_path_buf();
@@ -210,6 +221,7 @@ pub async fn stage(
         }
         plan => plan,
     };
+    let existing_fs = matches!(plan, blkid::Plan::Mount);
     match plan {
         blkid::Plan::Refuse(why) => {
             return Err(Error::FailedPrecondition(format!(
@@ -257,6 +269,9 @@ pub async fn stage(
             Ok(sys::mount_fs(&src, &st, &fs, flags, data.as_deref())?)
         })
         .await?;
+    if grow_it && existing_fs {
+        grow(tools, fs_type, &dev.path, staging).await?;
+    }
     tracing::info!(volume = dev.volume_id, staging = %staging.display(), fs_type, "NodeStageVolume: mounted");
     Ok(())
 }
@@ -400,6 +415,74 @@ pub fn publish(
     }
     tracing::info!(volume = dev.volume_id, target = %target.display(), readonly, "NodePublishVolume: bind-mounted");
     Ok(())
+}
+
+/// The per-mount flags, as mountinfo spells them: the part of a mount's
+/// options that a bind mount carries on its own.
+const PER_MOUNT: &[(MsFlags, &str)] = &[
+    (MsFlags::MS_RDONLY, "ro"),
+    (MsFlags::MS_NOSUID, "nosuid"),
+    (MsFlags::MS_NODEV, "nodev"),
+    (MsFlags::MS_NOEXEC, "noexec"),
+];
+
+/// The per-mount flags among `flags`.
+pub fn per_mount(flags: MsFlags) -> MsFlags {
+    PER_MOUNT
+        .iter()
+        .filter(|(bit, _)| flags.contains(*bit))
+        .fold(MsFlags::empty(), |acc, (bit, _)| acc | *bit)
+}
+
+/// The per-mount flags a mount carries.
+pub fn per_mount_of(m: &mountinfo::Mount) -> MsFlags {
+    PER_MOUNT
+        .iter()
+        .filter(|(_, word)| m.mount_option(word).is_some())
+        .fold(MsFlags::empty(), |acc, (bit, _)| acc | *bit)
+}
+
+/// Makes the mount on top of `path` carry exactly the per-mount flags of
+/// `want`; returns what it changed, `None` when they were right already.
+pub fn ensure_per_mount_flags(path: &Path, want: MsFlags) -> Result<Option<String>> {
+    let want = per_mount(want);
+    let info = mount_table()?;
+    let have = match info.top_mount_at(path) {
+        Some(m) => per_mount_of(m),
+        None => {
+            return Err(Error::FailedPrecondition(format!(
+                "{} is not a mount point",
+                path.display()
+            )))
+        }
+    };
+    if have == want {
+        return Ok(None);
+    }
+    sys::remount_flags(path, want)?;
+    Ok(Some(format!(
+        "mount at {} had flags {have:?}, not the recorded {want:?}: remounted it with them",
+        path.display()
+    )))
+}
+
+/// Where the filesystem of device `dev` is mounted on this node (its
+/// staging mount), if anywhere.
+pub fn mounted_at(dev: (u32, u32)) -> Result<Option<std::path::PathBuf>> {
+    Ok(mount_table()?
+        .mounts_of_device(dev.0, dev.1)
+        .first()
+        .map(|m| m.mount_point.clone()))
+}
+
+/// Freezes the filesystem at `mountpoint` (FIFREEZE).
+pub fn freeze(mountpoint: &Path) -> Result<()> {
+    Ok(sys::freeze::freeze(mountpoint)?)
+}
+
+/// Thaws the filesystem at `mountpoint` (FITHAW); whether it was frozen.
+pub fn thaw(mountpoint: &Path) -> Result<bool> {
+    Ok(sys::freeze::thaw(mountpoint)?)
 }
 
 /// Grows the filesystem mounted at `mountpoint` from `dev` to the size of

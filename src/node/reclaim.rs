@@ -86,6 +86,29 @@ pub fn trim_filesystem(mountpoint: &Path, fs_type: &str, size: u64, stop: &Stop)
     Ok(trimmed)
 }
 
+/// Unmounts the private mount at `dir`, waiting out a short busy spell: a
+/// program another thread of the driver forked while the trim's fd was
+/// open holds a copy of that fd until it execs (CLOEXEC closes it only
+/// then), and the mount is busy for that moment. Seen in the VM, where a
+/// fork takes milliseconds.
+fn unmount_patiently(dir: &Path) -> std::result::Result<(), sys::SysError> {
+    let mut tries = 0;
+    loop {
+        match sys::unmount(dir) {
+            Err(e) if e.is_busy() && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => {
+                if tries > 0 {
+                    tracing::info!(dir = %dir.display(), tries, ok = other.is_ok(), "private mount was busy for a moment");
+                }
+                return other;
+            }
+        }
+    }
+}
+
 /// Mounts `dev` privately (nosuid, nodev, noexec) at `dir`, trims it and
 /// unmounts it again, also when the trim fails.
 pub fn trim_unmounted(dev: &Path, fs_type: &str, dir: &Path, stop: &Stop) -> Result<u64> {
@@ -97,11 +120,16 @@ pub fn trim_unmounted(dev: &Path, fs_type: &str, dir: &Path, stop: &Stop) -> Res
         fs_type,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         data,
-    )?;
+    )
+    .map_err(|e| {
+        Error::FailedPrecondition(format!(
+            "cannot mount the volume's {fs_type} filesystem to trim it (was it ever staged?): {e}"
+        ))
+    })?;
     let res = sys::block_size_bytes(dev)
         .map_err(Error::from)
         .and_then(|size| trim_filesystem(dir, fs_type, size, stop));
-    let unmounted = sys::unmount(dir);
+    let unmounted = unmount_patiently(dir);
     let _ = std::fs::remove_dir(dir);
     let trimmed = res?;
     unmounted?;

@@ -59,6 +59,12 @@ pub struct Record {
     /// NodeUnstageVolume began: a heal finishes it instead of re-staging.
     #[serde(default)]
     pub unstaging: bool,
+    /// Made at start-up from what an earlier version of the driver left
+    /// (see [`adopt_legacy`]): the mount flags and publish modes were not
+    /// known, so a heal enforces no flags and the next NodeStageVolume
+    /// supplies them (a publish mode of "" is filled in the same way).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 impl Record {
@@ -76,6 +82,109 @@ impl Record {
             v
         };
         norm(&self.mount_flags) == norm(flags)
+    }
+}
+
+/// The file in which versions before the node record kept a block
+/// volume's publishes, in its staging directory.
+pub const LEGACY_BLOCK_FILE: &str = "thinpool-csi-block.json";
+
+#[derive(Deserialize)]
+struct LegacyBlock {
+    #[serde(default)]
+    publishes: Vec<LegacyPublish>,
+}
+
+#[derive(Deserialize)]
+struct LegacyPublish {
+    target: PathBuf,
+    mode: String,
+    readonly: bool,
+}
+
+/// A record for a volume an earlier version of the driver staged at
+/// `staging` (it kept that in an LV tag): the kind from the volume's
+/// access tag (or what is mounted there), the publishes from the block
+/// file in the staging directory, or from the bind mounts of the LV
+/// (`lv`: its numbers when active). The block file is read, not removed.
+pub fn adopt_legacy(
+    volume_id: &str,
+    staging: &Path,
+    access: Option<&crate::naming::Access>,
+    lv: Option<(u32, u32)>,
+    state_dir: &Path,
+) -> Result<Record> {
+    use crate::naming::Access;
+    let table = crate::node::mount_table()?;
+    let mounted = table
+        .top_mount_at(staging)
+        .filter(|m| Some(m.device()) == lv);
+    let kind = match (access, mounted) {
+        (Some(Access::Block), _) => Kind::Block,
+        (Some(Access::Mount { fs_type }), _) => Kind::Filesystem {
+            fs_type: fs_type.clone(),
+        },
+        (None, Some(m)) => Kind::Filesystem {
+            fs_type: m.fs_type.clone(),
+        },
+        (None, None) => Kind::Block,
+    };
+    let publishes = match &kind {
+        Kind::Block => {
+            let file = staging.join(LEGACY_BLOCK_FILE);
+            match std::fs::read(&file) {
+                Ok(text) => serde_json::from_slice::<LegacyBlock>(&text)
+                    .map_err(|e| Error::Internal(format!("{}: {e}", file.display())))?
+                    .publishes
+                    .into_iter()
+                    .map(|p| Publish {
+                        target: p.target,
+                        readonly: p.readonly,
+                        mode: p.mode,
+                        removing: false,
+                    })
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(Error::io(format!("read {}", file.display()), e)),
+            }
+        }
+        Kind::Filesystem { .. } => {
+            let staging_n = crate::mountinfo::normalize(staging);
+            lv.map(|(ma, mi)| table.mounts_of_device(ma, mi))
+                .unwrap_or_default()
+                .into_iter()
+                // Publishes bind the whole filesystem: subPath binds
+                // (another root) are kubelet's, and mounts under state_dir
+                // the driver's own.
+                .filter(|m| m.root == Path::new("/"))
+                .filter(|m| !m.mount_point.starts_with(state_dir))
+                .filter(|m| crate::mountinfo::normalize(&m.mount_point) != staging_n)
+                .map(|m| Publish {
+                    target: m.mount_point.clone(),
+                    readonly: m.mount_option("ro").is_some(),
+                    mode: String::new(),
+                    removing: false,
+                })
+                .collect()
+        }
+    };
+    Ok(Record {
+        volume_id: volume_id.to_string(),
+        staging: staging.to_path_buf(),
+        kind,
+        mount_flags: Vec::new(),
+        publishes,
+        unstaging: false,
+        adopted: true,
+    })
+}
+
+/// Removes the block file an earlier version kept in `staging`, once its
+/// content is in a record; a missing one is fine.
+pub fn drop_legacy_block_file(staging: &Path) {
+    let file = staging.join(LEGACY_BLOCK_FILE);
+    if std::fs::remove_file(&file).is_ok() {
+        tracing::info!(file = %file.display(), "removed an earlier version's block file");
     }
 }
 
@@ -176,6 +285,7 @@ mod tests {
                 removing: false,
             }],
             unstaging: false,
+            adopted: false,
         }
     }
 
@@ -203,6 +313,40 @@ mod tests {
         // Stray files are not volumes.
         std::fs::write(dir.path().join("volumes/.x.json.tmp"), b"{").unwrap();
         assert_eq!(rs.ids().unwrap(), vec![other]);
+    }
+
+    /// A block volume an earlier version staged: its publishes come from
+    /// the block file in the staging directory; flags are unknown.
+    #[test]
+    fn legacy_block_staging_is_adopted_from_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = dir.path().join("staging");
+        std::fs::create_dir(&staging).unwrap();
+        std::fs::write(
+            staging.join(LEGACY_BLOCK_FILE),
+            br#"{"volume_id":"v","publishes":[{"target":"/var/lib/kubelet/t","mode":"SINGLE_NODE_WRITER","readonly":true}]}"#,
+        )
+        .unwrap();
+        let r = adopt_legacy(
+            "v",
+            &staging,
+            Some(&crate::naming::Access::Block),
+            None,
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(r.kind, Kind::Block);
+        assert!(r.adopted);
+        assert_eq!(r.publishes.len(), 1);
+        assert!(r.publishes[0].readonly);
+        assert_eq!(r.publishes[0].target, Path::new("/var/lib/kubelet/t"));
+        // Without the file: staged, nothing published.
+        std::fs::remove_file(staging.join(LEGACY_BLOCK_FILE)).unwrap();
+        let r = adopt_legacy("v", &staging, None, None, dir.path()).unwrap();
+        assert!(r.publishes.is_empty() && r.kind == Kind::Block);
+        // A torn file is an error, not an empty list.
+        std::fs::write(staging.join(LEGACY_BLOCK_FILE), b"{\"publishes\":[").unwrap();
+        assert!(adopt_legacy("v", &staging, None, None, dir.path()).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Privileged syscalls, wrapped once, in one module per subject: block
 //! devices ([`block`]: size, exclusive opens, discard, FITRIM), device
 //! nodes ([`devnode`]), device-mapper status ([`dm`]), files that must be
-//! created once or locked ([`file`]), and mounts ([`mount`]). Loop devices
+//! created once or locked ([`file`]), filesystem freezes ([`freeze`]), and
+//! mounts ([`mount`]). Loop devices
 //! are the pool's business: `crate::pool::loopdev`.
 //!
 //! Everything in the driver that needs root and talks to the kernel
@@ -26,6 +27,7 @@ pub mod block;
 pub mod devnode;
 pub mod dm;
 pub mod file;
+pub mod freeze;
 pub mod mount;
 
 pub use block::*;

@@ -56,7 +56,7 @@ pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<()> {
             let kept = statvfs::statvfs(target)
                 .map_err(|e| SysError::new("statvfs", target, e))?
                 .flags();
-            let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+            let mut flags = MsFlags::MS_RDONLY;
             for (st, ms) in [
                 (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
                 (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
@@ -66,8 +66,7 @@ pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<()> {
                     flags |= ms;
                 }
             }
-            nix_mount::mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
-                .map_err(|e| SysError::new("mount(MS_REMOUNT|MS_BIND|MS_RDONLY)", target, e))
+            remount_flags(target, flags)
         };
         if let Err(e) = remount() {
             if let Err(undo) = nix_mount::umount2(target, MntFlags::empty()) {
@@ -77,6 +76,25 @@ pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<()> {
         }
     }
     tracing::info!(source = %source.display(), target = %target.display(), readonly, "bind-mounted");
+    Ok(())
+}
+
+/// Sets the per-mount flags of the mount on top of `target` to `flags`
+/// (`MS_RDONLY`, `MS_NOSUID`, `MS_NODEV`, `MS_NOEXEC`), with
+/// `MS_REMOUNT | MS_BIND`: only this mount changes, not its filesystem or
+/// other mounts of it. Flags not given are cleared.
+pub fn remount_flags(target: &Path, flags: MsFlags) -> Result<()> {
+    nix_mount::mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | flags,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        SysError::new("mount(MS_REMOUNT|MS_BIND)", target, e).with_detail(format!("{flags:?}"))
+    })?;
+    tracing::info!(target = %target.display(), ?flags, "set per-mount flags");
     Ok(())
 }
 

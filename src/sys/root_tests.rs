@@ -235,6 +235,27 @@ fn loop_ext4_lifecycle() {
     eprintln!("FITRIM trimmed {trimmed} bytes");
     assert!(trimmed > 0, "FITRIM reported nothing trimmed");
 
+    // Freeze: a second freeze is EBUSY; a write waits for the thaw;
+    // a second thaw reports the filesystem was not frozen.
+    freeze::freeze(&mnt).expect("FIFREEZE");
+    assert!(freeze::freeze(&mnt).is_err(), "frozen twice");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = mnt.join("during-freeze");
+    let writer = std::thread::spawn(move || {
+        std::fs::write(&path, b"x").unwrap();
+        tx.send(()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(300))
+            .is_err(),
+        "a write went through a frozen filesystem"
+    );
+    assert!(freeze::thaw(&mnt).unwrap(), "it was frozen");
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the write finishes after the thaw");
+    writer.join().unwrap();
+    assert!(!freeze::thaw(&mnt).unwrap(), "not frozen any more");
+
     // Read-only bind of a subdirectory.
     let sub = mnt.join("sub");
     std::fs::create_dir(&sub).unwrap();

@@ -19,6 +19,8 @@ fn request_codes_and_layouts_match_the_c_headers() {
     assert_eq!(code(block::ioctl::BLKDISCARD), 0x1277);
     assert_eq!(code(block::ioctl::FITRIM), 0xc018_5879);
     assert_eq!(code(dm::ioctl::DM_DEV_STATUS), 0xc138_fd07);
+    assert_eq!(code(freeze::ioctl::FIFREEZE), 0xc004_5877);
+    assert_eq!(code(freeze::ioctl::FITHAW), 0xc004_5878);
     assert_eq!(mem::size_of::<DmIoctl>(), 312);
     assert_eq!(mem::size_of::<FstrimRange>(), 24);
 }

@@ -10,7 +10,7 @@ use super::{Owned, SizeRange, VolumeId};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::lvm::report::{Capacity, Report};
-use crate::naming::{self, Access, VolumeTags};
+use crate::naming::{self, Access, ContentSource, VolumeTags};
 
 /// A checked CreateVolume request.
 #[derive(Debug, Clone)]
@@ -21,6 +21,10 @@ pub struct CreateSpec {
     /// Parameters by their short names (`grpc::validate::parameters`).
     pub params: BTreeMap<String, String>,
     pub range: Option<SizeRange>,
+    /// A snapshot or volume to copy (CreateVolume's content source).
+    pub from: Option<ContentSource>,
+    /// Mutable parameters (`grpc::validate::mutable_parameters`).
+    pub mutable: BTreeMap<String, String>,
 }
 
 /// What the controller reports of a volume.
@@ -31,16 +35,51 @@ pub struct VolumeInfo {
     pub access: Option<Access>,
     /// Why the volume or its pool cannot serve I/O; `None` when healthy.
     pub problem: Option<String>,
+    pub from: Option<ContentSource>,
+    pub mutable: BTreeMap<String, String>,
 }
 
 impl VolumeInfo {
+    /// A volume this driver just made with `tags`, `size` bytes.
+    fn made(id: &str, size: u64, tags: &VolumeTags) -> VolumeInfo {
+        VolumeInfo {
+            id: id.to_string(),
+            size,
+            access: tags.access.clone(),
+            problem: None,
+            from: tags.from.clone(),
+            mutable: tags.mutable.clone(),
+        }
+    }
+
     fn of(d: &Driver, report: &Report, o: &Owned) -> VolumeInfo {
         VolumeInfo {
             id: o.lv.name.clone(),
             size: o.lv.size,
             access: o.tags.access.clone(),
             problem: d.problem(report, o.lv),
+            from: o.tags.from.clone(),
+            mutable: o.tags.mutable.clone(),
         }
+    }
+}
+
+/// The one mutable parameter: the LV's read-ahead, in 512-byte sectors or
+/// `auto` (`lvchange --readahead`), changed on a live LV without moving
+/// data.
+pub const READ_AHEAD: &str = "readAheadSectors";
+
+fn read_ahead(tags: &VolumeTags) -> Option<&str> {
+    tags.mutable.get(READ_AHEAD).map(String::as_str)
+}
+
+/// Whether LVM's `lv_read_ahead` (`auto`, or bytes) is `value` (`auto`,
+/// or sectors).
+fn read_ahead_is(reported: &str, value: &str) -> bool {
+    match (reported, value.parse::<u64>()) {
+        (r, _) if value == "auto" => r == "auto",
+        (r, Ok(sectors)) => r.parse::<u64>().is_ok_and(|b| b == sectors * 512),
+        _ => false,
     }
 }
 
@@ -67,6 +106,8 @@ impl Driver {
             co_name: spec.co_name.clone(),
             access: Some(spec.access.clone()),
             params: spec.params.clone(),
+            mutable: spec.mutable.clone(),
+            from: spec.from.clone(),
         };
         let range = spec.range.as_ref();
         let report = self.lvm.report().await?;
@@ -74,26 +115,205 @@ impl Driver {
             .owned(&report, lv_name)
             .map_err(|e| Error::AlreadyExists(format!("cannot create volume {name:?}: {e}")))?
         {
-            if existing.tags != tags || !size_fits(range, existing.lv.size) {
+            let size = existing.lv.size;
+            // A copy that was made but not yet grown (the driver stopped
+            // between the two steps: it still has its origin's size, or
+            // the origin is gone) is finished, not refused.
+            let origin_size = report.find(&existing.lv.origin).map(|o| o.size);
+            let unfinished = tags.from.is_some()
+                && origin_size.is_none_or(|o| o == size)
+                && range.is_some_and(|r| r.required > size && (r.limit == 0 || r.limit >= size));
+            // Mutable parameters may have been modified since: not part of
+            // what makes the volume this request's.
+            let same = VolumeTags {
+                mutable: existing.tags.mutable.clone(),
+                ..tags.clone()
+            } == existing.tags;
+            if !same || !(unfinished || size_fits(range, size)) {
                 return Err(Error::AlreadyExists(format!(
-                    "volume {name:?} exists as {lv_name} ({} bytes, {:?}, parameters {:?}) and is incompatible with this request",
-                    existing.lv.size, existing.tags.access, existing.tags.params
+                    "volume {name:?} exists as {lv_name} ({size} bytes, {:?}, parameters {:?}, made from {:?}) and is incompatible with this request",
+                    existing.tags.access, existing.tags.params, existing.tags.from
                 )));
             }
-            tracing::info!(
-                name,
-                lv = lv_name,
-                "CreateVolume: already exists, returning it"
-            );
-            return Ok(VolumeInfo::of(self, &report, &existing));
+            if !unfinished {
+                tracing::info!(
+                    name,
+                    lv = lv_name,
+                    "CreateVolume: already exists, returning it"
+                );
+                return Ok(VolumeInfo::of(self, &report, &existing));
+            }
         }
+        match &tags.from {
+            None => self.create_empty(lv_name, &tags, range).await,
+            Some(from) => self.create_copy(lv_name, &tags, from, range).await,
+        }
+    }
 
+    /// A new, empty thin volume.
+    async fn create_empty(
+        &self,
+        lv_name: &str,
+        tags: &VolumeTags,
+        range: Option<&SizeRange>,
+    ) -> Result<VolumeInfo> {
         let _alloc = self.alloc.lock().await;
         let report = self.lvm.report().await?;
         self.check_pool_usable(&report)?;
         let (cap, extent) = self.capacity(&report)?;
         let size = size(range, extent, self.cfg.default_volume_size)?;
         let size = fs_minimum(tags.access.as_ref(), size, range, extent)?;
+        self.check_headroom(size, &cap)?;
+        self.lvm
+            .create_thin(lv_name, size, &tags.encode(), read_ahead(tags))
+            .await?;
+        tracing::info!(
+            name = tags.co_name,
+            lv = lv_name,
+            size,
+            "CreateVolume: created"
+        );
+        // lvcreate made exactly this size (extent-aligned) with these
+        // tags: no need to read the report back.
+        Ok(VolumeInfo::made(lv_name, size, tags))
+    }
+
+    /// A volume made from a snapshot (a restore) or from a volume (a
+    /// clone): a writable thin snapshot of the source, grown when the
+    /// request is larger. Its filesystem is grown when it is staged.
+    async fn create_copy(
+        &self,
+        lv_name: &str,
+        tags: &VolumeTags,
+        from: &ContentSource,
+        range: Option<&SizeRange>,
+    ) -> Result<VolumeInfo> {
+        let origin = match from {
+            ContentSource::Snapshot(id) | ContentSource::Volume(id) => id.as_str(),
+        };
+        let _alloc = self.alloc.lock().await;
+        let report = self.lvm.fresh_report().await?;
+        let (cap, extent) = self.capacity(&report)?;
+        let made = self.owned(&report, lv_name)?.map(|o| o.lv.size);
+        let (size, now) = match made {
+            // Made by a call the driver did not finish: only its growth is
+            // left, whether or not the source is still there.
+            Some(now) => (size(range, extent, now)?.max(now), now),
+            None => {
+                // The source stays as it is while it is copied.
+                let _source = self.inflight.try_hold(origin, "CreateVolume from it")?;
+                let src_size = self.check_source(&report, from, tags, range)?;
+                let size = size(range, extent, src_size)?.max(src_size);
+                self.check_pool_usable(&report)?;
+                self.check_headroom(size, &cap)?;
+                self.lvm
+                    .create_snapshot(lv_name, origin, &tags.encode(), true, read_ahead(tags))
+                    .await?;
+                tracing::info!(
+                    name = tags.co_name,
+                    lv = lv_name,
+                    ?from,
+                    "CreateVolume: made from its source"
+                );
+                // A thin snapshot has its origin's size.
+                (size, src_size)
+            }
+        };
+        if size > now {
+            if made.is_some() {
+                self.check_headroom(size - now, &cap)?;
+            }
+            self.lvm.extend(lv_name, size).await?;
+            tracing::info!(
+                lv = lv_name,
+                from = now,
+                to = size,
+                "CreateVolume: grew the copy to the requested size"
+            );
+        }
+        Ok(VolumeInfo::made(lv_name, size.max(now), tags))
+    }
+
+    /// Checks a copy's source against the request: it exists and is ours,
+    /// holds the requested access, and is not larger than the limit.
+    /// Returns its size.
+    fn check_source(
+        &self,
+        report: &Report,
+        from: &ContentSource,
+        tags: &VolumeTags,
+        range: Option<&SizeRange>,
+    ) -> Result<u64> {
+        let (src_size, src_access) = match from {
+            ContentSource::Snapshot(id) => {
+                let snap = self.must_own_snapshot(report, id)?;
+                (snap.lv.size, snap.tags.access)
+            }
+            ContentSource::Volume(id) => {
+                let vol = self.must_own(report, id)?;
+                (vol.lv.size, vol.tags.access)
+            }
+        };
+        if let (Some(have), Some(want)) = (&src_access, &tags.access) {
+            if have != want {
+                return Err(Error::InvalidArgument(format!(
+                    "{from:?} holds {have:?}; a volume made from it cannot be {want:?}"
+                )));
+            }
+        }
+        if let Some(limit) = range.map(|r| r.limit).filter(|l| *l > 0 && *l < src_size) {
+            return Err(Error::OutOfRange(format!(
+                "{from:?} is {src_size} bytes; a volume made from it cannot be smaller (limit_bytes {limit})"
+            )));
+        }
+        Ok(src_size)
+    }
+
+    /// ControllerModifyVolume: applies each mutable parameter that is not
+    /// in effect yet (LV and tag), each in one `lvchange`.
+    pub async fn modify_volume(
+        self: &Arc<Self>,
+        id: VolumeId,
+        mutable: BTreeMap<String, String>,
+    ) -> Result<()> {
+        self.detached(&id.clone(), "ControllerModifyVolume", move |d, _| async move {
+            let report = d.lvm.fresh_report().await?;
+            let vol = d.must_own(&report, &id)?;
+            for (key, value) in &mutable {
+                match key.as_str() {
+                    READ_AHEAD => {
+                        let had = vol.tags.mutable.get(key);
+                        if had == Some(value) && read_ahead_is(&vol.lv.read_ahead, value) {
+                            tracing::info!(%id, key, value, "ControllerModifyVolume: already set");
+                            continue;
+                        }
+                        // The tag changes only when it says something else
+                        // (the LV may have been changed behind our back).
+                        let (old, new) = match had {
+                            Some(v) if v == value => (None, None),
+                            _ => (
+                                had.map(|v| naming::mutable_tag(key, v)),
+                                Some(naming::mutable_tag(key, value)),
+                            ),
+                        };
+                        d.lvm
+                            .set_read_ahead(&id, value, old.as_deref(), new.as_deref())
+                            .await?;
+                        tracing::info!(%id, key, value, "ControllerModifyVolume: set");
+                    }
+                    other => {
+                        return Err(Error::InvalidArgument(format!(
+                            "mutable parameter {other:?} is not supported"
+                        )))
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    fn check_headroom(&self, size: u64, cap: &Capacity) -> Result<()> {
         if size > cap.virtual_headroom {
             return Err(Error::ResourceExhausted(format!(
                 "{size} bytes requested but thin pool {} can hand out only {} more bytes at overprovision ratio {}",
@@ -102,16 +322,7 @@ impl Driver {
                 self.cfg.overprovision_ratio
             )));
         }
-        self.lvm.create_thin(lv_name, size, &tags.encode()).await?;
-        tracing::info!(name, lv = lv_name, size, "CreateVolume: created");
-        // lvcreate made exactly this size (extent-aligned) with these
-        // tags: no need to read the report back.
-        Ok(VolumeInfo {
-            id: lv_name.to_string(),
-            size,
-            access: tags.access,
-            problem: None,
-        })
+        Ok(())
     }
 
     /// DeleteVolume: removes the LV when it is ours; gone is success.
@@ -123,6 +334,7 @@ impl Driver {
                 tracing::info!(%id, "DeleteVolume: already gone");
                 return Ok(());
             }
+            d.refuse_if_in_use(&id, "DeleteVolume").await?;
             d.lvm.remove(&id).await?;
             tracing::info!(%id, "DeleteVolume: removed");
             // Nothing of a deleted volume can be staged here any more.
@@ -271,6 +483,15 @@ mod tests {
 
     fn names(n: &[&str]) -> Vec<String> {
         n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn read_ahead_is_compared_in_lvm_units() {
+        assert!(read_ahead_is("262144", "512"));
+        assert!(!read_ahead_is("262144", "256"));
+        assert!(read_ahead_is("auto", "auto"));
+        assert!(!read_ahead_is("auto", "512"));
+        assert!(!read_ahead_is("131072", "auto"));
     }
 
     #[test]

@@ -21,9 +21,10 @@ use super::node::kind_of;
 use super::{Capability, NodePath, VolumeId};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::node::record::{Kind, Record};
+use crate::naming;
+use crate::node::record::{self, Kind, Publish, Record};
 use crate::node::{self, block, dm, fs};
-use crate::sys;
+use crate::sys::{self, MsFlags};
 
 /// The outcome of one check: `abnormal` when anything was wrong, whether
 /// or not it could be healed, with a message saying what and what was done.
@@ -100,7 +101,7 @@ impl Driver {
         let Some(vol) = self.owned(&report, id)? else {
             // The volume was deleted: nothing of it can be on this node.
             self.drop_overlays_of(id).await;
-            self.remove_record(id).await?;
+            self.forget_node_state(id).await?;
             return Ok(Verdict {
                 abnormal: true,
                 message: format!("volume {id} no longer exists: dropped its node record"),
@@ -140,11 +141,15 @@ impl Driver {
             ));
         }
         let staging = record.staging.clone();
+        // The per-mount flags the record asks of the staging mount (and
+        // that its bind mounts inherit).
+        let mut staged_flags = MsFlags::empty();
         match &record.kind {
             Kind::Filesystem { fs_type } => {
+                let opts = fs::MountOptions::parse(fs_type, &record.mount_flags)?;
+                staged_flags = fs::per_mount(opts.flags);
                 if !self.mounted_from(&staging, &dev).await? {
-                    let opts = fs::MountOptions::parse(fs_type, &record.mount_flags)?;
-                    let pool = self.pool_state(&report);
+                    let pool = self.stage_facts(&report, &vol);
                     let marker = self.formatting_marker(id);
                     fs::stage(&self.tools, &dev, &staging, fs_type, &opts, &pool, &marker).await?;
                     found.push(format!(
@@ -153,6 +158,8 @@ impl Driver {
                         dev.path.display(),
                         record.mount_flags
                     ));
+                } else if !record.adopted {
+                    found.extend(self.ensure_flags(&staging, staged_flags).await?);
                 }
             }
             Kind::Block => {
@@ -168,43 +175,19 @@ impl Driver {
             .filter(|p| only.is_none_or(|t| p.target == t))
             .cloned()
             .collect();
+        // One publish that cannot be restored does not stop the others.
+        let mut failed = Vec::new();
         for p in publishes {
-            if p.removing {
-                node::unpublish(&self.tools, Some(dev.numbers()), id, &p.target, true).await?;
-                record.publishes.retain(|q| q.target != p.target);
-                self.save_record(&record).await?;
-                found.push(format!(
-                    "an unpublish at {} was interrupted: finished it",
-                    p.target.display()
-                ));
-                continue;
-            }
-            if self
-                .publish_in_place(&record.kind, &p.target, p.readonly, &dev)
-                .await?
+            match self
+                .heal_publish(id, &mut record, &p, &dev, staged_flags)
+                .await
             {
-                continue;
+                Ok(done) => found.extend(done),
+                Err(e) => failed.push(format!(
+                    "could not restore the publish at {}: {e}",
+                    p.target.display()
+                )),
             }
-            let others: Vec<_> = record
-                .publishes
-                .iter()
-                .filter(|q| q.target != p.target)
-                .cloned()
-                .collect();
-            self.place_publish(&dev, &record, &p, true, &others).await?;
-            found.push(match record.kind {
-                Kind::Filesystem { .. } => format!(
-                    "publish mount at {} was missing: re-bound it from {} (readonly={})",
-                    p.target.display(),
-                    staging.display(),
-                    p.readonly
-                ),
-                Kind::Block => format!(
-                    "device node at {} was missing or stale: re-created it (readonly={})",
-                    p.target.display(),
-                    p.readonly
-                ),
-            });
         }
         // What healing cannot fix: filesystem errors, error-remounts.
         let block_staging = (record.kind == Kind::Block).then(|| staging.clone());
@@ -231,6 +214,7 @@ impl Driver {
                 found.push(problem);
             }
         }
+        found.extend(failed);
         let verdict = Verdict {
             abnormal: !found.is_empty(),
             message: if found.is_empty() {
@@ -248,6 +232,71 @@ impl Driver {
         Ok(verdict)
     }
 
+    /// Restores one recorded publish; says what it did, `None` when it was
+    /// in place. `staged_flags`: the staging mount's per-mount flags.
+    async fn heal_publish(
+        &self,
+        id: &str,
+        record: &mut Record,
+        p: &Publish,
+        dev: &node::Device,
+        staged_flags: MsFlags,
+    ) -> Result<Option<String>> {
+        if p.removing {
+            node::unpublish(&self.tools, Some(dev.numbers()), id, &p.target, true).await?;
+            record.publishes.retain(|q| q.target != p.target);
+            self.save_record(record).await?;
+            return Ok(Some(format!(
+                "an unpublish at {} was interrupted: finished it",
+                p.target.display()
+            )));
+        }
+        let mut want = staged_flags;
+        if p.readonly {
+            want |= MsFlags::MS_RDONLY;
+        }
+        if self.publish_in_place(id, &record.kind, p, dev).await? {
+            return match record.kind {
+                // Flags an earlier version set are not known: left as found.
+                Kind::Filesystem { .. } if !record.adopted => {
+                    self.ensure_flags(&p.target, want).await
+                }
+                _ => Ok(None),
+            };
+        }
+        let others: Vec<_> = record
+            .publishes
+            .iter()
+            .filter(|q| q.target != p.target)
+            .cloned()
+            .collect();
+        self.place_publish(dev, record, p, true, &others).await?;
+        Ok(Some(match record.kind {
+            Kind::Filesystem { .. } => format!(
+                "publish mount at {} was missing: re-bound it from {} (readonly={})",
+                p.target.display(),
+                record.staging.display(),
+                p.readonly
+            ),
+            Kind::Block => format!(
+                "device node at {} was missing or stale: re-created it (readonly={})",
+                p.target.display(),
+                p.readonly
+            ),
+        }))
+    }
+
+    /// Gives the mount at `path` the per-mount flags `want`; says what it
+    /// changed.
+    async fn ensure_flags(&self, path: &Path, want: MsFlags) -> Result<Option<String>> {
+        let p = path.to_path_buf();
+        self.tools
+            .blocking("check a mount's flags", move || {
+                fs::ensure_per_mount_flags(&p, want)
+            })
+            .await
+    }
+
     async fn mounted_from(&self, path: &Path, dev: &node::Device) -> Result<bool> {
         let (p, n) = (path.to_path_buf(), dev.numbers());
         self.tools
@@ -260,25 +309,27 @@ impl Driver {
     }
 
     /// Whether a publish is in place as recorded: a bind mount of the
-    /// volume, or a device node that opens the LV (or, read-only, one of
-    /// its overlays) by its current numbers.
+    /// volume (its flags are checked apart), or a device node that opens
+    /// the LV (read-write) or this publish's own overlay of it (read-only)
+    /// by their current numbers.
     async fn publish_in_place(
         &self,
+        id: &str,
         kind: &Kind,
-        target: &Path,
-        readonly: bool,
+        p: &Publish,
         dev: &node::Device,
     ) -> Result<bool> {
         match kind {
-            Kind::Filesystem { .. } => self.mounted_from(target, dev).await,
+            Kind::Filesystem { .. } => self.mounted_from(&p.target, dev).await,
             Kind::Block => {
-                let (t, n) = (target.to_path_buf(), dev.numbers());
+                let (t, n, ro) = (p.target.clone(), dev.numbers(), p.readonly);
+                let own = dm::overlay_name(id, &p.target);
                 self.tools
                     .blocking("inspect a device node", move || {
                         Ok(sys::device_numbers(&t).ok().flatten().is_some_and(|node| {
                             match block::classify(node, Some(n)) {
-                                block::NodeKind::Lv => !readonly,
-                                block::NodeKind::Overlay(_) => readonly,
+                                block::NodeKind::Lv => !ro,
+                                block::NodeKind::Overlay(name) => ro && name == own,
                                 _ => false,
                             }
                         }))
@@ -305,9 +356,64 @@ impl Driver {
         }
     }
 
+    /// Start-up: turns what versions before the node record kept (a
+    /// `tpcsi.staged=` LV tag, and a block file in the staging directory)
+    /// into node records, then drops the tag. Runs before the clean-up,
+    /// which would otherwise take the overlays of such volumes for debris.
+    pub async fn adopt_legacy(&self) {
+        let report = match self.lvm.fresh_report().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "start-up: cannot read the LVM report; earlier versions' staging tags not looked at");
+                return;
+            }
+        };
+        for lv in report.thin_volumes(&self.lvm.pool) {
+            let Some((tag, staging)) = naming::legacy_staged_path(&lv.tags) else {
+                continue;
+            };
+            let Ok(Some(vol)) = self.owned(&report, &lv.name) else {
+                continue;
+            };
+            let (records, id, access) = (
+                self.records.clone(),
+                lv.name.clone(),
+                vol.tags.access.clone(),
+            );
+            let numbers = self.current_device(lv).map(|d| d.numbers());
+            let (st, state_dir) = (staging.clone(), self.cfg.state_dir.clone());
+            let adopted = self
+                .tools
+                .blocking("adopt an earlier version's staging", move || {
+                    if records.load(&id)?.is_some() {
+                        return Ok(false);
+                    }
+                    let r = record::adopt_legacy(&id, &st, access.as_ref(), numbers, &state_dir)?;
+                    records.save(&r)?;
+                    record::drop_legacy_block_file(&st);
+                    Ok(true)
+                })
+                .await;
+            match adopted {
+                Ok(made) => {
+                    if let Err(e) = self.lvm.retag(&lv.name, Some(tag), None).await {
+                        tracing::warn!(id = lv.name, error = %e, "start-up: could not drop an earlier version's staging tag");
+                    }
+                    tracing::info!(id = lv.name, staging = %staging.display(), made_record = made,
+                        "start-up: adopted a staging an earlier version recorded in an LV tag");
+                }
+                Err(e) => {
+                    tracing::warn!(id = lv.name, error = %e, "start-up: could not adopt an earlier version's staging; the tag stays")
+                }
+            }
+        }
+    }
+
     /// Start-up clean-up of what a killed driver can leave: private
-    /// reclaim mounts under `state_dir`, and read-only overlays over our
-    /// VG's LVs that no node record names. Logs what it did.
+    /// reclaim mounts under `state_dir`, read-only overlays over our VG's
+    /// LVs that no node record names, and table-less overlays (a killed
+    /// `dmsetup create`) of our volumes that no record names. Runs before
+    /// the sockets are bound, so no call runs beside it. Logs what it did.
     pub async fn clean_debris(&self) {
         let dir = self.cfg.state_dir.join("reclaim");
         let res = self
@@ -332,6 +438,31 @@ impl Driver {
         if let Err(e) = res {
             tracing::warn!(error = %e, "start-up: could not clean private reclaim mounts");
         }
+        // Table-less overlays carry no VG; their name says the volume. A
+        // volume an earlier version staged and whose adoption failed keeps
+        // its overlays: they may serve a pod.
+        let (ours, legacy): (Vec<String>, Vec<String>) = match self.lvm.report().await {
+            Ok(r) => (
+                r.thin_volumes(&self.lvm.pool)
+                    .map(|lv| lv.name.clone())
+                    .collect(),
+                r.thin_volumes(&self.lvm.pool)
+                    .filter(|lv| naming::legacy_staged_path(&lv.tags).is_some())
+                    .map(|lv| lv.name.clone())
+                    .collect(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "start-up: cannot read the LVM report; overlays are left alone");
+                return;
+            }
+        };
+        let tableless = match dm::tableless_overlays(&self.tools).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "start-up: cannot list device-mapper devices; table-less overlays are left alone");
+                Vec::new()
+            }
+        };
         let (records, vg) = (self.records.clone(), self.lvm.vg.clone());
         let unnamed = self
             .tools
@@ -347,10 +478,17 @@ impl Driver {
                         );
                     }
                 }
+                let tableless = tableless.into_iter().filter(|name| {
+                    dm::overlay_volume(name).is_some_and(|id| ours.iter().any(|o| o == id))
+                });
                 Ok(dm::overlays_in_vg(&vg)
                     .into_iter()
                     .map(|(name, _)| name)
+                    .chain(tableless)
                     .filter(|name| !named.contains(name))
+                    .filter(|name| {
+                        !dm::overlay_volume(name).is_some_and(|id| legacy.iter().any(|l| l == id))
+                    })
                     .collect::<Vec<_>>())
             })
             .await;

@@ -17,11 +17,14 @@
 //! [`size`] (range to LV size), [`request`] (typed request values).
 
 pub mod controller;
+pub mod group;
 pub mod heal;
+pub mod metadata;
 pub mod node;
 pub mod reclaim;
 pub mod request;
 pub mod size;
+pub mod snapshot;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -33,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::lvm::report::{Capacity, Lv, Report};
 use crate::naming::VolumeTags;
 use crate::node::{self as nodefs, fs, paths, Device};
-pub use request::{Capability, NodePath, SizeRange, VolumeId};
+pub use request::{Capability, NodePath, SizeRange, SnapshotId, VolumeId};
 
 /// A thin volume of our pool that carries our owner tag.
 pub struct Owned<'a> {
@@ -86,13 +89,14 @@ impl Driver {
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let held = self.inflight.try_hold(id, what)?;
+        // The guard lives as long as the task and as long as any blocking
+        // step the task started and stopped waiting for (`blocking::keeping`).
+        let held: crate::blocking::Token = Arc::new(self.inflight.try_hold(id, what)?);
         let cancel = Cancel::default();
         let work = op(self.clone(), cancel.clone());
         let key = id.to_string();
         let task = tokio::spawn(async move {
-            let _held = held;
-            let res = work.await;
+            let res = crate::blocking::keeping(held, work).await;
             if let Err(e) = &res {
                 tracing::debug!(id = key, what, error = %e, "operation failed");
             }
@@ -106,6 +110,35 @@ impl Driver {
         res?
     }
 
+    /// Waits, at most `bound`, until no operation holds a volume; logs
+    /// what it waited for and what it left running.
+    pub async fn drain(&self, bound: std::time::Duration) {
+        let start = std::time::Instant::now();
+        let mut logged = false;
+        loop {
+            let busy = self.inflight.busy();
+            if busy.is_empty() {
+                if logged {
+                    tracing::info!(waited = ?start.elapsed(), "shutdown: running operations finished");
+                }
+                return;
+            }
+            if start.elapsed() >= bound {
+                tracing::warn!(
+                    ?busy,
+                    ?bound,
+                    "shutdown: operations still running; stopping anyway"
+                );
+                return;
+            }
+            if !logged {
+                tracing::info!(?busy, "shutdown: waiting for running operations to finish");
+                logged = true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Looks `id` up in `report` and proves it is ours: a thin LV of our
     /// pool with our owner tag. A foreign LV is FAILED_PRECONDITION and is
     /// never touched.
@@ -113,22 +146,25 @@ impl Driver {
         let Some(lv) = report.find(id) else {
             return Ok(None);
         };
-        let tags = VolumeTags::decode(lv.tags.iter().map(String::as_str));
-        match tags {
-            Some(tags)
-                if tags.owner == self.cfg.driver_name
-                    && lv.is_thin_volume()
-                    && lv.pool == self.lvm.pool =>
-            {
-                Ok(Some(Owned { lv, tags }))
-            }
-            _ => Err(Error::FailedPrecondition(format!(
-                "LV {} exists but is not a thin volume owned by {} in pool {}; it is left alone",
-                self.lvm.lv_path(id),
-                self.cfg.driver_name,
-                self.lvm.pool
-            ))),
+        match VolumeTags::decode(lv.tags.iter().map(String::as_str)) {
+            Some(tags) if self.ours(lv, &tags.owner) => Ok(Some(Owned { lv, tags })),
+            _ => Err(self.foreign(id, "thin volume")),
         }
+    }
+
+    /// A thin LV of our pool with our owner.
+    pub(crate) fn ours(&self, lv: &Lv, owner: &str) -> bool {
+        owner == self.cfg.driver_name && lv.is_thin_volume() && lv.pool == self.lvm.pool
+    }
+
+    /// An LV named like one of ours that is not: never touched.
+    pub(crate) fn foreign(&self, id: &str, what: &str) -> Error {
+        Error::FailedPrecondition(format!(
+            "LV {} exists but is not a {what} owned by {} in pool {}; it is left alone",
+            self.lvm.lv_path(id),
+            self.cfg.driver_name,
+            self.lvm.pool
+        ))
     }
 
     /// Like [`Driver::owned`], but a missing volume is NOT_FOUND.
@@ -167,15 +203,16 @@ impl Driver {
     pub fn problem(&self, report: &Report, lv: &Lv) -> Option<String> {
         lv.problem()
             .or_else(|| self.pool(report).ok().and_then(Lv::problem))
+            .map(|p| p.message)
     }
 
     /// Refuses allocation in a pool that cannot take it.
-    fn check_pool_usable(&self, report: &Report) -> Result<()> {
+    pub(crate) fn check_pool_usable(&self, report: &Report) -> Result<()> {
         if let Some(p) = self.pool(report)?.problem() {
-            return Err(if p.contains("full") {
-                Error::ResourceExhausted(p)
+            return Err(if p.is_out_of_space() {
+                Error::ResourceExhausted(p.message)
             } else {
-                Error::FailedPrecondition(p)
+                Error::FailedPrecondition(p.message)
             });
         }
         Ok(())
@@ -191,12 +228,20 @@ impl Driver {
         let report = if self.pool(&report)?.is_active() {
             report
         } else {
-            crate::pool::repair_half_active(&self.lvm).await?;
-            self.lvm.fresh_report().await?
+            // Never beside a create (which activates the pool itself):
+            // looked at again once no create runs.
+            let _alloc = self.alloc.lock().await;
+            let fresh = self.lvm.fresh_report().await?;
+            if self.pool(&fresh)?.is_active() {
+                fresh
+            } else {
+                crate::pool::repair_half_active(&self.lvm).await?;
+                self.lvm.fresh_report().await?
+            }
         };
         let pool = self.pool(&report)?;
         match pool.problem() {
-            Some(p) if !p.contains("full") => Err(Error::FailedPrecondition(p)),
+            Some(p) if !p.is_out_of_space() => Err(Error::FailedPrecondition(p.message)),
             _ => Ok(()),
         }
     }
@@ -289,12 +334,14 @@ impl Driver {
         }
     }
 
-    /// What staging needs to know of the pool in `report`.
-    pub fn pool_state(&self, report: &Report) -> fs::PoolState {
+    /// What staging needs to know of the pool in `report`, and whether
+    /// the volume was made from a source.
+    pub fn stage_facts(&self, report: &Report, vol: &Owned) -> fs::StageFacts {
         let pool = self.pool(report).ok();
-        fs::PoolState {
+        fs::StageFacts {
             zeroes_new_chunks: pool.is_some_and(|p| pool_zeroes_new_chunks(&p.attr)),
-            problem: pool.and_then(Lv::problem),
+            problem: pool.and_then(Lv::problem).map(|p| p.message),
+            made_from_source: vol.tags.from.is_some(),
         }
     }
 }
@@ -341,6 +388,58 @@ mod tests {
         d.detached("vol", "Retry", |_, _| async { Ok(()) })
             .await
             .unwrap();
+    }
+
+    /// Shutdown waits for an operation whose caller left, and gives up at
+    /// its bound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drain_waits_for_abandoned_operations_within_its_bound() {
+        let d = Arc::new(Driver::new(Config::default(), "n1".into()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let call = d.detached("vol", "Test", |_, _| async move {
+            let _ = rx.await;
+            Ok(())
+        });
+        assert!(tokio::time::timeout(Duration::from_millis(20), call)
+            .await
+            .is_err());
+        // Still running: the drain gives up at its bound.
+        d.drain(Duration::from_millis(100)).await;
+        assert_eq!(d.inflight.busy(), ["vol"]);
+        tx.send(()).unwrap();
+        d.drain(Duration::from_secs(30)).await;
+        assert!(d.inflight.busy().is_empty());
+    }
+
+    /// A blocking step that outlived its bound keeps the volume busy until
+    /// it returns: no retry runs beside a stuck unmount.
+    #[tokio::test]
+    async fn a_stalled_step_keeps_the_volume_busy() {
+        let d = Arc::new(Driver::new(Config::default(), "n1".into()));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let res = d
+            .detached("vol", "Test", |_, _| async move {
+                crate::blocking::run("stuck", Duration::from_millis(50), move || {
+                    let _ = rx.recv();
+                    Ok(())
+                })
+                .await
+            })
+            .await;
+        assert!(matches!(res, Err(Error::Stalled { .. })), "{res:?}");
+        let retry = d.detached("vol", "Retry", |_, _| async { Ok(()) }).await;
+        assert!(matches!(retry, Err(Error::Aborted(_))), "{retry:?}");
+        tx.send(()).unwrap();
+        let mut tries = 0;
+        while d
+            .detached("vol", "Retry", |_, _| async { Ok(()) })
+            .await
+            .is_err()
+        {
+            tries += 1;
+            assert!(tries < 1000, "the guard was never released");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     #[tokio::test]

@@ -80,6 +80,33 @@ impl Driver {
             .await
     }
 
+    /// FAILED_PRECONDITION while this node's record says the volume is
+    /// staged or published: a CO must unpublish and unstage it before
+    /// `what` (DeleteVolume, ControllerReclaimSpace). A published raw block
+    /// volume need not be open, so the LV's open count cannot tell; a
+    /// removed LV would leave a device node whose numbers the next LV
+    /// takes, and a discard could meet a pod's write.
+    pub(super) async fn refuse_if_in_use(&self, id: &str, what: &str) -> Result<()> {
+        let Some(r) = self.load_record(id).await? else {
+            return Ok(());
+        };
+        let targets: Vec<String> = r
+            .publishes
+            .iter()
+            .map(|p| p.target.display().to_string())
+            .collect();
+        Err(Error::FailedPrecondition(format!(
+            "{what}: volume {id} is staged on this node at {}{}; NodeUnpublishVolume and \
+             NodeUnstageVolume it first",
+            r.staging.display(),
+            if targets.is_empty() {
+                String::new()
+            } else {
+                format!(" and published at {}", targets.join(", "))
+            }
+        )))
+    }
+
     /// Drops the node record and formatting marker of a deleted volume.
     pub(super) async fn forget_node_state(&self, id: &str) -> Result<()> {
         let (records, marker, id) = (
@@ -124,7 +151,14 @@ impl Driver {
                         r.staging.display()
                     )));
                 }
-                if r.kind != kind || !r.same_flags(&cap.mount_flags) {
+                if r.adopted && r.kind == kind {
+                    // An earlier version staged it; the CO now says with
+                    // which flags.
+                    let mut r = r;
+                    r.mount_flags = cap.mount_flags.clone();
+                    r.adopted = false;
+                    self.save_record(&r).await?;
+                } else if r.kind != kind || !r.same_flags(&cap.mount_flags) {
                     return Err(Error::AlreadyExists(format!(
                         "volume {id} is already staged at {} as {:?} with mount flags {:?}, not as {kind:?} with {:?}",
                         staging.display(),
@@ -145,12 +179,13 @@ impl Driver {
                     mount_flags: cap.mount_flags.clone(),
                     publishes: Vec::new(),
                     unstaging: false,
+                    adopted: false,
                 })
                 .await?;
                 true
             }
         };
-        let pool = self.pool_state(&report);
+        let pool = self.stage_facts(&report, &vol);
         let res = async {
             let (dev, activated) = self.activate(vol.lv).await?;
             let res = match (&cap.access, &cap.mount) {
@@ -172,7 +207,9 @@ impl Driver {
             res
         }
         .await;
-        if res.is_err() && created {
+        // A step that stalled may still finish: the record stays, so a
+        // retry or the start-up heal knows what it was for.
+        if created && res.as_ref().is_err_and(|e| !e.is_stalled()) {
             self.remove_record(id).await?;
         }
         res
@@ -184,10 +221,14 @@ impl Driver {
             let report = d.lvm.fresh_report().await?;
             let vol = d.must_own(&report, &id)?;
             let staging_real = d.resolve(&staging).await?;
-            let record = d
-                .load_record(&id)
-                .await?
-                .filter(|r| Some(&r.staging) == staging_real.as_ref());
+            // The record of this staging: at the real path, or, when the
+            // path's parent is gone (and so any mount there), at the path
+            // as asked.
+            let asked = crate::mountinfo::normalize(&staging);
+            let record = d.load_record(&id).await?.filter(|r| match &staging_real {
+                Some(real) => r.staging == *real,
+                None => r.staging == asked,
+            });
             if let Some(mut r) = record.clone() {
                 // A recorded publish whose target holds nothing any more
                 // (removed behind the driver's back) no longer counts.
@@ -241,8 +282,19 @@ impl Driver {
         staging: Option<&Path>,
     ) -> Result<()> {
         let dev = self.current_device(lv);
+        let present = match staging {
+            Some(p) => {
+                let p = p.to_path_buf();
+                self.tools
+                    .blocking("look at the staging path", move || {
+                        Ok(p.symlink_metadata().is_ok())
+                    })
+                    .await?
+            }
+            None => false,
+        };
         match staging {
-            Some(p) if p.exists() => node::unstage(&self.tools, dev.as_ref(), id, p).await?,
+            Some(p) if present => node::unstage(&self.tools, dev.as_ref(), id, p).await?,
             _ => tracing::info!(id, staging = ?staging, "NodeUnstageVolume: staging path is gone"),
         }
         if let Some(dev) = &dev {
@@ -298,9 +350,12 @@ impl Driver {
                 mode: cap.mode.as_str_name().to_string(),
                 removing: false,
             };
+            let known = record.publish(&target).is_some();
             let added = match record.publish(&target) {
                 Some(p)
-                    if !p.removing && (p.readonly != wanted.readonly || p.mode != wanted.mode) =>
+                    if !p.removing
+                        && (p.readonly != wanted.readonly
+                            || (!p.mode.is_empty() && p.mode != wanted.mode)) =>
                 {
                     return Err(Error::AlreadyExists(format!(
                         "volume {id} is already published at {} with readonly={} and {}",
@@ -309,7 +364,18 @@ impl Driver {
                         p.mode
                     )));
                 }
-                Some(p) if !p.removing => false,
+                Some(p) if !p.removing => {
+                    if p.mode.is_empty() {
+                        // Adopted from an earlier version: now known.
+                        record
+                            .publishes
+                            .iter_mut()
+                            .filter(|p| p.target == target)
+                            .for_each(|p| p.mode = wanted.mode.clone());
+                        d.save_record(&record).await?;
+                    }
+                    false
+                }
                 _ => {
                     record.publishes.retain(|p| p.target != target);
                     record.publishes.push(wanted.clone());
@@ -324,10 +390,20 @@ impl Driver {
                 .cloned()
                 .collect();
             let res = d
-                .place_publish(&dev, &record, &wanted, !added, &others)
+                .place_publish(&dev, &record, &wanted, known, &others)
                 .await;
-            if res.is_err() && added {
-                record.publishes.retain(|p| p.target != target);
+            if added && res.as_ref().is_err_and(|e| !e.is_stalled()) {
+                // Back to what was recorded: nothing, or an unpublish still
+                // to finish.
+                if known {
+                    record
+                        .publishes
+                        .iter_mut()
+                        .filter(|p| p.target == target)
+                        .for_each(|p| p.removing = true);
+                } else {
+                    record.publishes.retain(|p| p.target != target);
+                }
                 d.save_record(&record).await?;
             }
             res
@@ -398,6 +474,9 @@ impl Driver {
                 }
             }
             node::unpublish(&d.tools, lv, &id, &target, recorded).await?;
+            if record.as_ref().is_some_and(|r| r.kind == Kind::Block) {
+                block::drop_own_overlay(&d.tools, &id, &target).await?;
+            }
             if let Some(r) = record.as_mut().filter(|_| recorded) {
                 r.publishes.retain(|p| p.target != target);
                 d.save_record(r).await?;

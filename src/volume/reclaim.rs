@@ -90,6 +90,7 @@ impl Driver {
         self.detached(&id.clone(), "ControllerReclaimSpace", move |d, cancel| async move {
             let report = d.lvm.fresh_report().await?;
             let vol = d.must_own(&report, &id)?;
+            d.refuse_if_in_use(&id, "ControllerReclaimSpace").await?;
             if vol.lv.is_open() {
                 return Err(Error::FailedPrecondition(format!(
                     "volume {id} is in use on this node (its device is open); \
@@ -136,15 +137,11 @@ impl Driver {
         match access {
             Some(Access::Mount { fs_type }) => {
                 let dir = self.private_mount_dir(id);
-                let trimmed = crate::blocking::run("ControllerReclaimSpace trim", bound, move || {
-                    reclaim::trim_unmounted(&dev, &fs_type, &dir, &stop).map_err(|e| match e {
-                        Error::Sys(s) if s.op() == "mount" => Error::FailedPrecondition(format!(
-                            "cannot mount the volume's {fs_type} filesystem to trim it (was it ever staged?): {s}"
-                        )),
-                        other => other,
+                let trimmed =
+                    crate::blocking::run("ControllerReclaimSpace trim", bound, move || {
+                        reclaim::trim_unmounted(&dev, &fs_type, &dir, &stop)
                     })
-                })
-                .await?;
+                    .await?;
                 tracing::info!(%id, trimmed, "ControllerReclaimSpace: trimmed unmounted filesystem");
             }
             Some(Access::Block) => {

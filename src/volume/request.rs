@@ -10,32 +10,48 @@ use crate::naming::Access;
 use crate::node::fs::MountOptions;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 
-/// A volume id of the shape this driver issues (`naming::is_volume_id`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct VolumeId(String);
+/// An id of a shape this driver issues, checked by `grpc::validate`.
+macro_rules! checked_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
 
-impl VolumeId {
-    /// Only `grpc::validate` and the volume layer's own listings make ids.
-    pub(crate) fn new_unchecked(id: String) -> VolumeId {
-        VolumeId(id)
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+        impl $name {
+            /// Only `grpc::validate` and the volume layer's own listings
+            /// make ids.
+            pub(crate) fn new_unchecked(id: String) -> $name {
+                $name(id)
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
 }
 
-impl std::ops::Deref for VolumeId {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for VolumeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+checked_id!(
+    /// A volume id of the shape this driver issues (`naming::is_volume_id`).
+    VolumeId
+);
+checked_id!(
+    /// A snapshot id of the shape this driver issues
+    /// (`naming::is_snapshot_id`).
+    SnapshotId
+);
 
 /// A staging or target path that passed `node::paths::check`: absolute,
 /// normalized, no `..`, under one of the allowed roots. Where it really

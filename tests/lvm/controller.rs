@@ -77,7 +77,7 @@ async fn identity_and_full_controller_lifecycle() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(caps.capabilities.len(), 3, "{caps:?}");
+    assert_eq!(caps.capabilities.len(), 5, "{caps:?}");
     assert_eq!(
         id.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
         Some(true)

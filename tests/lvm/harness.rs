@@ -245,6 +245,9 @@ impl TestDriver {
 impl Drop for TestDriver {
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            eprintln!("driver log (last 40 lines):\n{}", self.log_tail(40));
+        }
         // Leave nothing behind for the other tests in this VM.
         let _ = try_lvm(&["vgremove", "--yes", "--force", &self.vg]);
         if let Ok(Some(dev)) = thinpool_csi::pool::loopdev::find_loop_for_file(&self.backing_file())
@@ -546,4 +549,44 @@ pub fn umount_all_under(root: &Path) -> usize {
 pub fn drop_caches() {
     nix::unistd::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop the page cache");
+}
+
+/// Who holds the block device `dev` open, for failure messages: the
+/// processes with a file descriptor on it, and the devices stacked on it.
+pub fn openers(dev: (u32, u32)) -> String {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut found = Vec::new();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        for fd in std::fs::read_dir(p.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(m) = std::fs::metadata(fd.path()) else {
+                continue;
+            };
+            let rdev = m.rdev();
+            if m.file_type().is_block_device()
+                && (
+                    nix::sys::stat::major(rdev) as u32,
+                    nix::sys::stat::minor(rdev) as u32,
+                ) == dev
+            {
+                let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+                found.push(format!("pid {pid} ({})", comm.trim()));
+            }
+        }
+    }
+    let holders: Vec<String> =
+        std::fs::read_dir(format!("/sys/dev/block/{}:{}/holders", dev.0, dev.1))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+    format!("processes {found:?}, holders {holders:?}")
 }

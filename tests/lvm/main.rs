@@ -5,8 +5,11 @@ mod harness;
 
 mod addons;
 mod controller;
+mod group;
+mod metadata;
 mod node;
 mod resilience;
+mod snapshot;
 
 /// Printed once per run, so CI output shows where the suite ran.
 #[test]

@@ -543,6 +543,29 @@ async fn healer_keeps_read_only_publish() {
     let (abnormal, msg) = heal(&d, &id, &target, &staging, Some(cap.clone())).await;
     assert!(!abnormal, "healed for good: {msg}");
 
+    // Both mounts are weakened behind the driver's back: the publish made
+    // writable, the staging mount without its noexec.
+    let weaken = |p: &Path| {
+        nix::mount::mount(
+            None::<&str>,
+            p,
+            None::<&str>,
+            nix::mount::MsFlags::MS_REMOUNT | nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap()
+    };
+    weaken(&target);
+    weaken(&staging);
+    assert!(!must_mount(&target, "weakened").is_read_only());
+    assert!(!has_option(&must_mount(&staging, "weakened"), "noexec"));
+    let (abnormal, msg) = heal(&d, &id, &target, &staging, Some(cap.clone())).await;
+    eprintln!("MEASURE healer flags weakened: abnormal={abnormal} {msg}");
+    assert!(abnormal, "the weakened mounts are reported: {msg}");
+    check_ro_publish(&staging, &target, &data, "healed flags");
+    let (abnormal, msg) = heal(&d, &id, &target, &staging, Some(cap.clone())).await;
+    assert!(!abnormal, "healed for good: {msg}");
+
     // Both mounts vanish.
     nix::mount::umount2(&target, nix::mount::MntFlags::empty()).unwrap();
     nix::mount::umount2(&staging, nix::mount::MntFlags::empty()).unwrap();
@@ -557,6 +580,105 @@ async fn healer_keeps_read_only_publish() {
     co.unpublish(&id, &target).await;
     co.unstage(&id, &staging).await;
     co.delete(&id).await;
+    assert!(mounts_under(k.root.path()).is_empty());
+}
+
+/// What an earlier version left (staging kept in an LV tag, block publishes
+/// in a file in the staging directory) becomes node records at start-up:
+/// the read-only overlay is kept, the CO's retries succeed, and the first
+/// NodeStageVolume supplies the mount flags. A table-less overlay (a
+/// `dmsetup create` killed between create and load) never blocks a
+/// read-only publish.
+#[tokio::test(flavor = "multi_thread")]
+async fn earlier_versions_and_killed_dmsetup_leave_nothing_stuck() {
+    let k = Kubelet::new("zlegacy");
+    let mut d = TestDriver::start("zlegacy", 128 * MIB, &k.extra()).await;
+    let vg = d.vg.clone();
+    let co = Co::new(&d).await;
+    let (fcap, bcap) = (mount_flags("ext4", &["noexec"]), block_cap());
+    let f = co.create("zlegacy-fs", 16 * MIB, fcap.clone()).await;
+    let b = co.create("zlegacy-blk", 16 * MIB, bcap.clone()).await;
+    let (fs_st, fs_t) = (k.staging("f"), k.target("f"));
+    let (b_st, b_t, b_t2) = (k.staging("b"), k.target("b"), k.target("b2"));
+    co.stage(&f, &fs_st, fcap.clone()).await;
+    co.publish(&f, &fs_st, &fs_t, fcap.clone(), false).await;
+    co.stage(&b, &b_st, bcap.clone()).await;
+    co.publish(&b, &b_st, &b_t, bcap.clone(), true).await;
+    d.stop();
+
+    // Turn the node state into what an earlier version kept.
+    let hex = |p: &Path| thinpool_csi::naming::hex(p.as_os_str().as_encoded_bytes());
+    for (id, st) in [(&f, &fs_st), (&b, &b_st)] {
+        std::fs::remove_file(d.state_dir().join("volumes").join(format!("{id}.json"))).unwrap();
+        let tag = format!("tpcsi.staged={}", hex(st));
+        crate::harness::lvm(&["lvchange", "--addtag", &tag, &format!("{vg}/{id}")]);
+    }
+    std::fs::write(
+        b_st.join("thinpool-csi-block.json"),
+        format!(
+            r#"{{"volume_id":"{b}","publishes":[{{"target":"{}","mode":"SINGLE_NODE_WRITER","readonly":true}}]}}"#,
+            b_t.display()
+        ),
+    )
+    .unwrap();
+    let overlay_before = overlays_of(&b);
+    assert_eq!(overlay_before.len(), 1, "{overlay_before:?}");
+
+    d.spawn().await;
+    let co = Co::new(&d).await;
+    for id in [&f, &b] {
+        let rec = d.state_dir().join("volumes").join(format!("{id}.json"));
+        assert!(
+            rec.exists(),
+            "no record adopted for {id}: {}",
+            d.log_tail(30)
+        );
+        let tags = lvs(&vg).find(id).unwrap().tags.clone();
+        assert!(
+            !tags.iter().any(|t| t.starts_with("tpcsi.staged=")),
+            "the legacy tag stays: {tags:?}"
+        );
+    }
+    assert!(!b_st.join("thinpool-csi-block.json").exists());
+    assert_eq!(
+        overlays_of(&b),
+        overlay_before,
+        "the read-only overlay was kept"
+    );
+    // The CO's retries after the upgrade.
+    co.stage(&f, &fs_st, fcap.clone()).await;
+    co.publish(&f, &fs_st, &fs_t, fcap.clone(), false).await;
+    co.stage(&b, &b_st, bcap.clone()).await;
+    co.publish(&b, &b_st, &b_t, bcap.clone(), true).await;
+    let rec =
+        std::fs::read_to_string(d.state_dir().join("volumes").join(format!("{f}.json"))).unwrap();
+    assert!(
+        rec.contains("noexec"),
+        "the stage supplied the flags: {rec}"
+    );
+    // Another stage with other flags is now a conflict, as the spec says.
+    let other = stage_req(&f, &fs_st, mount_flags("ext4", &[]));
+    let err = d.node().await.node_stage_volume(other).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+
+    // A create of the second target's overlay killed before its table.
+    let name = thinpool_csi::node::dm::overlay_name(&b, &b_t2);
+    dmsetup(&["create", &name, "--notable"]).unwrap();
+    co.publish(&b, &b_st, &b_t2, bcap.clone(), true).await;
+    let n = rdev_of(&b_t2).expect("a device node");
+    let table = dm_table_of(n).expect("an overlay");
+    assert!(table.contains("linear"), "{table}");
+    let ro = std::fs::read_to_string(format!("/sys/dev/block/{}:{}/ro", n.0, n.1)).unwrap();
+    assert_eq!(ro.trim(), "1", "the overlay is read-only");
+
+    co.unpublish(&b, &b_t2).await;
+    co.unpublish(&b, &b_t).await;
+    co.unstage(&b, &b_st).await;
+    co.unpublish(&f, &fs_t).await;
+    co.unstage(&f, &fs_st).await;
+    co.delete(&f).await;
+    co.delete(&b).await;
+    assert!(overlays_of(&b).is_empty(), "{:?}", overlays_of(&b));
     assert!(mounts_under(k.root.path()).is_empty());
 }
 
@@ -585,7 +707,7 @@ impl Fillers {
 impl Drop for Fillers {
     fn drop(&mut self) {
         for name in &self.0 {
-            let _ = dmsetup(&["remove", name]);
+            let _ = dmsetup(&["remove", "--retry", name]);
         }
     }
 }
@@ -674,15 +796,18 @@ async fn reboot_restores_exactly_what_was_published() {
     // the VG is inactive, the loop device is gone, and other devices take
     // the low minors.
     d.kill9();
+    // --retry: LVM commands of tests running beside this one scan every
+    // block device and hold ours open for a moment.
     let unmounted = umount_all_under(k.root.path());
     for v in &vols {
         for o in overlays_of(&v.id) {
-            dmsetup(&["remove", &o]).unwrap_or_else(|e| panic!("dmsetup remove {o}: {e}"));
+            dmsetup(&["remove", "--retry", &o])
+                .unwrap_or_else(|e| panic!("dmsetup remove {o}: {e}"));
         }
     }
     crate::harness::lvm(&["vgchange", "-an", &d.vg]);
     for n in dm_of_vg(&d.vg) {
-        dmsetup(&["remove", &n]).unwrap_or_else(|e| panic!("dmsetup remove {n}: {e}"));
+        dmsetup(&["remove", "--retry", &n]).unwrap_or_else(|e| panic!("dmsetup remove {n}: {e}"));
     }
     assert!(dm_of_vg(&d.vg).is_empty());
     let lo = thinpool_csi::pool::loopdev::find_loop_for_file(&d.backing_file())
@@ -796,6 +921,14 @@ async fn reboot_restores_exactly_what_was_published() {
         }
     }
 
+    for v in vols.iter().filter(|v| v.block) {
+        let node = rdev_of(&v.target).unwrap();
+        eprintln!(
+            "MEASURE reboot {} node {node:?} before unpublish: {}",
+            v.name,
+            crate::harness::openers(node)
+        );
+    }
     for v in &vols {
         co.unpublish(&v.id, &v.target).await;
     }
@@ -953,6 +1086,57 @@ impl StormCo {
         .await;
     }
 
+    async fn snapshot(&self, name: &str, source: &str) -> String {
+        let req = CreateSnapshotRequest {
+            name: name.into(),
+            source_volume_id: source.into(),
+            ..Default::default()
+        };
+        self.call(&format!("CreateSnapshot {name}"), |dl| {
+            let r = req.clone();
+            async move {
+                self.controller()
+                    .await?
+                    .create_snapshot(with_deadline(r, dl))
+                    .await
+            }
+        })
+        .await
+        .snapshot
+        .expect("a snapshot")
+        .snapshot_id
+    }
+
+    async fn delete_snapshot(&self, id: &str) {
+        self.call(&format!("DeleteSnapshot {id}"), |dl| async move {
+            let req = DeleteSnapshotRequest {
+                snapshot_id: id.into(),
+                ..Default::default()
+            };
+            self.controller()
+                .await?
+                .delete_snapshot(with_deadline(req, dl))
+                .await
+        })
+        .await;
+    }
+
+    async fn list_snapshots(&self) -> BTreeSet<String> {
+        let r = self
+            .call("ListSnapshots", |dl| async move {
+                self.controller()
+                    .await?
+                    .list_snapshots(with_deadline(ListSnapshotsRequest::default(), dl))
+                    .await
+            })
+            .await;
+        assert!(r.next_token.is_empty(), "one page holds every snapshot");
+        r.entries
+            .into_iter()
+            .map(|e| e.snapshot.expect("a snapshot").snapshot_id)
+            .collect()
+    }
+
     async fn list(&self) -> BTreeSet<String> {
         let r = self
             .call("ListVolumes", |dl| async move {
@@ -1071,6 +1255,8 @@ impl Vol {
 }
 
 type Model = Arc<Mutex<BTreeMap<usize, Vol>>>;
+/// The snapshots the CO holds: id, and whether it deleted it.
+type Snaps = Arc<Mutex<BTreeMap<String, bool>>>;
 type Problems = Arc<Mutex<Vec<String>>>;
 
 fn update(model: &Model, i: usize, f: impl FnOnce(&mut Vol)) {
@@ -1139,6 +1325,7 @@ async fn storm_volume(
     co: &StormCo,
     k: &Kubelet,
     model: &Model,
+    snaps: &Snaps,
     problems: &Problems,
     i: usize,
     rng: &mut Rng,
@@ -1198,6 +1385,15 @@ async fn storm_volume(
         update(model, i, |v| v.staged = false);
         if rng.chance(1, 3) {
             co.reclaim(&id).await;
+        }
+    }
+    // A snapshot, sometimes deleted again; it outlives its volume.
+    if rng.chance(1, 2) {
+        let snap = co.snapshot(&format!("{name}-snap"), &id).await;
+        snaps.lock().unwrap().insert(snap.clone(), false);
+        if rng.chance(1, 2) {
+            co.delete_snapshot(&snap).await;
+            snaps.lock().unwrap().insert(snap, true);
         }
     }
     match rng.below(4) {
@@ -1265,6 +1461,7 @@ async fn kill9_storm() {
         stats: Arc::new(Stats::default()),
     };
     let model: Model = Arc::default();
+    let snaps: Snaps = Arc::default();
     let problems: Problems = Arc::default();
     let next = Arc::new(AtomicUsize::new(0));
     let killer_done = Arc::new(AtomicBool::new(false));
@@ -1273,6 +1470,7 @@ async fn kill9_storm() {
     let mut workers = Vec::new();
     for w in 0..STORM_WORKERS {
         let (co, k, model, problems) = (co.clone(), k.clone(), model.clone(), problems.clone());
+        let snaps = snaps.clone();
         let (next, killer_done) = (next.clone(), killer_done.clone());
         let mut rng = Rng(mix(seed ^ (w as u64 + 1)));
         workers.push(tokio::spawn(async move {
@@ -1283,7 +1481,7 @@ async fn kill9_storm() {
                     break;
                 }
                 let mut vrng = Rng(mix(rng.next() ^ i as u64));
-                storm_volume(&co, &k, &model, &problems, i, &mut vrng).await;
+                storm_volume(&co, &k, &model, &snaps, &problems, i, &mut vrng).await;
             }
         }));
     }
@@ -1338,6 +1536,29 @@ async fn kill9_storm() {
         .chain(listed.iter())
         .filter(|id| !held.contains(*id))
         .collect();
+    // The same for snapshots.
+    let snaps_held: BTreeSet<String> = snaps
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, deleted)| !**deleted)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let snaps_listed = co.list_snapshots().await;
+    let snap_lvs: BTreeSet<String> = lvs(&d.vg)
+        .thin_volumes("pool")
+        .map(|lv| lv.name.clone())
+        .filter(|n| n.starts_with("snap-"))
+        .collect();
+    let lost_snaps: Vec<&String> = snaps_held
+        .iter()
+        .filter(|id| !snaps_listed.contains(*id) || !snap_lvs.contains(*id))
+        .collect();
+    let leaked_snaps: BTreeSet<&String> = snap_lvs
+        .iter()
+        .chain(snaps_listed.iter())
+        .filter(|id| !snaps_held.contains(*id))
+        .collect();
 
     // Nothing is mounted or published that the CO took down.
     let mut mount_mismatch = Vec::new();
@@ -1380,6 +1601,9 @@ async fn kill9_storm() {
     }
 
     // The CO deletes everything.
+    for id in &snaps_held {
+        co.delete_snapshot(id).await;
+    }
     for v in vols.iter().filter(|v| v.held().is_some()) {
         let id = v.id.as_deref().unwrap();
         co.unpublish(id, &v.target).await;
@@ -1422,7 +1646,8 @@ async fn kill9_storm() {
     restarts.sort();
     eprintln!(
         "MEASURE storm kills={kills} calls={} retried={} lost={} leaked={} seed={seed} volumes={} \
-         held_at_end={} reclaims={} mount_mismatch={} bad_data={} data_checked={checked} leftovers={} \
+         held_at_end={} snapshots={} snapshots_lost={} snapshots_leaked={} reclaims={} mount_mismatch={} \
+         bad_data={} data_checked={checked} leftovers={} \
          storm_time={:.1}s restart_median={:.2}s restart_max={:.2}s",
         stats.calls.load(Ordering::Relaxed),
         stats.retried.load(Ordering::Relaxed),
@@ -1430,6 +1655,9 @@ async fn kill9_storm() {
         leaked.len(),
         vols.len(),
         held.len(),
+        snaps.lock().unwrap().len(),
+        lost_snaps.len(),
+        leaked_snaps.len(),
         stats.reclaims.load(Ordering::Relaxed),
         mount_mismatch.len(),
         bad_data.len(),
@@ -1444,6 +1672,12 @@ async fn kill9_storm() {
         .cloned()
         .chain(lost.iter().map(|id| format!("lost {id}")))
         .chain(leaked.iter().map(|id| format!("leaked {id}")))
+        .chain(lost_snaps.iter().map(|id| format!("lost snapshot {id}")))
+        .chain(
+            leaked_snaps
+                .iter()
+                .map(|id| format!("leaked snapshot {id}")),
+        )
         .chain(mount_mismatch)
         .chain(bad_data)
         .chain(leftovers)

@@ -1,0 +1,137 @@
+//! CSI GroupController service (alpha): group snapshots of several
+//! volumes, crash-consistent across them (see `crate::volume::group`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::{reply, validate};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::naming;
+use crate::proto::csi::v1::group_controller_server::GroupController;
+use crate::proto::csi::v1::group_controller_service_capability::rpc::Type as RpcType;
+use crate::proto::csi::v1::group_controller_service_capability::{Rpc, Type as CapType};
+use crate::proto::csi::v1::*;
+use crate::volume::group::GroupInfo;
+
+pub struct GroupService {
+    pub driver: Arc<Driver>,
+}
+
+fn group(g: &GroupInfo) -> VolumeGroupSnapshot {
+    VolumeGroupSnapshot {
+        group_snapshot_id: g.id.clone(),
+        snapshots: g
+            .snapshots
+            .iter()
+            .map(super::controller::snapshot)
+            .collect(),
+        creation_time: g
+            .created
+            .map(|seconds| prost_types::Timestamp { seconds, nanos: 0 }),
+        ready_to_use: true,
+    }
+}
+
+/// A group id in a request: `Ok(None)` when well formed for CSI but not
+/// an id this driver issues.
+fn group_id(id: &str) -> Result<Option<String>> {
+    validate::required_string("group_snapshot_id", id)?;
+    Ok(naming::is_group_id(id).then(|| id.to_string()))
+}
+
+impl GroupService {
+    async fn create(
+        &self,
+        req: CreateVolumeGroupSnapshotRequest,
+    ) -> Result<CreateVolumeGroupSnapshotResponse> {
+        let name = validate::required_string("name", &req.name)?;
+        if req.source_volume_ids.is_empty() {
+            return Err(Error::InvalidArgument(
+                "source_volume_ids is required".into(),
+            ));
+        }
+        let unique: BTreeSet<&String> = req.source_volume_ids.iter().collect();
+        if unique.len() != req.source_volume_ids.len() {
+            return Err(Error::InvalidArgument(
+                "source_volume_ids names a volume twice".into(),
+            ));
+        }
+        validate::snapshot_parameters(&req.parameters)?;
+        let sources = req
+            .source_volume_ids
+            .iter()
+            .map(|id| validate::existing_volume_id(id))
+            .collect::<Result<Vec<_>>>()?;
+        let g = self.driver.create_group(name.to_string(), sources).await?;
+        Ok(CreateVolumeGroupSnapshotResponse {
+            group_snapshot: Some(group(&g)),
+        })
+    }
+
+    async fn delete(
+        &self,
+        req: DeleteVolumeGroupSnapshotRequest,
+    ) -> Result<DeleteVolumeGroupSnapshotResponse> {
+        let Some(id) = group_id(&req.group_snapshot_id)? else {
+            return Ok(DeleteVolumeGroupSnapshotResponse {});
+        };
+        self.driver.delete_group(id, req.snapshot_ids).await?;
+        Ok(DeleteVolumeGroupSnapshotResponse {})
+    }
+
+    async fn get(
+        &self,
+        req: GetVolumeGroupSnapshotRequest,
+    ) -> Result<GetVolumeGroupSnapshotResponse> {
+        let id = group_id(&req.group_snapshot_id)?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "group snapshot {:?} does not exist",
+                req.group_snapshot_id
+            ))
+        })?;
+        let g = self.driver.get_group(&id, &req.snapshot_ids).await?;
+        Ok(GetVolumeGroupSnapshotResponse {
+            group_snapshot: Some(group(&g)),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl GroupController for GroupService {
+    async fn group_controller_get_capabilities(
+        &self,
+        _r: Request<GroupControllerGetCapabilitiesRequest>,
+    ) -> std::result::Result<Response<GroupControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(GroupControllerGetCapabilitiesResponse {
+            capabilities: vec![GroupControllerServiceCapability {
+                r#type: Some(CapType::Rpc(Rpc {
+                    r#type: RpcType::CreateDeleteGetVolumeGroupSnapshot as i32,
+                })),
+            }],
+        }))
+    }
+
+    async fn create_volume_group_snapshot(
+        &self,
+        r: Request<CreateVolumeGroupSnapshotRequest>,
+    ) -> std::result::Result<Response<CreateVolumeGroupSnapshotResponse>, Status> {
+        reply(self.create(r.into_inner()).await)
+    }
+
+    async fn delete_volume_group_snapshot(
+        &self,
+        r: Request<DeleteVolumeGroupSnapshotRequest>,
+    ) -> std::result::Result<Response<DeleteVolumeGroupSnapshotResponse>, Status> {
+        reply(self.delete(r.into_inner()).await)
+    }
+
+    async fn get_volume_group_snapshot(
+        &self,
+        r: Request<GetVolumeGroupSnapshotRequest>,
+    ) -> std::result::Result<Response<GetVolumeGroupSnapshotResponse>, Status> {
+        reply(self.get(r.into_inner()).await)
+    }
+}

@@ -1,0 +1,141 @@
+//! SnapshotMetadata: the byte ranges a snapshot has allocated, or that
+//! changed between two snapshots of one volume, computed from the thin
+//! pool's metadata (`lvm::thin`), never by reading volume data. Ranges go
+//! out as they are parsed, in ascending order, clipped to the request's
+//! starting offset and to the volume's capacity.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::SnapshotId;
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::lvm::thin::Query;
+
+/// What a SnapshotMetadata call asks about.
+#[derive(Debug, Clone)]
+pub enum Ask {
+    Allocated(SnapshotId),
+    Delta {
+        base: SnapshotId,
+        target: SnapshotId,
+    },
+}
+
+/// The answer, streamed: the volume's capacity, and `(offset, length)`
+/// ranges as they are read; an error ends the stream.
+pub struct Ranges {
+    pub capacity: u64,
+    pub ranges: mpsc::Receiver<Result<(u64, u64)>>,
+}
+
+/// How many ranges wait between the reader and a slow client.
+const QUEUED: usize = 256;
+
+/// `(offset, length)` cut to `[start, capacity)`; `None` when nothing is
+/// left of it.
+pub fn clip(offset: u64, length: u64, start: u64, capacity: u64) -> Option<(u64, u64)> {
+    let begin = offset.max(start);
+    let end = offset.saturating_add(length).min(capacity);
+    (end > begin).then(|| (begin, end - begin))
+}
+
+impl Driver {
+    /// GetMetadataAllocated / GetMetadataDelta; see the module
+    /// documentation. The reading runs as a task that stops when the
+    /// receiver is dropped (the client went away) and releases the pool's
+    /// metadata snapshot on every path.
+    pub async fn snapshot_metadata(self: &Arc<Self>, ask: Ask, start: u64) -> Result<Ranges> {
+        // Snapshots never change once made, and our own creates and
+        // deletes drop the cached report: it is current enough.
+        let report = self.lvm.report().await?;
+        let thin_id = |lv: &crate::lvm::report::Lv| {
+            lv.thin_id.ok_or_else(|| {
+                Error::Internal(format!("LVM reports no thin device id for {}", lv.name))
+            })
+        };
+        let (query, capacity) = match &ask {
+            Ask::Allocated(id) => {
+                let s = self.must_own_snapshot(&report, id)?;
+                (
+                    Query::Mapped {
+                        dev: thin_id(s.lv)?,
+                    },
+                    s.lv.size,
+                )
+            }
+            Ask::Delta { base, target } => {
+                let (b, t) = (
+                    self.must_own_snapshot(&report, base)?,
+                    self.must_own_snapshot(&report, target)?,
+                );
+                if b.tags.source != t.tags.source {
+                    return Err(Error::InvalidArgument(format!(
+                        "snapshots {base} and {target} are of different volumes ({} and {})",
+                        b.tags.source, t.tags.source
+                    )));
+                }
+                let q = Query::Delta {
+                    base: thin_id(b.lv)?,
+                    target: thin_id(t.lv)?,
+                };
+                (q, t.lv.size)
+            }
+        };
+        if start > capacity {
+            return Err(Error::OutOfRange(format!(
+                "starting_offset {start} is beyond the volume's {capacity} bytes"
+            )));
+        }
+        if !self.pool(&report)?.is_active() {
+            return Err(Error::FailedPrecondition(format!(
+                "thin pool {} is not active: its metadata cannot be read",
+                self.lvm.lv_path(&self.lvm.pool)
+            )));
+        }
+        let (tx, rx) = mpsc::channel(QUEUED);
+        let d = self.clone();
+        tokio::spawn(async move {
+            let out = tx.clone();
+            let res = d
+                .lvm
+                .read_metadata(query, move |offset, length| {
+                    let out = out.clone();
+                    async move {
+                        match clip(offset, length, start, capacity) {
+                            Some(r) => out.send(Ok(r)).await.is_ok(),
+                            None => true,
+                        }
+                    }
+                })
+                .await;
+            match res {
+                Ok(()) => tracing::info!(?ask, start, "SnapshotMetadata: done"),
+                Err(e) => {
+                    tracing::warn!(?ask, start, error = %e, "SnapshotMetadata: failed");
+                    let _ = tx.send(Err(e)).await;
+                }
+            }
+        });
+        Ok(Ranges {
+            capacity,
+            ranges: rx,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_clipped_to_the_start_and_the_capacity() {
+        assert_eq!(clip(0, 100, 0, 1000), Some((0, 100)));
+        assert_eq!(clip(0, 100, 100, 1000), None, "ends at the start");
+        assert_eq!(clip(0, 100, 40, 1000), Some((40, 60)));
+        assert_eq!(clip(900, 200, 0, 1000), Some((900, 100)));
+        assert_eq!(clip(1000, 64, 0, 1000), None);
+        assert_eq!(clip(u64::MAX - 1, 64, 0, u64::MAX), Some((u64::MAX - 1, 1)));
+    }
+}
