@@ -11,8 +11,9 @@
 # - CMD's stdout/stderr stream to ours; its exit status becomes ours.
 # - The first stderr line comes from the guest and names its kernel and LVM
 #   versions, as proof that the run really happened in the VM.
-# - Only PATH, HOME, RUST_LOG, RUST_BACKTRACE, RUST_TEST_THREADS, THINPOOL_*
-#   and CARGO_* (minus secrets and host-only ones) reach CMD; it also gets
+# - Only PATH, HOME, RUST_LOG, RUST_BACKTRACE, RUST_TEST_THREADS, THINPOOL_*,
+#   TPCSI_* (test knobs) and CARGO_* (minus secrets and host-only ones)
+#   reach CMD; it also gets
 #   THINPOOL_IN_VM=1. Inside the guest this script just execs CMD.
 #
 # Exit status: CMD's; 124 if the VM ran longer than VM_TIMEOUT; 125 if the VM
@@ -29,6 +30,9 @@
 #                          files in guest RAM; "tmpfs" = an empty tmpfs
 #   VM_APPEND=             extra guest kernel arguments (e.g. ignore_loglevel
 #                          to see every kernel message in the console log)
+#   VM_OUT=                a host folder: what CMD writes under the folder
+#                          named by $THINPOOL_VM_OUT (in the guest) is copied
+#                          there after the run (reports, logs)
 #
 # The guest (kernel, initramfs, private QEMU) is built on first use by
 # scripts/vm-setup.sh and cached under <repo>/.vm/.
@@ -97,6 +101,7 @@ passed_env_names() {
 		RUST_LOG | RUST_BACKTRACE | RUST_TEST_THREADS) ;;
 		THINPOOL_IN_VM) continue ;; # set by us in the guest
 		THINPOOL_*) ;;
+		TPCSI_*) ;; # test knobs, e.g. TPCSI_STORM_KILLS
 		CARGO_MAKEFLAGS | CARGO_TARGET_*_RUNNER | CARGO_BUILD_RUNNER) continue ;;
 		CARGO_*) ;;
 		*) continue ;;
@@ -124,6 +129,7 @@ write_job() {
 			printf 'export %s=%q\n' "$name" "${!name}"
 		done
 		echo 'export THINPOOL_IN_VM=1'
+		echo 'export THINPOOL_VM_OUT=/run/vm/out'
 		printf 'cd -- %q || exit %d\n' "$PWD" "$EXIT_VM_FAILED"
 		printf 'exec --'
 		printf ' %q' "$@"
@@ -187,6 +193,7 @@ main() {
 	write_job "$run/job.sh" "$@"
 	: >"$run/stdout"
 	: >"$run/stderr"
+	mkdir "$run/out"
 
 	accel=$(pick_accel)
 	kver=$(cat "$KERNEL_DIR/kver")
@@ -266,6 +273,10 @@ main() {
 		exit "$EXIT_VM_FAILED"
 		;;
 	esac
+	if [ -n "${VM_OUT:-}" ]; then
+		mkdir -p "$VM_OUT" && cp -a "$run/out/." "$VM_OUT/" ||
+			msg "ERROR: could not copy the guest's output to $VM_OUT"
+	fi
 	if [ "$VM_KEEP" = 1 ]; then
 		msg "run folder kept: $run ($((SECONDS - start)) s)"
 	else

@@ -1,7 +1,7 @@
 //! Filesystem volumes: mount options, mkfs, the staging mount, the publish
 //! bind mount, online growth, usage and health.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
@@ -480,6 +480,69 @@ pub fn freeze(mountpoint: &Path) -> Result<()> {
     Ok(sys::freeze::freeze(mountpoint)?)
 }
 
+/// Freezes every mount point, after writing them durably to `record`, so
+/// a driver killed while they are frozen thaws them when it starts again
+/// ([`thaw_left_frozen`]). On failure, thaws what it froze.
+pub fn freeze_recorded(record: &Path, points: &[PathBuf]) -> Result<()> {
+    let json = serde_json::to_vec(points)
+        .map_err(|e| Error::Internal(format!("encode the frozen mount points: {e}")))?;
+    crate::node::durable::write_atomic(record, &json)?;
+    for (i, p) in points.iter().enumerate() {
+        if let Err(e) = freeze(p) {
+            thaw_recorded(record, &points[..i]);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Thaws every mount point (one not frozen is fine), then drops `record`.
+/// Failures are logged: thawing goes on with the next one.
+pub fn thaw_recorded(record: &Path, points: &[PathBuf]) {
+    for p in points {
+        if let Err(e) = thaw(p) {
+            tracing::error!(mountpoint = %p.display(), error = %e, "could not thaw a filesystem");
+        }
+    }
+    if let Err(e) = crate::node::durable::remove(record) {
+        tracing::error!(record = %record.display(), error = %e, "could not remove a freeze record");
+    }
+}
+
+/// Start-up: thaws what the freeze records in `dir` name (a driver killed
+/// while filesystems were frozen for it) and removes the records. Returns
+/// the mount points it went through.
+pub fn thaw_left_frozen(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+    };
+    let mut all = Vec::new();
+    for record in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
+        let points: Vec<PathBuf> = match std::fs::read(&record)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(record = %record.display(), error = %e, "unreadable freeze record; left for an admin");
+                continue;
+            }
+        };
+        tracing::warn!(record = %record.display(), ?points, "start-up: thawing filesystems a killed driver froze");
+        thaw_recorded(&record, &points);
+        all.extend(points);
+    }
+    Ok(all)
+}
+
+/// Whether LVM's own freeze of a snapshot origin nests inside a FIFREEZE
+/// we hold (Linux 6.6 and later).
+pub fn freezes_nest() -> bool {
+    sys::freeze::kernel_freeze_nests()
+}
+
 /// Thaws the filesystem at `mountpoint` (FITHAW); whether it was frozen.
 pub fn thaw(mountpoint: &Path) -> Result<bool> {
     Ok(sys::freeze::thaw(mountpoint)?)
@@ -513,9 +576,9 @@ pub struct Usage {
     pub inodes_used: u64,
 }
 
-/// statvfs of the filesystem at `path` (not privileged, so not in `sys`).
+/// Usage of the filesystem at `path`, from statvfs.
 pub fn usage(path: &Path) -> std::result::Result<Usage, Errno> {
-    let st = nix::sys::statvfs::statvfs(path)?;
+    let st = sys::mount::statvfs(path)?;
     let frsize = st.fragment_size() as u64;
     let blocks = st.blocks() as u64;
     let free = st.blocks_free() as u64;

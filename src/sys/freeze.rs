@@ -46,3 +46,50 @@ pub fn thaw(mountpoint: &Path) -> Result<bool> {
         Err(e) => Err(SysError::new("FITHAW", mountpoint, e)),
     }
 }
+
+/// Whether the kernel keeps a userspace freeze (FIFREEZE) and a kernel
+/// freeze (device-mapper's lockfs, as LVM's suspend of a snapshot origin
+/// takes) apart, so the second nests inside the first. Linux 6.6 brought
+/// freeze holders; before it, the nested freeze fails with EBUSY.
+pub fn kernel_freeze_nests() -> bool {
+    let uts = nix::sys::utsname::uname();
+    match uts {
+        Ok(u) => release_has_freeze_holders(&u.release().to_string_lossy()),
+        Err(e) => {
+            tracing::warn!(error = %e, "uname failed; assuming freezes do not nest");
+            false
+        }
+    }
+}
+
+/// `release` is a kernel release string such as `6.1.0-48-amd64`.
+pub(crate) fn release_has_freeze_holders(release: &str) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (6, 6),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freeze_holders_arrived_in_6_6() {
+        for (release, nests) in [
+            ("6.1.0-48-amd64", false),
+            ("5.15.0-91-generic", false),
+            ("6.5.13", false),
+            ("6.6.0", true),
+            ("6.12.57+deb13-amd64", true),
+            ("7.0.1", true),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(release_has_freeze_holders(release), nests, "{release}");
+        }
+    }
+}

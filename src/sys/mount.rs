@@ -31,6 +31,12 @@ pub fn mount_fs(
     Ok(())
 }
 
+/// statvfs(2) of the filesystem holding `path`; the errno stays whole (a
+/// shut-down xfs answers EIO).
+pub fn statvfs(path: &Path) -> std::result::Result<statvfs::Statvfs, nix::errno::Errno> {
+    statvfs::statvfs(path)
+}
+
 /// Bind-mounts `source` (a directory or file) on `target`, non-recursively.
 ///
 /// The kernel ignores `MS_RDONLY` on the initial bind, so a read-only bind
@@ -53,7 +59,7 @@ pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<()> {
     })?;
     if readonly {
         let remount = || -> Result<()> {
-            let kept = statvfs::statvfs(target)
+            let kept = self::statvfs(target)
                 .map_err(|e| SysError::new("statvfs", target, e))?
                 .flags();
             let mut flags = MsFlags::MS_RDONLY;

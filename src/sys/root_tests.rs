@@ -256,6 +256,24 @@ fn loop_ext4_lifecycle() {
     writer.join().unwrap();
     assert!(!freeze::thaw(&mnt).unwrap(), "not frozen any more");
 
+    // A freeze recorded by a driver that was then killed is thawed at the
+    // next start, and its record goes.
+    let records = dir.join("frozen");
+    crate::node::fs::freeze_recorded(&records.join("group-1"), std::slice::from_ref(&mnt)).unwrap();
+    assert!(
+        freeze::freeze(&mnt).is_err(),
+        "frozen by the record's freeze"
+    );
+    assert_eq!(
+        crate::node::fs::thaw_left_frozen(&records).unwrap(),
+        std::slice::from_ref(&mnt)
+    );
+    assert!(!freeze::thaw(&mnt).unwrap(), "thawed at start-up");
+    assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0);
+    assert!(crate::node::fs::thaw_left_frozen(&records)
+        .unwrap()
+        .is_empty());
+
     // Read-only bind of a subdirectory.
     let sub = mnt.join("sub");
     std::fs::create_dir(&sub).unwrap();

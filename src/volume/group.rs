@@ -4,19 +4,29 @@
 //! (`tpcsi.group=<id>:<n>`), so Get and Delete work after a restart and a
 //! group is known complete only when all `n` members exist.
 //!
-//! **Freezing.** Every member mounted on this node is frozen (FIFREEZE)
-//! before the first snapshot and thawed after the last. LVM freezes a
-//! mounted origin itself while it snapshots it, and on kernels before 6.6
-//! that freeze cannot nest inside ours (the suspend fails with EBUSY), so
-//! each member is thawed just for its own `lvcreate` and frozen again
-//! right after. The others stay frozen meanwhile; the one gap is between
-//! LVM's thaw of a member and our freeze of it again. The whole freeze is
-//! bounded by [`FREEZE_BOUND`]: past it every member is thawed and the
-//! group is refused, never left frozen. Every error path thaws every
-//! member and removes the snapshots already made.
+//! **Write-order consistency** (the spec's MUST, "or fail"). Members are
+//! snapshotted one `lvcreate` at a time, so every member but one must stand
+//! still from the first snapshot to the last; the one left then takes its
+//! snapshot at an instant when all the others held what theirs hold.
+//! - An inactive member cannot change.
+//! - A member mounted on this node is frozen (FIFREEZE) for the whole group,
+//!   but only where LVM's own freeze of the origin (device-mapper's lockfs,
+//!   taken by its suspend) nests inside ours: Linux 6.6 and later. Before
+//!   6.6 that suspend fails with EBUSY on a frozen filesystem, and a thaw
+//!   around each `lvcreate` would let an earlier member change between its
+//!   snapshot and the next one's.
+//! - Suspending the origins ourselves is no way round it: LVM then skips
+//!   its own suspend and, with it, the pool message that makes the
+//!   snapshot (measured: "unexpected transaction id").
+//! - Any other active member cannot be held still.
+//!
+//! More than one member that cannot be held still is FAILED_PRECONDITION,
+//! with the members named. The freeze is bounded by [`FREEZE_BOUND`]: past
+//! it every member is thawed and the group is refused, never left frozen.
+//! Every error path thaws every member and removes the group's snapshots.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,51 +61,55 @@ impl GroupInfo {
 }
 
 /// The frozen filesystems of a group, thawed on every path: by
-/// [`Frozen::thaw_all`], or by the watchdog at [`FREEZE_BOUND`].
+/// [`Frozen::thaw_all`], by the watchdog at [`FREEZE_BOUND`], or, when the
+/// driver was killed meanwhile, at its next start (the freeze record).
 struct Frozen {
     tools: Tools,
+    record: PathBuf,
     points: Vec<PathBuf>,
     expired: Arc<AtomicBool>,
     watchdog: tokio::task::JoinHandle<()>,
 }
 
 impl Frozen {
-    /// Freezes each mount point; thaws the ones it froze if one fails.
-    async fn freeze_all(tools: &Tools, points: Vec<PathBuf>) -> Result<Frozen> {
+    /// Records, then freezes, each mount point; thaws them if one fails.
+    async fn freeze_all(tools: &Tools, record: PathBuf, points: Vec<PathBuf>) -> Result<Frozen> {
         let expired = Arc::new(AtomicBool::new(false));
         let watchdog = {
-            let (tools, points, expired) = (tools.clone(), points.clone(), expired.clone());
+            let (tools, record, points, expired) = (
+                tools.clone(),
+                record.clone(),
+                points.clone(),
+                expired.clone(),
+            );
             tokio::spawn(async move {
                 tokio::time::sleep(FREEZE_BOUND).await;
                 expired.store(true, Ordering::SeqCst);
                 tracing::error!(bound = ?FREEZE_BOUND, "group snapshot: freeze lasted too long; thawing every member");
-                thaw_each(&tools, &points).await;
+                thaw_each(&tools, record, points).await;
             })
         };
-        let frozen = Frozen {
-            tools: tools.clone(),
-            points: points.clone(),
-            expired,
-            watchdog,
-        };
-        for p in &points {
-            if let Err(e) = frozen.freeze(p).await {
-                frozen.thaw_all().await;
+        if !points.is_empty() {
+            let (r, p) = (record.clone(), points.clone());
+            let frozen = tools
+                .blocking("freeze the group's filesystems", move || {
+                    fs::freeze_recorded(&r, &p)
+                })
+                .await;
+            if let Err(e) = frozen {
+                watchdog.abort();
+                // A freeze step past its bound may still finish: thaw all.
+                thaw_each(tools, record, points).await;
                 return Err(e);
             }
         }
-        Ok(frozen)
-    }
-
-    async fn freeze(&self, p: &Path) -> Result<()> {
-        let p = p.to_path_buf();
-        self.tools
-            .blocking("freeze a filesystem", move || fs::freeze(&p))
-            .await
-    }
-
-    async fn thaw(&self, p: &Path) -> Result<()> {
-        thaw_one(&self.tools, p).await
+        Ok(Frozen {
+            tools: tools.clone(),
+            record,
+            points,
+            expired,
+            watchdog,
+        })
     }
 
     /// Whether the bound passed (every member was thawed then).
@@ -105,23 +119,52 @@ impl Frozen {
 
     async fn thaw_all(self) {
         self.watchdog.abort();
-        thaw_each(&self.tools, &self.points).await;
+        thaw_each(&self.tools, self.record, self.points).await;
     }
 }
 
-async fn thaw_one(tools: &Tools, p: &Path) -> Result<()> {
-    let p = p.to_path_buf();
-    tools
-        .blocking("thaw a filesystem", move || fs::thaw(&p).map(drop))
-        .await
+async fn thaw_each(tools: &Tools, record: PathBuf, points: Vec<PathBuf>) {
+    if points.is_empty() {
+        return;
+    }
+    let res = tools
+        .blocking("thaw the group's filesystems", move || {
+            fs::thaw_recorded(&record, &points);
+            Ok(())
+        })
+        .await;
+    if let Err(e) = res {
+        tracing::error!(error = %e, "could not thaw the group's filesystems");
+    }
 }
 
-async fn thaw_each(tools: &Tools, points: &[PathBuf]) {
-    for p in points {
-        if let Err(e) = thaw_one(tools, p).await {
-            tracing::error!(mountpoint = %p.display(), error = %e, "could not thaw a group member");
-        }
-    }
+/// Whether every member a group's tags announce exists.
+fn complete(members: &[OwnedSnapshot]) -> bool {
+    members.iter().all(|m| {
+        m.tags
+            .group
+            .as_ref()
+            .is_some_and(|g| g.members == members.len())
+    })
+}
+
+/// A member volume as the consistency rule sees it.
+#[derive(Debug, Clone)]
+struct Member {
+    id: String,
+    active: bool,
+    mounted: bool,
+}
+
+/// The members that could change while the group's snapshots are taken:
+/// active, and not a mounted filesystem we can freeze for the whole group
+/// (which needs freezes that nest, `nests`). At most one may remain.
+fn cannot_hold_still(members: &[Member], nests: bool) -> Vec<String> {
+    members
+        .iter()
+        .filter(|m| m.active && !(nests && m.mounted))
+        .map(|m| m.id.clone())
+        .collect()
 }
 
 impl Driver {
@@ -155,12 +198,7 @@ impl Driver {
         let members = self.group_members(&report, id);
         if !members.is_empty() {
             let have: BTreeSet<&str> = members.iter().map(|m| m.tags.source.as_str()).collect();
-            let complete = members.iter().all(|m| {
-                m.tags
-                    .group
-                    .as_ref()
-                    .is_some_and(|g| g.members == members.len())
-            });
+            let complete = complete(&members);
             if complete && have == wanted {
                 tracing::info!(
                     id,
@@ -216,11 +254,39 @@ impl Driver {
                     .collect()
             })
             .await?;
-        let frozen =
-            Frozen::freeze_all(&self.tools, points.iter().flatten().cloned().collect()).await?;
+        let nests = fs::freezes_nest();
+        let members: Vec<Member> = vols
+            .iter()
+            .zip(&points)
+            .map(|(v, p)| Member {
+                id: v.lv.name.clone(),
+                active: v.lv.is_active(),
+                mounted: p.is_some(),
+            })
+            .collect();
+        let unheld = cannot_hold_still(&members, nests);
+        if unheld.len() > 1 {
+            return Err(Error::FailedPrecondition(format!(
+                "group snapshot {co_name:?}: volumes {unheld:?} are in use and cannot be held still together{}, \
+                 so their snapshots could not be write-order consistent; stop (unstage) all but one of them, \
+                 or snapshot them one by one",
+                if nests {
+                    " (only mounted filesystems can be frozen)"
+                } else {
+                    " on this kernel (before Linux 6.6, LVM cannot snapshot a filesystem frozen by anyone else)"
+                }
+            )));
+        }
+        let to_freeze: Vec<PathBuf> = if nests {
+            points.iter().flatten().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        let record = self.cfg.state_dir.join("frozen").join(id);
+        let frozen = Frozen::freeze_all(&self.tools, record, to_freeze).await?;
         let mut made = Vec::new();
         let mut res = Ok(());
-        for (vol, point) in vols.iter().zip(&points) {
+        for vol in &vols {
             let name = naming::group_member_name(co_name, &vol.lv.name);
             let tags = SnapshotTags {
                 owner: self.cfg.driver_name.clone(),
@@ -232,25 +298,14 @@ impl Driver {
                     members: vols.len(),
                 }),
             };
-            // LVM freezes a mounted origin itself: ours is lifted for it.
-            let step = async {
-                if let Some(p) = point {
-                    frozen.thaw(p).await?;
-                }
-                let created = self
-                    .lvm
-                    .create_snapshot(&name, &vol.lv.name, &tags.encode(), false, None)
-                    .await;
-                if created.is_ok() {
-                    made.push(name.clone());
-                }
-                let refrozen = match point {
-                    Some(p) => frozen.freeze(p).await,
-                    None => Ok(()),
-                };
-                created.and(refrozen)
-            };
-            if let Err(e) = step.await {
+            // An lvcreate that failed may still have made the LV: the
+            // clean-up below removes every member the group has.
+            made.push(name.clone());
+            if let Err(e) = self
+                .lvm
+                .create_snapshot(&name, &vol.lv.name, &tags.encode(), false, None)
+                .await
+            {
                 res = Err(e);
                 break;
             }
@@ -268,7 +323,7 @@ impl Driver {
         }
         if let Err(e) = res {
             tracing::warn!(id, error = %e, ?made, "CreateVolumeGroupSnapshot failed; removing the snapshots it made");
-            if let Err(undo) = self.remove_all(&made).await {
+            if let Err(undo) = self.remove_members(id).await {
                 tracing::error!(id, error = %undo, "could not remove every snapshot of a failed group; a retry removes them");
             }
             return Err(e);
@@ -280,6 +335,18 @@ impl Driver {
         );
         let report = self.lvm.fresh_report().await?;
         Ok(GroupInfo::of(id, &self.group_members(&report, id)))
+    }
+
+    /// Removes every member snapshot group `id` has, as a fresh report
+    /// shows them.
+    async fn remove_members(&self, id: &str) -> Result<()> {
+        let report = self.lvm.fresh_report().await?;
+        let names: Vec<String> = self
+            .group_members(&report, id)
+            .iter()
+            .map(|m| m.lv.name.clone())
+            .collect();
+        self.remove_all(&names).await
     }
 
     async fn remove_all(&self, names: &[String]) -> Result<()> {
@@ -300,7 +367,7 @@ impl Driver {
         let members = self.group_members(report, id);
         let have: BTreeSet<&str> = members.iter().map(|m| m.lv.name.as_str()).collect();
         let said: BTreeSet<&str> = named.iter().map(String::as_str).collect();
-        if !said.is_empty() && !members.is_empty() && have != said {
+        if !members.is_empty() && have != said {
             return Err(Error::InvalidArgument(format!(
                 "group snapshot {id} holds snapshots {have:?}, not {said:?}"
             )));
@@ -337,6 +404,45 @@ impl Driver {
                 "group snapshot {id} does not exist"
             )));
         }
+        if !complete(&members) {
+            return Err(Error::NotFound(format!(
+                "group snapshot {id} is incomplete (its creation was interrupted); \
+                 CreateVolumeGroupSnapshot again makes it whole"
+            )));
+        }
         Ok(GroupInfo::of(id, &members))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(id: &str, active: bool, mounted: bool) -> Member {
+        Member {
+            id: id.into(),
+            active,
+            mounted,
+        }
+    }
+
+    #[test]
+    fn only_one_member_may_be_left_free_to_change() {
+        let idle = [m("a", false, false), m("b", false, false)];
+        assert!(cannot_hold_still(&idle, false).is_empty());
+        let one_in_use = [
+            m("a", true, true),
+            m("b", false, false),
+            m("c", false, false),
+        ];
+        assert_eq!(cannot_hold_still(&one_in_use, false), ["a"]);
+        let mounted = [m("a", true, true), m("b", true, true), m("c", false, false)];
+        // Before 6.6 neither mount can be frozen across the other's lvcreate.
+        assert_eq!(cannot_hold_still(&mounted, false), ["a", "b"]);
+        // With nesting freezes both are held still.
+        assert!(cannot_hold_still(&mounted, true).is_empty());
+        // An active raw block member can never be frozen.
+        let block = [m("a", true, true), m("b", true, false), m("c", true, false)];
+        assert_eq!(cannot_hold_still(&block, true), ["b", "c"]);
     }
 }

@@ -415,6 +415,17 @@ impl Driver {
     /// `dmsetup create`) of our volumes that no record names. Runs before
     /// the sockets are bound, so no call runs beside it. Logs what it did.
     pub async fn clean_debris(&self) {
+        // Filesystems a group snapshot froze when the driver was killed.
+        let frozen = self.cfg.state_dir.join("frozen");
+        if let Err(e) = self
+            .tools
+            .blocking("thaw what a killed driver froze", move || {
+                fs::thaw_left_frozen(&frozen).map(drop)
+            })
+            .await
+        {
+            tracing::warn!(error = %e, "start-up: could not go through the freeze records");
+        }
         let dir = self.cfg.state_dir.join("reclaim");
         let res = self
             .tools

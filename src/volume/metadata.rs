@@ -89,10 +89,18 @@ impl Driver {
             )));
         }
         if !self.pool(&report)?.is_active() {
-            return Err(Error::FailedPrecondition(format!(
-                "thin pool {} is not active: its metadata cannot be read",
-                self.lvm.lv_path(&self.lvm.pool)
-            )));
+            // Volumes are created inactive and deactivated at unstage, so
+            // the pool goes down with its last active thin LV; backing up
+            // a volume nobody uses must still work.
+            let _alloc = self.alloc.lock().await;
+            let fresh = self.lvm.fresh_report().await?;
+            if !self.pool(&fresh)?.is_active() {
+                self.lvm.activate(&self.lvm.pool).await?;
+                tracing::info!(
+                    pool = self.lvm.lv_path(&self.lvm.pool),
+                    "SnapshotMetadata: activated the thin pool to read its metadata"
+                );
+            }
         }
         let (tx, rx) = mpsc::channel(QUEUED);
         let d = self.clone();

@@ -460,6 +460,18 @@ impl Driver {
             let vol = d.must_own(&report, &id)?;
             let lv = d.current_device(vol.lv).map(|dev| dev.numbers());
             let Some(target) = d.resolve(&target).await? else {
+                // Nothing can be mounted where no directory is; a publish
+                // recorded there must not be healed back, nor its overlay
+                // stay.
+                if let Some(mut r) = d.load_record(&id).await? {
+                    if r.publish(&target).is_some() {
+                        if r.kind == Kind::Block {
+                            block::drop_own_overlay(&d.tools, &id, &target).await?;
+                        }
+                        r.publishes.retain(|p| p.target != target.as_path());
+                        d.save_record(&r).await?;
+                    }
+                }
                 tracing::info!(%id, target = %target.display(), "NodeUnpublishVolume: target already gone");
                 return Ok(());
             };

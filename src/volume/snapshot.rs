@@ -110,6 +110,12 @@ impl Driver {
             .owned_snapshot(&report, id)
             .map_err(|e| Error::AlreadyExists(format!("cannot create snapshot {co_name:?}: {e}")))?
         {
+            if let Some(g) = &existing.tags.group {
+                return Err(Error::AlreadyExists(format!(
+                    "snapshot name {co_name:?} is taken by a member of group snapshot {}",
+                    g.id
+                )));
+            }
             if existing.tags.source != source || existing.tags.co_name != co_name {
                 return Err(Error::AlreadyExists(format!(
                     "snapshot {co_name:?} exists as {id}, taken from volume {}, not {source}",
