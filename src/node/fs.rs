@@ -577,6 +577,8 @@ pub struct Usage {
 }
 
 /// Usage of the filesystem at `path`, from statvfs.
+// statvfs's counts are libc aliases: u64 here, narrower on some targets.
+#[allow(clippy::unnecessary_cast)]
 pub fn usage(path: &Path) -> std::result::Result<Usage, Errno> {
     let st = sys::mount::statvfs(path)?;
     let frsize = st.fragment_size() as u64;
