@@ -42,17 +42,6 @@ fn group_id(id: &str) -> Result<Option<String>> {
     Ok(naming::is_group_id(id).then(|| id.to_string()))
 }
 
-/// The member ids a Get or Delete names: required by the spec, checked
-/// against the group's members by the volume layer.
-fn member_ids(ids: Vec<String>) -> Result<Vec<String>> {
-    if ids.is_empty() {
-        return Err(Error::InvalidArgument(
-            "snapshot_ids is required: the ids of the group's snapshots".into(),
-        ));
-    }
-    Ok(ids)
-}
-
 impl GroupService {
     async fn create(
         &self,
@@ -86,12 +75,10 @@ impl GroupService {
         &self,
         req: DeleteVolumeGroupSnapshotRequest,
     ) -> Result<DeleteVolumeGroupSnapshotResponse> {
-        let known = group_id(&req.group_snapshot_id)?;
-        let members = member_ids(req.snapshot_ids)?;
-        let Some(id) = known else {
+        let Some(id) = group_id(&req.group_snapshot_id)? else {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         };
-        self.driver.delete_group(id, members).await?;
+        self.driver.delete_group(id, req.snapshot_ids).await?;
         Ok(DeleteVolumeGroupSnapshotResponse {})
     }
 
@@ -99,15 +86,13 @@ impl GroupService {
         &self,
         req: GetVolumeGroupSnapshotRequest,
     ) -> Result<GetVolumeGroupSnapshotResponse> {
-        let known = group_id(&req.group_snapshot_id)?;
-        let members = member_ids(req.snapshot_ids)?;
-        let id = known.ok_or_else(|| {
+        let id = group_id(&req.group_snapshot_id)?.ok_or_else(|| {
             Error::NotFound(format!(
                 "group snapshot {:?} does not exist",
                 req.group_snapshot_id
             ))
         })?;
-        let g = self.driver.get_group(&id, &members).await?;
+        let g = self.driver.get_group(&id, &req.snapshot_ids).await?;
         Ok(GetVolumeGroupSnapshotResponse {
             group_snapshot: Some(group(&g)),
         })

@@ -367,7 +367,9 @@ impl Driver {
         let members = self.group_members(report, id);
         let have: BTreeSet<&str> = members.iter().map(|m| m.lv.name.as_str()).collect();
         let said: BTreeSet<&str> = named.iter().map(String::as_str).collect();
-        if !members.is_empty() && have != said {
+        // The list is REQUIRED, but csi-sanity (and so some COs) send
+        // none: then there is nothing to check against.
+        if !said.is_empty() && !members.is_empty() && have != said {
             return Err(Error::InvalidArgument(format!(
                 "group snapshot {id} holds snapshots {have:?}, not {said:?}"
             )));

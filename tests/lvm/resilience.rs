@@ -27,8 +27,8 @@ use tonic::{Code, Response, Status};
 
 use crate::controller::{block_cap, create_req, del, mount_cap};
 use crate::harness::{
-    abandon_after, dm_of_vg, dm_table_of, dmsetup, drop_caches, lvs, overlays_of, pool_dm_names,
-    rdev_of, retry, retry_n, umount_all_under, Abandoned, TestDriver, MIB,
+    abandon_after, dm_of_vg, dm_table_of, dmsetup, drop_caches, lvm, lvs, overlays_of,
+    pool_dm_names, rdev_of, retry, retry_n, try_lvm, umount_all_under, Abandoned, TestDriver, MIB,
 };
 use crate::node::{
     heal, mkfs_runs, mount_flags, mounts_under, publish_req, read_at, stage_req, unpublish_req,
@@ -1767,4 +1767,83 @@ async fn second_instance_is_refused_and_leaves_the_socket() {
         .into_inner()
         .ready;
     assert_eq!(ready, Some(true));
+}
+
+/// A pool left half active (its `_tmeta` and `_tdata` up, the pool down),
+/// as an `lvcreate` stopped mid-way leaves it, refuses every activation of
+/// the pool. Probe brings it back, and creates work again.
+#[tokio::test(flavor = "multi_thread")]
+async fn probe_repairs_a_half_active_pool() {
+    let d = TestDriver::start("zhalf", 128 * MIB, "").await;
+    let co = Co::new(&d).await;
+    let first = co.create("zhalf-a", 8 * MIB, mount_cap("ext4")).await;
+    lvm(&["vgchange", "--activate", "n", &d.vg]);
+    for part in ["pool_tmeta", "pool_tdata"] {
+        lvm(&["lvchange", "--activate", "y", &format!("{}/{part}", d.vg)]);
+    }
+    let pool = format!("{}/pool", d.vg);
+    let broken = try_lvm(&["lvchange", "--activate", "y", &pool]);
+    eprintln!("MEASURE half-active pool, activating it by hand: {broken:?}");
+    assert!(broken.is_err(), "the pool is really left half active");
+
+    // Probe repairs it once its (cached) report shows the pool down.
+    let mut id = d.identity().await;
+    let t = Instant::now();
+    while !lvs(&d.vg).find("pool").unwrap().is_active() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "Probe never repaired the pool; log:\n{}",
+            d.log_tail(30)
+        );
+        let _ = id.probe(ProbeRequest {}).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let ready = id.probe(ProbeRequest {}).await.unwrap().into_inner().ready;
+    assert_eq!(ready, Some(true));
+    assert!(
+        d.log().contains("is active while the pool is not"),
+        "the repair is logged; log:\n{}",
+        d.log_tail(30)
+    );
+    let second = co.create("zhalf-b", 8 * MIB, mount_cap("ext4")).await;
+    for v in [&first, &second] {
+        co.c.clone().delete_volume(del(v)).await.unwrap();
+    }
+    assert!(lvs(&d.vg).find(&second).is_none());
+}
+
+/// A format this driver began and did not finish (its marker left, the
+/// device written) is redone; without the marker the same device is
+/// refused, as data the driver did not write must be.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unfinished_format_is_redone_and_only_then() {
+    let k = Kubelet::new("zmark");
+    let d = TestDriver::start("zmark", 128 * MIB, &k.extra()).await;
+    let co = Co::new(&d).await;
+    let id = co.create("zmark-vol", 32 * MIB, mount_cap("ext4")).await;
+    let staging = k.staging("zmark");
+    lvm(&["lvchange", "--activate", "y", &format!("{}/{id}", d.vg)]);
+    let dev = PathBuf::from(format!("/dev/{}/{id}", d.vg));
+    // What a killed mkfs leaves: written blocks and no whole filesystem.
+    write_device(&dev, MIB, |off, b| pattern_at(b, off, 0x6d6b6673));
+
+    let mut n = co.n.clone();
+    let e = n
+        .node_stage_volume(stage_req(&id, &staging, mount_cap("ext4")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(mount_at(&staging).is_none());
+
+    let marker = d.state_dir().join("formatting").join(&id);
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(&marker, id.as_bytes()).unwrap();
+    co.stage(&id, &staging, mount_cap("ext4")).await;
+    let m = must_mount(&staging, "the redone format is mounted");
+    assert_eq!(m.fs_type, "ext4");
+    write_file(&staging.join("after"), b"writable").unwrap();
+    assert!(!marker.exists(), "the marker goes once the format is done");
+
+    co.unstage(&id, &staging).await;
+    co.c.clone().delete_volume(del(&id)).await.unwrap();
 }
