@@ -6,6 +6,11 @@
 #   scripts/test.sh           # everything
 #   scripts/test.sh native    # native only
 #   scripts/test.sh vm        # VM only
+#   scripts/test.sh sanity    # csi-sanity in the VM (scripts/csi-sanity.sh)
+#
+# SANITY_FOCUS is csi-sanity's -ginkgo.focus: by default the specs of the
+# snapshot, clone, group snapshot, expansion and ModifyVolume work; set it
+# empty to run every spec.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,9 +36,20 @@ vm() {
         cargo test --test lvm -- --test-threads="${LVM_TEST_THREADS:-2}" --show-output
 }
 
+sanity() {
+    echo "== csi-sanity in the VM"
+    local focus=${SANITY_FOCUS-Snapshot|snapshot|Clone|clone|ModifyVolume|Expand}
+    if [[ -n $focus ]]; then
+        scripts/csi-sanity.sh -ginkgo.focus="$focus"
+    else
+        scripts/csi-sanity.sh
+    fi
+}
+
 case $what in
     native) native ;;
     vm) vm ;;
-    all) native; vm ;;
-    *) echo "usage: $0 [all|native|vm]" >&2; exit 2 ;;
+    sanity) sanity ;;
+    all) native; vm; sanity ;;
+    *) echo "usage: $0 [all|native|vm|sanity]" >&2; exit 2 ;;
 esac

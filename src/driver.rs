@@ -18,6 +18,9 @@ pub struct Driver {
     /// Serialises "check capacity, then allocate", so two concurrent
     /// creates cannot both pass the overprovision check.
     pub alloc: tokio::sync::Mutex<()>,
+    /// Whether thin-provisioning-tools run here (set at start-up): the
+    /// SnapshotMetadata service is advertised and served only then.
+    pub thin_tools: std::sync::atomic::AtomicBool,
 }
 
 impl Driver {
@@ -30,7 +33,13 @@ impl Driver {
             node_id,
             inflight: InFlight::default(),
             alloc: tokio::sync::Mutex::new(()),
+            thin_tools: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the SnapshotMetadata service can work on this node.
+    pub fn serves_metadata(&self) -> bool {
+        self.thin_tools.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn topology_key(&self) -> String {

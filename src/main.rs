@@ -137,6 +137,11 @@ async fn main() -> ExitCode {
         }
     };
     let driver = Arc::new(Driver::new(cfg, node_id));
+    if driver.lvm.thin_tools_run().await {
+        driver
+            .thin_tools
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     // A pool that cannot be brought up is reported by Probe; the driver
     // still serves so the CO can see why.
     match pool::ensure(&driver.cfg, &driver.lvm).await {

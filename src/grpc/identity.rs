@@ -39,20 +39,23 @@ impl Identity for IdentityService {
                 plugin_capability::Service { r#type: t as i32 },
             )),
         };
+        let mut capabilities = vec![
+            service(service::Type::ControllerService),
+            service(service::Type::VolumeAccessibilityConstraints),
+            service(service::Type::GroupControllerService),
+            PluginCapability {
+                r#type: Some(plugin_capability::Type::VolumeExpansion(
+                    plugin_capability::VolumeExpansion {
+                        r#type: volume_expansion::Type::Online as i32,
+                    },
+                )),
+            },
+        ];
+        if self.driver.serves_metadata() {
+            capabilities.push(service(service::Type::SnapshotMetadataService));
+        }
         Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities: vec![
-                service(service::Type::ControllerService),
-                service(service::Type::VolumeAccessibilityConstraints),
-                service(service::Type::SnapshotMetadataService),
-                service(service::Type::GroupControllerService),
-                PluginCapability {
-                    r#type: Some(plugin_capability::Type::VolumeExpansion(
-                        plugin_capability::VolumeExpansion {
-                            r#type: volume_expansion::Type::Online as i32,
-                        },
-                    )),
-                },
-            ],
+            capabilities,
         }))
     }
 

@@ -155,6 +155,11 @@ impl MetadataService {
         F: Fn(i32, i64, Vec<BlockMetadata>) -> R + Send + 'static,
     {
         let run = async {
+            if !self.driver.serves_metadata() {
+                return Err(Error::Unimplemented(
+                    "SnapshotMetadata needs thin-provisioning-tools (thin_dump, thin_delta), which do not run on this node".into(),
+                ));
+            }
             let ask = ask?;
             let (start, batch) = window(starting_offset, max_results)?;
             let ranges = self.driver.snapshot_metadata(ask, start).await?;

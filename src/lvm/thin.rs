@@ -106,14 +106,20 @@ pub struct Merge {
 }
 
 impl Merge {
-    /// Adds a run; returns the run it completes, if any.
-    pub fn push(&mut self, c: Chunks) -> Option<Chunks> {
+    /// Adds a run; returns the run it completes, if any. A run that starts
+    /// before the end of the last one is an error: the ranges handed out
+    /// must ascend without overlap, whatever a tool version prints.
+    pub fn push(&mut self, c: Chunks) -> Result<Option<Chunks>> {
         match &mut self.current {
+            Some(cur) if c.begin < cur.begin + cur.len => Err(Error::Internal(format!(
+                "thin metadata output is out of order: chunks {}+{} after {}+{}",
+                c.begin, c.len, cur.begin, cur.len
+            ))),
             Some(cur) if cur.begin + cur.len == c.begin => {
                 cur.len += c.len;
-                None
+                Ok(None)
             }
-            _ => self.current.replace(c),
+            _ => Ok(self.current.replace(c)),
         }
     }
 
@@ -156,6 +162,18 @@ impl Lvm {
 
     async fn dmsetup(&self, args: Vec<String>) -> Result<String> {
         Ok(exec::run("dmsetup", &args, &[], self.timeout).await?.stdout)
+    }
+
+    /// Whether `thin_dump` and `thin_delta` run on this machine; what
+    /// fails is logged.
+    pub async fn thin_tools_run(&self) -> bool {
+        for tool in ["thin_dump", "thin_delta"] {
+            if let Err(e) = exec::run(tool, &["-V".to_string()], &[], self.timeout).await {
+                tracing::warn!(tool, error = %e, "thin-provisioning-tools do not run here: SnapshotMetadata is not offered");
+                return false;
+            }
+        }
+        true
     }
 
     async fn pool_message(&self, message: &str) -> Result<()> {
@@ -228,7 +246,7 @@ impl Lvm {
                     chunk_bytes = Some(s * 512);
                     None
                 }
-                Line::Chunks(c) => merge.push(c),
+                Line::Chunks(c) => merge.push(c)?,
                 Line::Other => None,
             };
             if let Some(c) = done {
@@ -283,7 +301,7 @@ mod tests {
         for line in text.lines() {
             match parse_line(q, line).unwrap() {
                 Line::ChunkSectors(s) => size = s * 512,
-                Line::Chunks(c) => out.extend(merge.push(c)),
+                Line::Chunks(c) => out.extend(merge.push(c).unwrap()),
                 Line::Other => {}
             }
         }
@@ -332,6 +350,19 @@ mod tests {
                 .unwrap_err()
                 .code(),
             tonic::Code::FailedPrecondition
+        );
+    }
+
+    #[test]
+    fn runs_out_of_order_are_refused() {
+        let mut m = Merge::default();
+        assert_eq!(m.push(Chunks { begin: 10, len: 5 }).unwrap(), None);
+        assert!(m.push(Chunks { begin: 12, len: 1 }).is_err(), "overlap");
+        assert!(m.push(Chunks { begin: 3, len: 1 }).is_err(), "backwards");
+        assert_eq!(m.push(Chunks { begin: 15, len: 1 }).unwrap(), None);
+        assert_eq!(
+            m.push(Chunks { begin: 20, len: 1 }).unwrap(),
+            Some(Chunks { begin: 10, len: 6 })
         );
     }
 }

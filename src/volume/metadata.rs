@@ -104,6 +104,10 @@ impl Driver {
         }
         let (tx, rx) = mpsc::channel(QUEUED);
         let d = self.clone();
+        // A client that stays connected but stops reading must not hold
+        // the pool's metadata snapshot (and every other metadata call)
+        // for ever: past this bound without taking a range, it is dropped.
+        let stall = self.cfg.command_timeout();
         tokio::spawn(async move {
             let out = tx.clone();
             let res = d
@@ -111,9 +115,18 @@ impl Driver {
                 .read_metadata(query, move |offset, length| {
                     let out = out.clone();
                     async move {
-                        match clip(offset, length, start, capacity) {
-                            Some(r) => out.send(Ok(r)).await.is_ok(),
-                            None => true,
+                        let Some(r) = clip(offset, length, start, capacity) else {
+                            return true;
+                        };
+                        match tokio::time::timeout(stall, out.send(Ok(r))).await {
+                            Ok(sent) => sent.is_ok(),
+                            Err(_) => {
+                                tracing::warn!(
+                                    ?stall,
+                                    "SnapshotMetadata: the client took no range in time; stopping"
+                                );
+                                false
+                            }
                         }
                     }
                 })
