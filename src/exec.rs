@@ -140,11 +140,19 @@ fn command(program: &str, args: &[String], env: &[(&str, &str)], stop: Stop) -> 
         Stop::Kill => nix::sys::signal::Signal::SIGKILL,
         Stop::Interrupt => nix::sys::signal::Signal::SIGINT,
     };
+    // A driver that died between the fork and the prctl sends no signal:
+    // the child sees another parent then, and does not run the program.
+    let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the child between fork and exec and only
-    // makes the prctl system call, which is async-signal-safe.
+    // makes the prctl and getppid system calls, which are
+    // async-signal-safe, and builds an error without allocating.
     unsafe {
         cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(on_parent_death).map_err(std::io::Error::from)
+            nix::sys::prctl::set_pdeathsig(on_parent_death).map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
         });
     }
     cmd

@@ -145,7 +145,12 @@ async fn main() -> ExitCode {
     // A pool that cannot be brought up is reported by Probe; the driver
     // still serves so the CO can see why.
     match pool::ensure(&driver.cfg, &driver.lvm).await {
-        Err(e) => tracing::error!(error = %e, "thin pool is not usable"),
+        Err(e) => {
+            tracing::error!(error = %e, "thin pool is not usable");
+            // Frozen filesystems and private reclaim mounts a killed
+            // driver left need no LVM to go.
+            driver.clean_debris().await;
+        }
         Ok(()) => {
             // What an earlier version recorded becomes node records, and
             // debris of a killed driver goes, before any call can come in.

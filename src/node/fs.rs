@@ -336,12 +336,16 @@ pub(crate) fn ensure_dir(path: &Path) -> Result<()> {
 /// NodePublishVolume for mount access: bind-mounts the staging mount at
 /// `target` (created when missing), read-only when asked.
 /// `single_writer` refuses a second target (SINGLE_NODE_SINGLE_WRITER).
+/// `recorded`: the node record already names this publish, so a writable
+/// bind of ours found where read-only was asked is one a killed driver
+/// did not finish, and it is made read-only.
 pub fn publish(
     dev: &Device,
     staging: &Path,
     target: &Path,
     readonly: bool,
     single_writer: bool,
+    recorded: bool,
 ) -> Result<()> {
     let info = mount_table()?;
     match info.top_mount_at(staging) {
@@ -364,7 +368,17 @@ pub fn publish(
                 m.fs_type
             )));
         }
-        if m.mount_option("ro").is_some() != readonly {
+        let is_ro = m.mount_option("ro").is_some();
+        if recorded && readonly && !is_ro {
+            // Our own read-only publish, cut off between its bind and its
+            // read-only remount (the driver was killed): finish it.
+            let want = per_mount_of(m) | MsFlags::MS_RDONLY;
+            sys::remount_flags(target, want)?;
+            tracing::warn!(volume = dev.volume_id, target = %target.display(),
+                "NodePublishVolume: finished a read-only publish left writable");
+            return Ok(());
+        }
+        if is_ro != readonly {
             return Err(Error::AlreadyExists(format!(
                 "volume {} is already published at {} with readonly={}",
                 dev.volume_id,

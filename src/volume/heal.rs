@@ -127,7 +127,14 @@ impl Driver {
         }
         let mut found = Vec::new();
         let dev_path = PathBuf::from(self.lvm.dev_path(id));
-        let node_missing = vol.lv.is_active() && std::fs::symlink_metadata(&dev_path).is_err();
+        let node_missing = vol.lv.is_active() && {
+            let p = dev_path.clone();
+            self.tools
+                .blocking("look for the LV's device node", move || {
+                    Ok(std::fs::symlink_metadata(&p).is_err())
+                })
+                .await?
+        };
         let (dev, activated) = self.activate(vol.lv).await?;
         if activated {
             found.push(format!(

@@ -229,8 +229,16 @@ impl Driver {
             report
         } else {
             // Never beside a create (which activates the pool itself):
-            // looked at again once no create runs.
-            let _alloc = self.alloc.lock().await;
+            // looked at again once no create runs. Probe answers within
+            // its bound whatever runs meanwhile.
+            let Ok(_alloc) =
+                tokio::time::timeout(std::time::Duration::from_secs(2), self.alloc.lock()).await
+            else {
+                return Err(Error::Unavailable(format!(
+                    "thin pool {} is not active and a create or snapshot is running; probe again",
+                    self.lvm.lv_path(&self.lvm.pool)
+                )));
+            };
             let fresh = self.lvm.fresh_report().await?;
             if self.pool(&fresh)?.is_active() {
                 fresh

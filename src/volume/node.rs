@@ -434,7 +434,7 @@ impl Driver {
                 let single = mode == Mode::SingleNodeSingleWriter;
                 self.tools
                     .blocking("bind-mount a publish", move || {
-                        fs::publish(&dev, &staging, &target, ro, single)
+                        fs::publish(&dev, &staging, &target, ro, single, recorded)
                     })
                     .await
             }
