@@ -15,7 +15,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::controller::{create_req, del, mount_cap};
-use crate::harness::{lvs, TestDriver, MIB};
+use crate::harness::{lvm, lvs, TestDriver, MIB};
 use crate::node::{mounts_under, stage_req, unstage_req, Kubelet};
 
 fn snap_req(name: &str, source: &str) -> CreateSnapshotRequest {
@@ -268,6 +268,25 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
         ),
     )
     .await;
+    // The snapshot was cut under a writer; LVM's suspend froze the
+    // filesystem for it, so the copy is clean as it stands: no journal to
+    // replay, nothing for a forced, read-only fsck to find.
+    let lv = format!("{}/{}", d.vg, r2.volume_id);
+    lvm(&["lvchange", "--activate", "y", "--ignoreactivationskip", &lv]);
+    let fsck = std::process::Command::new("e2fsck")
+        .args(["-fn", &format!("/dev/{lv}")])
+        .output()
+        .unwrap();
+    eprintln!(
+        "MEASURE fsck of a snapshot cut under a writer: {} {}",
+        fsck.status,
+        String::from_utf8_lossy(&fsck.stdout)
+            .lines()
+            .last()
+            .unwrap_or("")
+    );
+    assert!(fsck.status.success(), "{fsck:?}");
+    lvm(&["lvchange", "--activate", "n", &lv]);
     let st_r2 = k.staging("r2");
     stage(&mut n, &r2.volume_id, &st_r2, "ext4").await;
     assert_eq!(std::fs::read(st_r2.join("synced")).unwrap(), synced);
