@@ -109,13 +109,14 @@ impl ControllerService {
         req: ControllerPublishVolumeRequest,
     ) -> Result<ControllerPublishVolumeResponse> {
         let d = &self.driver;
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id)?;
         let node_id = validate::required_string("node_id", &req.node_id)?;
         let cap = req
             .volume_capability
             .as_ref()
             .ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?;
         let access = validate::capability(cap, &d.cfg.default_fs_type)?;
+        let id = validate::known_volume(id, &req.volume_id)?;
         let dev = d.controller_publish(&id, node_id, &access).await?;
         Ok(ControllerPublishVolumeResponse {
             publish_context: [("devicePath".to_string(), dev)].into(),
@@ -201,7 +202,7 @@ impl ControllerService {
         req: ControllerExpandVolumeRequest,
     ) -> Result<ControllerExpandVolumeResponse> {
         let d = &self.driver;
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id)?;
         let range = validate::size_range(req.capacity_range.as_ref())?
             .ok_or_else(|| Error::InvalidArgument("capacity_range is required".into()))?;
         let requested = req
@@ -209,6 +210,7 @@ impl ControllerService {
             .as_ref()
             .map(|c| validate::capability(c, &d.cfg.default_fs_type))
             .transpose()?;
+        let id = validate::known_volume(id, &req.volume_id)?;
         let (size, node_expansion_required) = d.expand_volume(id, range, requested).await?;
         Ok(ControllerExpandVolumeResponse {
             capacity_bytes: size as i64,

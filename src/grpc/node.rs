@@ -52,22 +52,24 @@ impl NodeService {
     }
 
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id)?;
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let cap = self.capability(req.volume_capability.as_ref())?;
+        let id = validate::known_volume(id, &req.volume_id)?;
         self.driver.stage(id, staging, cap).await?;
         Ok(NodeStageVolumeResponse {})
     }
 
     async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<NodeUnstageVolumeResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id)?;
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
+        let id = validate::known_volume(id, &req.volume_id)?;
         self.driver.unstage(id, staging).await?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<NodePublishVolumeResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id)?;
         let target = self.path("target_path", &req.target_path)?;
         if req.staging_target_path.is_empty() {
             return Err(Error::FailedPrecondition(
@@ -76,6 +78,7 @@ impl NodeService {
         }
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let cap = self.capability(req.volume_capability.as_ref())?;
+        let id = validate::known_volume(id, &req.volume_id)?;
         self.driver
             .publish(id, staging, target, cap, req.readonly)
             .await?;
@@ -86,16 +89,27 @@ impl NodeService {
         &self,
         req: NodeUnpublishVolumeRequest,
     ) -> Result<NodeUnpublishVolumeResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id)?;
         let target = self.path("target_path", &req.target_path)?;
+        let id = validate::known_volume(id, &req.volume_id)?;
         self.driver.unpublish(id, target).await?;
         Ok(NodeUnpublishVolumeResponse {})
     }
 
     async fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
-        let path = self.path("volume_path", &req.volume_path)?;
+        let id = validate::volume_id(&req.volume_id)?;
+        validate::required_string("volume_path", &req.volume_path)?;
         self.optional_path("staging_target_path", &req.staging_target_path)?;
+        let id = validate::known_volume(id, &req.volume_id)?;
+        // A relative path names no place a volume can be (the spec's
+        // NOT_FOUND), and is resolved against nothing.
+        if !req.volume_path.starts_with('/') {
+            return Err(Error::NotFound(format!(
+                "volume {id} is not at {:?}: not an absolute path",
+                req.volume_path
+            )));
+        }
+        let path = self.path("volume_path", &req.volume_path)?;
         let s = self.driver.volume_stats(&id, &path).await?;
         Ok(NodeGetVolumeStatsResponse {
             usage: volume_usage(&s.usage),
@@ -112,7 +126,7 @@ impl NodeService {
 
     async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
         let d = &self.driver;
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id)?;
         let path = self.path("volume_path", &req.volume_path)?;
         let staging = self.optional_path("staging_target_path", &req.staging_target_path)?;
         let requested = req
@@ -121,6 +135,7 @@ impl NodeService {
             .map(|c| validate::capability(c, &d.cfg.default_fs_type))
             .transpose()?;
         let range = validate::size_range(req.capacity_range.as_ref())?.unwrap_or_default();
+        let id = validate::known_volume(id, &req.volume_id)?;
         let size = d.node_expand(id, path, staging, requested, range).await?;
         Ok(NodeExpandVolumeResponse {
             capacity_bytes: size as i64,

@@ -65,7 +65,15 @@ pub fn volume_id(id: &str) -> Result<Option<VolumeId>> {
 
 /// A volume id that must name one of ours; anything else is NOT_FOUND.
 pub fn existing_volume_id(id: &str) -> Result<VolumeId> {
-    volume_id(id)?.ok_or_else(|| Error::NotFound(format!("volume {id:?} does not exist")))
+    known_volume(volume_id(id)?, id)
+}
+
+/// The second half of [`existing_volume_id`], for requests with more
+/// fields: the spec checks the whole request (INVALID_ARGUMENT) before it
+/// looks anything up, so a well-formed id of a shape we never issue
+/// becomes NOT_FOUND only after every other field passed.
+pub fn known_volume(id: Option<VolumeId>, raw: &str) -> Result<VolumeId> {
+    id.ok_or_else(|| Error::NotFound(format!("volume {raw:?} does not exist")))
 }
 
 /// A snapshot id in a request; `Ok(None)` when well formed for CSI but not
@@ -371,6 +379,17 @@ pub fn topology_allows(req: Option<&TopologyRequirement>, key: &str, node: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_id_is_not_found_only_after_the_rest_passed() {
+        let foreign = volume_id("fake-vol-id").unwrap();
+        assert!(foreign.is_none(), "well formed, never issued");
+        assert!(matches!(
+            known_volume(foreign, "fake-vol-id"),
+            Err(Error::NotFound(_))
+        ));
+        assert!(matches!(volume_id(""), Err(Error::InvalidArgument(_))));
+    }
 
     #[test]
     fn mutable_parameters_take_read_ahead_only() {

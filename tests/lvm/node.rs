@@ -438,6 +438,26 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             .await,
         Code::NotFound,
     );
+    // A relative path names no place a volume is (the spec's NOT_FOUND).
+    expect(
+        n.node_get_volume_stats(stats_req(&id, Path::new("some/path")))
+            .await,
+        Code::NotFound,
+    );
+    // The whole request is checked before a look-up: an unknown id with a
+    // missing field is INVALID_ARGUMENT, not NOT_FOUND.
+    let fake = "fake-vol-id";
+    let mut r = stage_req(fake, &staging, mount_cap("ext4"));
+    r.staging_target_path.clear();
+    expect(n.node_stage_volume(r).await, Code::InvalidArgument);
+    let mut r = publish_req(fake, &staging, &k.target("bad"), mount_cap("ext4"), false);
+    r.volume_capability = None;
+    expect(n.node_publish_volume(r).await, Code::InvalidArgument);
+    expect(
+        n.node_get_volume_stats(stats_req(fake, Path::new("")))
+            .await,
+        Code::InvalidArgument,
+    );
 
     // Unpublish and unstage of paths that are not there: success.
     unpublish(&mut n, &id, &k.target("never")).await;
