@@ -71,13 +71,13 @@ impl NodeService {
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<NodePublishVolumeResponse> {
         let id = validate::volume_id(&req.volume_id)?;
         let target = self.path("target_path", &req.target_path)?;
+        let cap = self.capability(req.volume_capability.as_ref())?;
         if req.staging_target_path.is_empty() {
             return Err(Error::FailedPrecondition(
                 "staging_target_path is required: this driver stages volumes (STAGE_UNSTAGE_VOLUME)".into(),
             ));
         }
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
-        let cap = self.capability(req.volume_capability.as_ref())?;
         let id = validate::known_volume(id, &req.volume_id)?;
         self.driver
             .publish(id, staging, target, cap, req.readonly)
@@ -127,6 +127,9 @@ impl NodeService {
     async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
         let d = &self.driver;
         let id = validate::volume_id(&req.volume_id)?;
+        validate::required_string("volume_path", &req.volume_path)?;
+        // An unknown volume is NOT_FOUND whatever path came with it.
+        let id = validate::known_volume(id, &req.volume_id)?;
         let path = self.path("volume_path", &req.volume_path)?;
         let staging = self.optional_path("staging_target_path", &req.staging_target_path)?;
         let requested = req
@@ -135,7 +138,6 @@ impl NodeService {
             .map(|c| validate::capability(c, &d.cfg.default_fs_type))
             .transpose()?;
         let range = validate::size_range(req.capacity_range.as_ref())?.unwrap_or_default();
-        let id = validate::known_volume(id, &req.volume_id)?;
         let size = d.node_expand(id, path, staging, requested, range).await?;
         Ok(NodeExpandVolumeResponse {
             capacity_bytes: size as i64,

@@ -1779,7 +1779,14 @@ async fn probe_repairs_a_half_active_pool() {
     let first = co.create("zhalf-a", 8 * MIB, mount_cap("ext4")).await;
     lvm(&["vgchange", "--activate", "n", &d.vg]);
     for part in ["pool_tmeta", "pool_tdata"] {
-        lvm(&["lvchange", "--activate", "y", &format!("{}/{part}", d.vg)]);
+        // Component activation (read-only): LVM asks first.
+        lvm(&[
+            "lvchange",
+            "--yes",
+            "--activate",
+            "y",
+            &format!("{}/{part}", d.vg),
+        ]);
     }
     let pool = format!("{}/pool", d.vg);
     let broken = try_lvm(&["lvchange", "--activate", "y", &pool]);
