@@ -363,15 +363,16 @@ pub fn segment_is_ours(segments: &HashMap<String, String>, key: &str, node: &str
     !segments.is_empty() && segments.iter().all(|(k, v)| k == key && v == node)
 }
 
-/// CreateVolume: a requisite topology must include this node.
+/// CreateVolume: a requisite topology must include this node. Preferred
+/// topologies are only an order of preference (the spec's MUST binds the
+/// requisite list alone), and this node is the only place we provision.
 pub fn topology_allows(req: Option<&TopologyRequirement>, key: &str, node: &str) -> bool {
     match req {
         None => true,
-        Some(r) if r.requisite.is_empty() && r.preferred.is_empty() => true,
+        Some(r) if r.requisite.is_empty() => true,
         Some(r) => r
             .requisite
             .iter()
-            .chain(r.preferred.iter())
             .any(|t| segment_is_ours(&t.segments, key, node)),
     }
 }
@@ -583,5 +584,11 @@ mod tests {
             "n1"
         ));
         assert!(topology_allows(Some(&req(vec![])), key, "n1"));
+        // Preferred alone is no requirement.
+        let preferred_elsewhere = TopologyRequirement {
+            requisite: vec![],
+            preferred: vec![seg(key, "n2")],
+        };
+        assert!(topology_allows(Some(&preferred_elsewhere), key, "n1"));
     }
 }

@@ -75,7 +75,7 @@ pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<()> {
             remount_flags(target, flags)
         };
         if let Err(e) = remount() {
-            if let Err(undo) = nix_mount::umount2(target, MntFlags::empty()) {
+            if let Err(undo) = nix_mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
                 tracing::error!(target = %target.display(), error = %undo, "could not undo writable bind mount after failed read-only remount");
             }
             return Err(e);
@@ -104,14 +104,16 @@ pub fn remount_flags(target: &Path, flags: MsFlags) -> Result<()> {
     Ok(())
 }
 
-/// Unmounts the mount on top of `target` (plain `umount2`, no lazy detach:
-/// a busy mount fails with [`SysErrorKind::Busy`] instead of lingering).
+/// Unmounts the mount on top of `target` (`umount2` with
+/// `UMOUNT_NOFOLLOW`, so a symlink swapped in at `target` is never
+/// followed to another mount; no lazy detach: a busy mount fails with
+/// [`SysErrorKind::Busy`] instead of lingering).
 ///
 /// Fails with [`SysErrorKind::NotMounted`] if `target` exists but is not a
 /// mount point (`EINVAL`), and with [`SysErrorKind::NotFound`] if it does not
 /// exist; callers that want idempotent unmounts treat both as done.
 pub fn unmount(target: &Path) -> Result<()> {
-    nix_mount::umount2(target, MntFlags::empty()).map_err(|e| {
+    nix_mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW).map_err(|e| {
         let err = SysError::new("umount2", target, e);
         if e == Errno::EINVAL {
             err.with_kind(SysErrorKind::NotMounted)

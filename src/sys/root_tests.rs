@@ -256,6 +256,13 @@ fn loop_ext4_lifecycle() {
     writer.join().unwrap();
     assert!(!freeze::thaw(&mnt).unwrap(), "not frozen any more");
 
+    // A symlink at an unmount's target is never followed to the mount it
+    // points at.
+    let link = dir.join("link-to-mnt");
+    std::os::unix::fs::symlink(&mnt, &link).unwrap();
+    assert!(unmount(&link).unwrap_err().is_not_mounted());
+    assert!(MountInfo::read().unwrap().top_mount_at(&mnt).is_some());
+
     // A freeze recorded by a driver that was then killed is thawed at the
     // next start, and its record goes.
     let records = dir.join("frozen");

@@ -358,9 +358,10 @@ impl Driver {
             // Block volumes need the node step too: a read-only publish is
             // a device-mapper overlay that NodeExpandVolume resizes.
             let node_expansion_required = vol.tags.access.is_some() || requested.is_some();
+            let current = vol.lv.size;
+            expandable_within(current, &range)?;
             let (cap, extent) = d.capacity(&report)?;
             let target = size(Some(&range), extent, vol.lv.size)?;
-            let current = vol.lv.size;
             if target <= current {
                 tracing::info!(%id, current, target, "ControllerExpandVolume: already large enough");
                 return Ok((current, node_expansion_required));
@@ -427,7 +428,21 @@ impl Driver {
     /// GetCapacity: what the pool can still hand out, and its extent size.
     pub async fn capacity_now(&self) -> Result<(Capacity, u64)> {
         let report = self.lvm.report().await?;
-        self.capacity(&report)
+        let (cap, extent) = self.capacity(&report)?;
+        // While the pool refuses allocation (full, failed, read-only
+        // metadata) no volume fits: Kubernetes' scheduler reads
+        // maximum_volume_size before capacity, and must stop placing
+        // claims here.
+        if self.check_pool_usable(&report).is_err() {
+            return Ok((
+                Capacity {
+                    virtual_headroom: 0,
+                    physical_free: 0,
+                },
+                extent,
+            ));
+        }
+        Ok((cap, extent))
     }
 
     /// Our volumes, sorted by id: the order ListVolumes pages through.
@@ -477,8 +492,32 @@ pub fn paginate<T: AsRef<str>>(items: Vec<T>, token: &str, max: usize) -> (Vec<T
     (page, next)
 }
 
+/// ControllerExpandVolume: a volume already above `limit_bytes` cannot
+/// meet it (volumes never shrink): OUT_OF_RANGE, as the spec's table says.
+fn expandable_within(current: u64, range: &SizeRange) -> Result<()> {
+    if range.limit > 0 && current > range.limit {
+        return Err(Error::OutOfRange(format!(
+            "the volume is {current} bytes, above limit_bytes {}: volumes never shrink",
+            range.limit
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_expansion_limit_below_the_current_size_is_out_of_range() {
+        let r = |required, limit| super::SizeRange { required, limit };
+        assert!(super::expandable_within(100, &r(50, 0)).is_ok());
+        assert!(super::expandable_within(100, &r(100, 100)).is_ok());
+        assert!(super::expandable_within(100, &r(200, 300)).is_ok());
+        assert!(matches!(
+            super::expandable_within(100, &r(50, 99)),
+            Err(super::Error::OutOfRange(_))
+        ));
+    }
+
     use super::*;
 
     fn names(n: &[&str]) -> Vec<String> {
