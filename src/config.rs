@@ -53,6 +53,9 @@ pub struct Config {
     /// Absolute directories under which the node service accepts staging
     /// and target paths; anything else is refused before it is touched.
     pub allowed_roots: Vec<PathBuf>,
+    /// Accept a thin pool that does not zero new chunks (made with `-Zn`):
+    /// a new raw block volume on it can show a deleted volume's data.
+    pub allow_unzeroed_pool: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -101,6 +104,7 @@ impl Default for Config {
             state_dir: PathBuf::from("/var/lib/thinpool-csi/state"),
             reclaim_timeout_secs: 600,
             reclaim_zero_run: 64 << 10,
+            allow_unzeroed_pool: false,
         }
     }
 }

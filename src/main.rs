@@ -152,6 +152,11 @@ async fn main() -> ExitCode {
             driver.clean_debris().await;
         }
         Ok(()) => {
+            if let Err(e) = pool::check_zeroing(&driver.cfg, &driver.lvm).await {
+                eprintln!("thinpool-csi: {e}");
+                tracing::error!(error = %e, "not starting");
+                return ExitCode::FAILURE;
+            }
             // What an earlier version recorded becomes node records, and
             // debris of a killed driver goes, before any call can come in.
             driver.adopt_legacy().await;

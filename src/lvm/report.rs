@@ -64,6 +64,12 @@ impl Lv {
     pub fn is_thin_pool(&self) -> bool {
         self.attr_char(0) == 't'
     }
+    /// A thin pool that zeroes newly provisioned chunks (lv_attr column
+    /// 8): a fresh thin volume then reads zeros everywhere, even inside
+    /// partly written chunks, never an earlier volume's data.
+    pub fn zeroes_new_chunks(&self) -> bool {
+        self.attr_char(7) == 'z'
+    }
     pub fn is_thin_volume(&self) -> bool {
         self.attr_char(0) == 'V' || self.segtype == "thin"
     }
@@ -425,6 +431,13 @@ mod tests {
         lv.data_percent = Some(data);
         lv.metadata_percent = Some(meta);
         lv
+    }
+
+    #[test]
+    fn pool_zeroing_is_read_from_lv_attr() {
+        assert!(pool("twi-aotz--", "", 0.0, 0.0).zeroes_new_chunks());
+        assert!(!pool("twi-aot---", "", 0.0, 0.0).zeroes_new_chunks());
+        assert!(!pool("", "", 0.0, 0.0).zeroes_new_chunks());
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
                 crate::argv![
                     "--type",
                     "thin-pool",
+                    "--zero",
+                    "y",
                     "--extents",
                     format!("{pct}%VG"),
                     "--name",
@@ -70,6 +72,30 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuses a thin pool that does not zero new chunks unless the config
+/// accepts it on purpose (`allow_unzeroed_pool`).
+pub async fn check_zeroing(cfg: &Config, lvm: &Lvm) -> Result<()> {
+    let report = lvm.fresh_report().await?;
+    let Some(pool) = report.find(&lvm.pool) else {
+        return Ok(());
+    };
+    if pool.zeroes_new_chunks() {
+        return Ok(());
+    }
+    if cfg.allow_unzeroed_pool {
+        tracing::warn!(pool = lvm.lv_path(&lvm.pool),
+            "thin pool does not zero new chunks; accepted by allow_unzeroed_pool: new volumes may show deleted volumes' data");
+        return Ok(());
+    }
+    Err(Error::FailedPrecondition(format!(
+        "thin pool {} does not zero new chunks (lv_attr {}): a new volume could show a deleted volume's data. \
+         Turn zeroing on (lvchange --zero y {}), or set allow_unzeroed_pool = true to accept it",
+        lvm.lv_path(&lvm.pool),
+        pool.attr,
+        lvm.lv_path(&lvm.pool)
+    )))
 }
 
 /// Brings an inactive thin pool back. An LVM command stopped mid-way (a

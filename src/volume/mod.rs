@@ -347,18 +347,11 @@ impl Driver {
     pub fn stage_facts(&self, report: &Report, vol: &Owned) -> fs::StageFacts {
         let pool = self.pool(report).ok();
         fs::StageFacts {
-            zeroes_new_chunks: pool.is_some_and(|p| pool_zeroes_new_chunks(&p.attr)),
+            zeroes_new_chunks: pool.is_some_and(Lv::zeroes_new_chunks),
             problem: pool.and_then(Lv::problem).map(|p| p.message),
             made_from_source: vol.tags.from.is_some(),
         }
     }
-}
-
-/// Whether the pool zeroes newly provisioned chunks (lv_attr column 8):
-/// then a fresh thin volume reads zeros everywhere, even inside partly
-/// written chunks, and mkfs may skip zeroing inode tables.
-pub fn pool_zeroes_new_chunks(pool_attr: &str) -> bool {
-    pool_attr.chars().nth(7) == Some('z')
 }
 
 #[cfg(test)]
@@ -366,13 +359,6 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use std::time::Duration;
-
-    #[test]
-    fn pool_zeroing_is_read_from_lv_attr() {
-        assert!(pool_zeroes_new_chunks("twi-aotz--"));
-        assert!(!pool_zeroes_new_chunks("twi-aot---"));
-        assert!(!pool_zeroes_new_chunks(""));
-    }
 
     /// The caller's cancel detaches the caller only: the operation runs to
     /// its end holding the guard (a retry meanwhile is ABORTED), and sees

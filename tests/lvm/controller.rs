@@ -746,3 +746,54 @@ async fn dev_config_starts_from_nothing() {
     drop(d);
     let _ = std::fs::remove_file(&backing);
 }
+
+/// A thin pool that does not zero new chunks would let a new raw block
+/// volume read a deleted volume's data: start-up stops with a message
+/// naming the config key that accepts it, and that key does.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unzeroed_pool_is_refused_unless_accepted() {
+    let mut d = TestDriver::start("zunzero", 64 * MIB, "").await;
+    let pool = format!("{}/pool", d.vg);
+    assert!(lvs(&d.vg).find("pool").unwrap().zeroes_new_chunks());
+    d.stop();
+    lvm(&["lvchange", "--zero", "n", &pool]);
+
+    let errlog = d.dir.path().join("refused.log");
+    let mut refused = std::process::Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
+        .arg("--config")
+        .arg(&d.config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&errlog).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = refused.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed().as_secs() > 60 {
+            let _ = refused.kill();
+            let _ = refused.wait();
+            panic!("the driver still runs on an unzeroed pool after 60 s");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let err = std::fs::read_to_string(&errlog).unwrap();
+    eprintln!(
+        "MEASURE unzeroed pool: {status}: {}",
+        err.trim().lines().last().unwrap_or("")
+    );
+    assert!(!status.success());
+    assert!(err.contains("allow_unzeroed_pool"), "{err}");
+    assert!(!d.socket.exists(), "nothing was served");
+
+    let text = std::fs::read_to_string(&d.config).unwrap();
+    std::fs::write(&d.config, format!("allow_unzeroed_pool = true\n{text}")).unwrap();
+    d.spawn().await;
+    assert!(
+        d.log().contains("accepted by allow_unzeroed_pool"),
+        "{}",
+        d.log_tail(20)
+    );
+}
