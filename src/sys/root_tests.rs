@@ -315,10 +315,20 @@ fn loop_ext4_lifecycle() {
 
     // Our own device node for the loop device.
     let node = dir.join("node");
-    make_block_node(&node, major, minor, 0o600).expect("mknod");
+    make_block_node(&node, major, minor, 0o660).expect("mknod");
     assert_eq!(
         std::fs::metadata(&node).unwrap().permissions().mode() & 0o7777,
-        0o600
+        0o660,
+        "exactly the mode asked, whatever the umask"
+    );
+    // The mode is set through the checked node, never through a symlink.
+    let link = dir.join("node-link");
+    std::os::unix::fs::symlink(&node, &link).unwrap();
+    let err = super::devnode::set_node_mode(&link, major, minor, 0o666).unwrap_err();
+    assert_eq!(err.errno(), Errno::EEXIST);
+    assert_eq!(
+        std::fs::metadata(&node).unwrap().permissions().mode() & 0o7777,
+        0o660
     );
     assert_eq!(device_numbers(&node).unwrap(), Some((major, minor)));
     assert_eq!(block_size_bytes(&node).unwrap(), POOL_SIZE);
