@@ -22,7 +22,8 @@ fi
 
 native() {
     echo "== native tests"
-    cargo test --lib --bins
+    # --test deploy: static checks of the Dockerfile and deploy/kubernetes.
+    cargo test --lib --bins --test deploy
 }
 
 vm() {
