@@ -137,6 +137,8 @@ async fn main() -> ExitCode {
         }
     };
     let driver = Arc::new(Driver::new(cfg, node_id));
+    // Pods wait on a filesystem left frozen: before anything that can fail.
+    driver.thaw_left_frozen().await;
     if driver.lvm.thin_tools_run().await {
         driver
             .thin_tools
@@ -147,8 +149,7 @@ async fn main() -> ExitCode {
     match pool::ensure(&driver.cfg, &driver.lvm).await {
         Err(e) => {
             tracing::error!(error = %e, "thin pool is not usable");
-            // Frozen filesystems and private reclaim mounts a killed
-            // driver left need no LVM to go.
+            // Private reclaim mounts a killed driver left need no LVM to go.
             driver.clean_debris().await;
         }
         Ok(()) => {

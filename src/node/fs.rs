@@ -510,13 +510,18 @@ pub fn freeze_recorded(record: &Path, points: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-/// Thaws every mount point (one not frozen is fine), then drops `record`.
-/// Failures are logged: thawing goes on with the next one.
+/// Thaws every mount point (one not frozen is fine), then drops `record`
+/// if every thaw worked; a record left behind is tried again at start-up.
 pub fn thaw_recorded(record: &Path, points: &[PathBuf]) {
+    let mut all = true;
     for p in points {
         if let Err(e) = thaw(p) {
+            all = false;
             tracing::error!(mountpoint = %p.display(), error = %e, "could not thaw a filesystem");
         }
+    }
+    if !all {
+        return;
     }
     if let Err(e) = crate::node::durable::remove(record) {
         tracing::error!(record = %record.display(), error = %e, "could not remove a freeze record");
@@ -544,15 +549,21 @@ pub fn thaw_left_frozen(dir: &Path) -> Result<Vec<PathBuf>> {
                 continue;
             }
         };
-        tracing::warn!(record = %record.display(), ?points, "start-up: thawing filesystems a killed driver froze");
-        thaw_recorded(&record, &points);
-        all.extend(points);
+        // After a reboot a recorded path is a plain directory again: a
+        // thaw there would reach the filesystem holding it.
+        let table = mount_table()?;
+        let (mounted, gone): (Vec<PathBuf>, Vec<PathBuf>) =
+            points.into_iter().partition(|p| table.is_mount_point(p));
+        tracing::warn!(record = %record.display(), ?mounted, not_mounted = ?gone,
+            "start-up: thawing filesystems a killed driver froze");
+        thaw_recorded(&record, &mounted);
+        all.extend(mounted);
     }
     Ok(all)
 }
 
 /// Whether LVM's own freeze of a snapshot origin nests inside a FIFREEZE
-/// we hold (Linux 6.6 and later).
+/// we hold (Linux 6.8 and later).
 pub fn freezes_nest() -> bool {
     sys::freeze::kernel_freeze_nests()
 }

@@ -47,10 +47,11 @@ pub fn thaw(mountpoint: &Path) -> Result<bool> {
     }
 }
 
-/// Whether the kernel keeps a userspace freeze (FIFREEZE) and a kernel
-/// freeze (device-mapper's lockfs, as LVM's suspend of a snapshot origin
-/// takes) apart, so the second nests inside the first. Linux 6.6 brought
-/// freeze holders; before it, the nested freeze fails with EBUSY.
+/// Whether a kernel freeze (device-mapper's lockfs, as LVM's suspend of
+/// a snapshot origin takes) nests inside a userspace freeze (FIFREEZE) we
+/// hold. Linux 6.6 brought freeze holders, but its block-device freeze
+/// still froze as userspace and met EBUSY; 6.8's holder ops (and
+/// FREEZE_MAY_NEST) made the two nest. Before 6.8 the nested freeze fails.
 pub fn kernel_freeze_nests() -> bool {
     let uts = nix::sys::utsname::uname();
     match uts {
@@ -68,7 +69,7 @@ pub(crate) fn release_has_freeze_holders(release: &str) -> bool {
         .split(|c: char| !c.is_ascii_digit())
         .map(|p| p.parse::<u32>().ok());
     match (parts.next().flatten(), parts.next().flatten()) {
-        (Some(major), Some(minor)) => (major, minor) >= (6, 6),
+        (Some(major), Some(minor)) => (major, minor) >= (6, 8),
         _ => false,
     }
 }
@@ -78,12 +79,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn freeze_holders_arrived_in_6_6() {
+    fn kernel_freezes_nest_from_6_8() {
         for (release, nests) in [
             ("6.1.0-48-amd64", false),
             ("5.15.0-91-generic", false),
             ("6.5.13", false),
-            ("6.6.0", true),
+            ("6.6.0", false),
+            ("6.7.12", false),
+            ("6.8.0-49-generic", true),
             ("6.12.57+deb13-amd64", true),
             ("7.0.1", true),
             ("", false),

@@ -280,6 +280,19 @@ fn loop_ext4_lifecycle() {
     assert!(crate::node::fs::thaw_left_frozen(&records)
         .unwrap()
         .is_empty());
+    // A recorded path that is no mount point any more (a reboot) is not
+    // thawed: FITHAW would reach the filesystem holding the directory.
+    let plain = dir.join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    crate::node::durable::write_atomic(
+        &records.join("group-2"),
+        serde_json::to_string(&[&plain]).unwrap().as_bytes(),
+    )
+    .unwrap();
+    assert!(crate::node::fs::thaw_left_frozen(&records)
+        .unwrap()
+        .is_empty());
+    assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0);
 
     // Read-only bind of a subdirectory.
     let sub = mnt.join("sub");

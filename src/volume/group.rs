@@ -11,8 +11,8 @@
 //! - An inactive member cannot change.
 //! - A member mounted on this node is frozen (FIFREEZE) for the whole group,
 //!   but only where LVM's own freeze of the origin (device-mapper's lockfs,
-//!   taken by its suspend) nests inside ours: Linux 6.6 and later. Before
-//!   6.6 that suspend fails with EBUSY on a frozen filesystem, and a thaw
+//!   taken by its suspend) nests inside ours: Linux 6.8 and later. Before
+//!   6.8 that suspend fails with EBUSY on a frozen filesystem, and a thaw
 //!   around each `lvcreate` would let an earlier member change between its
 //!   snapshot and the next one's.
 //! - Suspending the origins ourselves is no way round it: LVM then skips
@@ -60,6 +60,18 @@ impl GroupInfo {
     }
 }
 
+/// Who thaws: the freeze step runs on a blocking thread that may outlive
+/// its bound, so "thaw now" and "the freeze finished" are decided under
+/// one lock. Whoever comes second thaws: a late freeze is never left
+/// standing, and nobody thaws a filesystem while it is being frozen.
+#[derive(Default)]
+struct Turn {
+    /// The freeze step returned.
+    done: bool,
+    /// A thaw was asked for (an error, the watchdog, or the end).
+    thaw: bool,
+}
+
 /// The frozen filesystems of a group, thawed on every path: by
 /// [`Frozen::thaw_all`], by the watchdog at [`FREEZE_BOUND`], or, when the
 /// driver was killed meanwhile, at its next start (the freeze record).
@@ -67,46 +79,61 @@ struct Frozen {
     tools: Tools,
     record: PathBuf,
     points: Vec<PathBuf>,
+    turn: Arc<std::sync::Mutex<Turn>>,
     expired: Arc<AtomicBool>,
     watchdog: tokio::task::JoinHandle<()>,
 }
 
 impl Frozen {
-    /// Records, then freezes, each mount point; thaws them if one fails.
+    /// Records, then freezes, each mount point. On failure it thaws what
+    /// it froze itself, and only that: a filesystem someone else froze
+    /// (EBUSY) is left to them.
     async fn freeze_all(tools: &Tools, record: PathBuf, points: Vec<PathBuf>) -> Result<Frozen> {
         let expired = Arc::new(AtomicBool::new(false));
+        let turn = Arc::new(std::sync::Mutex::new(Turn::default()));
         let watchdog = {
-            let (tools, record, points, expired) = (
+            let (tools, record, points, expired, turn) = (
                 tools.clone(),
                 record.clone(),
                 points.clone(),
                 expired.clone(),
+                turn.clone(),
             );
             tokio::spawn(async move {
                 tokio::time::sleep(FREEZE_BOUND).await;
                 expired.store(true, Ordering::SeqCst);
                 tracing::error!(bound = ?FREEZE_BOUND, "group snapshot: freeze lasted too long; thawing every member");
-                thaw_each(&tools, record, points).await;
+                thaw_when_done(&tools, &turn, record, points).await;
             })
         };
         if !points.is_empty() {
-            let (r, p) = (record.clone(), points.clone());
+            let (r, p, t) = (record.clone(), points.clone(), turn.clone());
             let frozen = tools
                 .blocking("freeze the group's filesystems", move || {
-                    fs::freeze_recorded(&r, &p)
+                    let res = fs::freeze_recorded(&r, &p);
+                    let mut turn = t.lock().unwrap();
+                    turn.done = true;
+                    if turn.thaw && res.is_ok() {
+                        // Asked to thaw while still freezing: ours to do.
+                        fs::thaw_recorded(&r, &p);
+                    }
+                    res
                 })
                 .await;
             if let Err(e) = frozen {
                 watchdog.abort();
-                // A freeze step past its bound may still finish: thaw all.
-                thaw_each(tools, record, points).await;
+                // Failed: it thawed its own. Stalled: it thaws when done.
+                turn.lock().unwrap().thaw = true;
                 return Err(e);
             }
+        } else {
+            turn.lock().unwrap().done = true;
         }
         Ok(Frozen {
             tools: tools.clone(),
             record,
             points,
+            turn,
             expired,
             watchdog,
         })
@@ -119,7 +146,25 @@ impl Frozen {
 
     async fn thaw_all(self) {
         self.watchdog.abort();
-        thaw_each(&self.tools, self.record, self.points).await;
+        thaw_when_done(&self.tools, &self.turn, self.record, self.points).await;
+    }
+}
+
+/// Asks for the thaw; does it when the freeze step is done (otherwise
+/// that step does it as it ends).
+async fn thaw_when_done(
+    tools: &Tools,
+    turn: &std::sync::Mutex<Turn>,
+    record: PathBuf,
+    points: Vec<PathBuf>,
+) {
+    let done = {
+        let mut t = turn.lock().unwrap();
+        t.thaw = true;
+        t.done
+    };
+    if done {
+        thaw_each(tools, record, points).await;
     }
 }
 
@@ -273,7 +318,7 @@ impl Driver {
                 if nests {
                     " (only mounted filesystems can be frozen)"
                 } else {
-                    " on this kernel (before Linux 6.6, LVM cannot snapshot a filesystem frozen by anyone else)"
+                    " on this kernel (before Linux 6.8, LVM cannot snapshot a filesystem frozen by anyone else)"
                 }
             )));
         }
@@ -439,7 +484,7 @@ mod tests {
         ];
         assert_eq!(cannot_hold_still(&one_in_use, false), ["a"]);
         let mounted = [m("a", true, true), m("b", true, true), m("c", false, false)];
-        // Before 6.6 neither mount can be frozen across the other's lvcreate.
+        // Before 6.8 neither mount can be frozen across the other's lvcreate.
         assert_eq!(cannot_hold_still(&mounted, false), ["a", "b"]);
         // With nesting freezes both are held still.
         assert!(cannot_hold_still(&mounted, true).is_empty());

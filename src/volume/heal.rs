@@ -416,13 +416,10 @@ impl Driver {
         }
     }
 
-    /// Start-up clean-up of what a killed driver can leave: private
-    /// reclaim mounts under `state_dir`, read-only overlays over our VG's
-    /// LVs that no node record names, and table-less overlays (a killed
-    /// `dmsetup create`) of our volumes that no record names. Runs before
-    /// the sockets are bound, so no call runs beside it. Logs what it did.
-    pub async fn clean_debris(&self) {
-        // Filesystems a group snapshot froze when the driver was killed.
+    /// Start-up, first of all (it needs no LVM): thaws the filesystems a
+    /// group snapshot froze when the driver was killed, as the freeze
+    /// records under `state_dir/frozen/` name them.
+    pub async fn thaw_left_frozen(&self) {
         let frozen = self.cfg.state_dir.join("frozen");
         if let Err(e) = self
             .tools
@@ -433,6 +430,14 @@ impl Driver {
         {
             tracing::warn!(error = %e, "start-up: could not go through the freeze records");
         }
+    }
+
+    /// Start-up clean-up of what a killed driver can leave: private
+    /// reclaim mounts under `state_dir`, read-only overlays over our VG's
+    /// LVs that no node record names, and table-less overlays (a killed
+    /// `dmsetup create`) of our volumes that no record names. Runs before
+    /// the sockets are bound, so no call runs beside it. Logs what it did.
+    pub async fn clean_debris(&self) {
         let dir = self.cfg.state_dir.join("reclaim");
         let res = self
             .tools

@@ -108,12 +108,14 @@ impl Driver {
         // the pool's metadata snapshot (and every other metadata call)
         // for ever: past this bound without taking a range, it is dropped.
         let stall = self.cfg.command_timeout();
+        let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(async move {
             let out = tx.clone();
+            let stalled_in = stalled.clone();
             let res = d
                 .lvm
                 .read_metadata(query, move |offset, length| {
-                    let out = out.clone();
+                    let (out, stalled) = (out.clone(), stalled_in.clone());
                     async move {
                         let Some(r) = clip(offset, length, start, capacity) else {
                             return true;
@@ -125,12 +127,26 @@ impl Driver {
                                     ?stall,
                                     "SnapshotMetadata: the client took no range in time; stopping"
                                 );
+                                stalled.store(true, std::sync::atomic::Ordering::SeqCst);
                                 false
                             }
                         }
                     }
                 })
                 .await;
+            // A stream cut short because the client stalled must not end
+            // as if it were whole: the metadata snapshot is released by
+            // now, so waiting here to say so holds nothing.
+            let res = res.and_then(|()| {
+                if stalled.load(std::sync::atomic::Ordering::SeqCst) {
+                    Err(Error::DeadlineExceeded(format!(
+                        "the client took no range for {stall:?}; the stream was stopped, \
+                         continue from the last range received"
+                    )))
+                } else {
+                    Ok(())
+                }
+            });
             match res {
                 Ok(()) => tracing::info!(?ask, start, "SnapshotMetadata: done"),
                 Err(e) => {

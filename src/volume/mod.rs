@@ -231,20 +231,19 @@ impl Driver {
             // Never beside a create (which activates the pool itself):
             // looked at again once no create runs. Probe answers within
             // its bound whatever runs meanwhile.
-            let Ok(_alloc) =
-                tokio::time::timeout(std::time::Duration::from_secs(2), self.alloc.lock()).await
-            else {
-                return Err(Error::Unavailable(format!(
-                    "thin pool {} is not active and a create or snapshot is running; probe again",
-                    self.lvm.lv_path(&self.lvm.pool)
-                )));
-            };
-            let fresh = self.lvm.fresh_report().await?;
-            if self.pool(&fresh)?.is_active() {
-                fresh
-            } else {
-                crate::pool::repair_half_active(&self.lvm).await?;
-                self.lvm.fresh_report().await?
+            match tokio::time::timeout(std::time::Duration::from_secs(2), self.alloc.lock()).await {
+                // A create or snapshot runs and brings the pool up itself:
+                // answer from what is known.
+                Err(_) => report,
+                Ok(_alloc) => {
+                    let fresh = self.lvm.fresh_report().await?;
+                    if self.pool(&fresh)?.is_active() {
+                        fresh
+                    } else {
+                        crate::pool::repair_half_active(&self.lvm).await?;
+                        self.lvm.fresh_report().await?
+                    }
+                }
             }
         };
         let pool = self.pool(&report)?;

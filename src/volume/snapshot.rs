@@ -8,7 +8,7 @@
 //! (device-mapper's lockfs: the kernel's freeze_bdev, the same freeze as
 //! FIFREEZE) and thaws it when the snapshot is made. An explicit FIFREEZE
 //! before `lvcreate` is not only redundant, it breaks the snapshot on
-//! kernels before 6.6: the nested freeze makes LVM's suspend fail with
+//! kernels before 6.8: the nested freeze makes LVM's suspend fail with
 //! EBUSY (measured on Debian's 6.1), so the driver leaves the freeze to LVM.
 
 use std::sync::Arc;

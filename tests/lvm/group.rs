@@ -74,7 +74,7 @@ async fn group_snapshot_of_three_mounted_volumes() {
     }
 
     // Three mounted members can be held still together only where LVM's
-    // freeze of an origin nests inside ours (Linux 6.6 and later); before
+    // freeze of an origin nests inside ours (Linux 6.8 and later); before
     // that the group must fail (write-order consistency or nothing) and
     // leave nothing frozen or made.
     let nests = thinpool_csi::node::fs::freezes_nest();
