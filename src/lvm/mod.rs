@@ -237,12 +237,7 @@ impl Lvm {
     /// Removes tag `del` and adds tag `add` in one lvchange.
     pub async fn retag(&self, name: &str, del: Option<&str>, add: Option<&str>) -> Result<()> {
         let mut args = Vec::new();
-        if let Some(t) = del {
-            args.extend(crate::argv!["--deltag", t]);
-        }
-        if let Some(t) = add {
-            args.extend(crate::argv!["--addtag", t]);
-        }
+        retag_args(&mut args, del, add);
         if args.is_empty() {
             return Ok(());
         }
@@ -260,12 +255,7 @@ impl Lvm {
         add: Option<&str>,
     ) -> Result<()> {
         let mut args = crate::argv!["--readahead", value];
-        if let Some(t) = del {
-            args.extend(crate::argv!["--deltag", t]);
-        }
-        if let Some(t) = add {
-            args.extend(crate::argv!["--addtag", t]);
-        }
+        retag_args(&mut args, del, add);
         args.push(self.lv_path(name));
         self.change("lvchange", args).await.map(drop)
     }
@@ -286,6 +276,16 @@ fn add_tags(args: &mut Vec<String>, tags: &[String]) {
     for t in tags {
         args.push("--addtag".into());
         args.push(t.clone());
+    }
+}
+
+/// `--deltag DEL --addtag ADD`, each when given.
+fn retag_args(args: &mut Vec<String>, del: Option<&str>, add: Option<&str>) {
+    if let Some(t) = del {
+        args.extend(crate::argv!["--deltag", t]);
+    }
+    if let Some(t) = add {
+        args.extend(crate::argv!["--addtag", t]);
     }
 }
 

@@ -163,7 +163,7 @@ impl Driver {
         let (cap, extent) = self.capacity(&report)?;
         let size = size(range, extent, self.cfg.default_volume_size)?;
         let size = fs_minimum(tags.access.as_ref(), size, range, extent)?;
-        self.check_headroom(size, &cap)?;
+        self.check_headroom("a new volume", size, &cap)?;
         self.lvm
             .create_thin(lv_name, size, &tags.encode(), read_ahead(tags))
             .await?;
@@ -205,7 +205,7 @@ impl Driver {
                 let src_size = self.check_source(&report, from, tags, range)?;
                 let size = size(range, extent, src_size)?.max(src_size);
                 self.check_pool_usable(&report)?;
-                self.check_headroom(size, &cap)?;
+                self.check_headroom("a copy of its source", size, &cap)?;
                 self.lvm
                     .create_snapshot(lv_name, origin, &tags.encode(), true, read_ahead(tags))
                     .await?;
@@ -221,7 +221,7 @@ impl Driver {
         };
         if size > now {
             if made.is_some() {
-                self.check_headroom(size - now, &cap)?;
+                self.check_headroom("growing the copy", size - now, &cap)?;
             }
             self.lvm.extend(lv_name, size).await?;
             tracing::info!(
@@ -313,10 +313,13 @@ impl Driver {
         .await
     }
 
-    fn check_headroom(&self, size: u64, cap: &Capacity) -> Result<()> {
+    /// RESOURCE_EXHAUSTED when `what` (a new volume, a growth, a snapshot,
+    /// a group) would add more virtual size than the pool may still hand
+    /// out at the overprovision ratio.
+    pub(super) fn check_headroom(&self, what: &str, size: u64, cap: &Capacity) -> Result<()> {
         if size > cap.virtual_headroom {
             return Err(Error::ResourceExhausted(format!(
-                "{size} bytes requested but thin pool {} can hand out only {} more bytes at overprovision ratio {}",
+                "{what} adds {size} bytes of virtual size, but thin pool {} can hand out only {} more at overprovision ratio {}",
                 self.lvm.lv_path(&self.lvm.pool),
                 cap.virtual_headroom,
                 self.cfg.overprovision_ratio
@@ -367,14 +370,7 @@ impl Driver {
                 return Ok((current, node_expansion_required));
             }
             d.check_pool_usable(&report)?;
-            if target - current > cap.virtual_headroom {
-                return Err(Error::ResourceExhausted(format!(
-                    "growing {id} by {} bytes exceeds what thin pool {} may still hand out ({} bytes)",
-                    target - current,
-                    d.lvm.lv_path(&d.lvm.pool),
-                    cap.virtual_headroom
-                )));
-            }
+            d.check_headroom(&format!("growing {id}"), target - current, &cap)?;
             d.lvm.extend(&id, target).await?;
             tracing::info!(%id, from = current, to = target, "ControllerExpandVolume: extended");
             Ok((target, node_expansion_required))
@@ -506,19 +502,19 @@ fn expandable_within(current: u64, range: &SizeRange) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn an_expansion_limit_below_the_current_size_is_out_of_range() {
-        let r = |required, limit| super::SizeRange { required, limit };
-        assert!(super::expandable_within(100, &r(50, 0)).is_ok());
-        assert!(super::expandable_within(100, &r(100, 100)).is_ok());
-        assert!(super::expandable_within(100, &r(200, 300)).is_ok());
+        let r = |required, limit| SizeRange { required, limit };
+        assert!(expandable_within(100, &r(50, 0)).is_ok());
+        assert!(expandable_within(100, &r(100, 100)).is_ok());
+        assert!(expandable_within(100, &r(200, 300)).is_ok());
         assert!(matches!(
-            super::expandable_within(100, &r(50, 99)),
-            Err(super::Error::OutOfRange(_))
+            expandable_within(100, &r(50, 99)),
+            Err(Error::OutOfRange(_))
         ));
     }
-
-    use super::*;
 
     fn names(n: &[&str]) -> Vec<String> {
         n.iter().map(|s| s.to_string()).collect()

@@ -278,13 +278,7 @@ impl Driver {
         self.check_pool_usable(&report)?;
         let (cap, _) = self.capacity(&report)?;
         let total: u64 = vols.iter().map(|v| v.lv.size).sum();
-        if total > cap.virtual_headroom {
-            return Err(Error::ResourceExhausted(format!(
-                "a group snapshot adds {total} bytes of virtual size, but thin pool {} can hand out only {} more",
-                self.lvm.lv_path(&self.lvm.pool),
-                cap.virtual_headroom
-            )));
-        }
+        self.check_headroom("a group snapshot", total, &cap)?;
         // Where each member is mounted on this node, if it is.
         let numbers: Vec<Option<(u32, u32)>> = vols
             .iter()

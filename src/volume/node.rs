@@ -463,15 +463,9 @@ impl Driver {
                 // Nothing can be mounted where no directory is; a publish
                 // recorded there must not be healed back, nor its overlay
                 // stay.
-                if let Some(mut r) = d.load_record(&id).await? {
-                    if r.publish(&target).is_some() {
-                        if r.kind == Kind::Block {
-                            block::drop_own_overlay(&d.tools, &id, &target).await?;
-                        }
-                        r.publishes.retain(|p| p.target != target.as_path());
-                        d.save_record(&r).await?;
-                    }
-                }
+                let record = d.load_record(&id).await?;
+                let recorded = record.as_ref().is_some_and(|r| r.publish(&target).is_some());
+                d.forget_publish(&id, record, recorded, &target).await?;
                 tracing::info!(%id, target = %target.display(), "NodeUnpublishVolume: target already gone");
                 return Ok(());
             };
@@ -486,16 +480,29 @@ impl Driver {
                 }
             }
             node::unpublish(&d.tools, lv, &id, &target, recorded).await?;
-            if record.as_ref().is_some_and(|r| r.kind == Kind::Block) {
-                block::drop_own_overlay(&d.tools, &id, &target).await?;
-            }
-            if let Some(r) = record.as_mut().filter(|_| recorded) {
-                r.publishes.retain(|p| p.target != target);
-                d.save_record(r).await?;
-            }
-            Ok(())
+            d.forget_publish(&id, record, recorded, &target).await
         })
         .await
+    }
+
+    /// The end of an unpublish at `target`: a block volume's read-only
+    /// overlay for it goes, and so does its entry in the record (when
+    /// `recorded`).
+    async fn forget_publish(
+        &self,
+        id: &str,
+        record: Option<Record>,
+        recorded: bool,
+        target: &Path,
+    ) -> Result<()> {
+        if record.as_ref().is_some_and(|r| r.kind == Kind::Block) {
+            block::drop_own_overlay(&self.tools, id, target).await?;
+        }
+        if let Some(mut r) = record.filter(|_| recorded) {
+            r.publishes.retain(|p| p.target != target);
+            self.save_record(&r).await?;
+        }
+        Ok(())
     }
 
     /// NodeGetVolumeStats: usage and condition of the volume at `path`.

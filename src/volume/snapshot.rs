@@ -133,15 +133,7 @@ impl Driver {
         let vol = self.must_own(&report, source)?;
         self.check_pool_usable(&report)?;
         let (cap, _) = self.capacity(&report)?;
-        if vol.lv.size > cap.virtual_headroom {
-            return Err(Error::ResourceExhausted(format!(
-                "a snapshot of {source} adds {} bytes of virtual size, but thin pool {} can hand out only {} more at overprovision ratio {}",
-                vol.lv.size,
-                self.lvm.lv_path(&self.lvm.pool),
-                cap.virtual_headroom,
-                self.cfg.overprovision_ratio
-            )));
-        }
+        self.check_headroom(&format!("a snapshot of {source}"), vol.lv.size, &cap)?;
         let tags = SnapshotTags {
             owner: self.cfg.driver_name.clone(),
             co_name,

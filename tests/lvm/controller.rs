@@ -758,28 +758,7 @@ async fn an_unzeroed_pool_is_refused_unless_accepted() {
     d.stop();
     lvm(&["lvchange", "--zero", "n", &pool]);
 
-    let errlog = d.dir.path().join("refused.log");
-    let mut refused = std::process::Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
-        .arg("--config")
-        .arg(&d.config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&errlog).unwrap())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = refused.try_wait().unwrap() {
-            break s;
-        }
-        if t.elapsed().as_secs() > 60 {
-            let _ = refused.kill();
-            let _ = refused.wait();
-            panic!("the driver still runs on an unzeroed pool after 60 s");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
-    let err = std::fs::read_to_string(&errlog).unwrap();
+    let (status, err, _) = d.run_to_exit(&[]).await;
     eprintln!(
         "MEASURE unzeroed pool: {status}: {}",
         err.trim().lines().last().unwrap_or("")

@@ -162,6 +162,40 @@ impl TestDriver {
         }
     }
 
+    /// Runs a second driver process on this config (with `args` added)
+    /// that is expected to exit on its own; returns its exit status, its
+    /// stderr and how long it ran. Panics if it still runs after 60 s.
+    pub async fn run_to_exit(&self, args: &[&str]) -> (std::process::ExitStatus, String, Duration) {
+        let errlog = self.dir.path().join("run-to-exit.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&errlog).unwrap())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("a driver expected to exit still runs after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        (
+            status,
+            std::fs::read_to_string(&errlog).unwrap(),
+            t.elapsed(),
+        )
+    }
+
     /// Stops the driver with SIGKILL (no clean-up of any kind), and reaps
     /// it. Processes it started (lvm, mkfs) are left running, as they are
     /// when only the driver process dies; see

@@ -1711,34 +1711,11 @@ async fn second_instance_is_refused_and_leaves_the_socket() {
     let addons_socket = d.dir.path().join("addons.sock");
     let inode = std::fs::metadata(&d.socket).unwrap().ino();
     let addons_inode = std::fs::metadata(&addons_socket).unwrap().ino();
-    let errlog = d.dir.path().join("second.log");
-    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
-        .arg("--config")
-        .arg(&d.config)
-        .arg("--endpoint")
-        .arg(d.uri())
-        .env("RUST_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&errlog).unwrap())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = second.try_wait().unwrap() {
-            break s;
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            let _ = second.kill();
-            let _ = second.wait();
-            panic!("a second driver on the same config is still running after 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let err = std::fs::read_to_string(&errlog).unwrap();
+    let uri = d.uri();
+    let (status, err, took) = d.run_to_exit(&["--endpoint", &uri]).await;
     eprintln!(
         "MEASURE second instance exited after {:.2}s with {status}: {}",
-        secs(t.elapsed()),
+        secs(took),
         err.trim()
     );
     assert!(!status.success(), "a second instance must fail");
