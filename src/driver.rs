@@ -10,7 +10,7 @@ use crate::node::Tools;
 pub struct Driver {
     pub cfg: Config,
     pub node_id: String,
-    pub lvm: Lvm,
+    pub lvm: std::sync::Arc<Lvm>,
     pub tools: Tools,
     /// The node records under `state_dir` (`node::record`).
     pub records: Records,
@@ -26,7 +26,7 @@ pub struct Driver {
 impl Driver {
     pub fn new(cfg: Config, node_id: String) -> Driver {
         Driver {
-            lvm: Lvm::new(&cfg),
+            lvm: std::sync::Arc::new(Lvm::new(&cfg)),
             tools: Tools::new(&cfg),
             records: Records::new(&cfg.state_dir),
             cfg,

@@ -2,8 +2,10 @@
 //! timeout, `LVM_SUPPRESS_FD_WARNINGS=1`, stderr in the error), and every
 //! read goes through one cached `lvs` report of our volume group.
 //!
-//! The cache is invalidated by our own writes, and refreshed after
-//! `report_max_age` so that Data% written by workloads is seen.
+//! The cache is kept current by applying our own writes to it
+//! ([`report::Write`]); a failed write drops it. It is read again after
+//! `report_max_age` so that changes made behind the driver's back are
+//! seen, and readers that miss it share one `lvs` (single flight).
 
 pub mod report;
 pub mod thin;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::{self, Output};
-use report::Report;
+use report::{Report, Write};
 
 /// Every command reports times as seconds since the epoch, whatever the
 /// node's lvm.conf says.
@@ -33,12 +35,16 @@ pub struct Lvm {
     no_udev: bool,
     max_age: Duration,
     cache: Mutex<Cache>,
+    /// Held while an `lvs` for the cache runs: readers that miss the cache
+    /// wait here and take the report it read (single flight).
+    refresh: tokio::sync::Mutex<()>,
     /// A pool holds one metadata snapshot at a time (`thin`).
     metadata_lock: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
 struct Cache {
+    /// The report and when the `lvs` that read it started.
     report: Option<(Instant, Arc<Report>)>,
     /// Bumped by every write, so a report read while a write ran is not
     /// stored as current.
@@ -55,6 +61,7 @@ impl Lvm {
             no_udev: cfg.no_udev(),
             max_age: Duration::from_secs(cfg.report_max_age_secs),
             cache: Mutex::new(Cache::default()),
+            refresh: tokio::sync::Mutex::new(()),
             metadata_lock: tokio::sync::Mutex::new(()),
         }
     }
@@ -84,18 +91,62 @@ impl Lvm {
         .await
     }
 
-    /// Runs an LVM command that changes state: logged, and the cached
-    /// report is dropped before and after.
+    /// Runs an LVM command that changes state, logged. The cached report
+    /// is dropped: use [`Lvm::change_with`] where the change is known.
     pub async fn change(&self, subcommand: &str, args: Vec<String>) -> Result<Output> {
+        let res = self.change_with(subcommand, args, None).await;
         self.invalidate();
-        let started = Instant::now();
+        res
+    }
+
+    /// Runs an LVM command that changes state, logged, and applies `write`
+    /// to the cached report once it succeeded; a failure drops the cache
+    /// (what LVM did is then unknown). Reads that started before the
+    /// write ended are not kept.
+    async fn change_with(
+        &self,
+        subcommand: &str,
+        args: Vec<String>,
+        write: Option<Write>,
+    ) -> Result<Output> {
+        let started = self.change_begins();
         let res = self.query(subcommand, args.clone()).await;
-        self.invalidate();
-        match &res {
-            Ok(_) => tracing::info!(subcommand, ?args, elapsed = ?started.elapsed(), "lvm: done"),
+        self.change_done(subcommand, &args, started, res.as_ref().map(drop), write);
+        res
+    }
+
+    /// Marks a change as running: reads that started before are not kept.
+    fn change_begins(&self) -> Instant {
+        self.cache.lock().unwrap().generation += 1;
+        Instant::now()
+    }
+
+    /// Ends a change: logs it, and applies `write` to the cached report
+    /// when it succeeded, or drops the cache when it failed.
+    fn change_done(
+        &self,
+        subcommand: &str,
+        args: &[String],
+        started: Instant,
+        res: std::result::Result<(), &Error>,
+        write: Option<Write>,
+    ) {
+        let mut c = self.cache.lock().unwrap();
+        c.generation += 1;
+        match (res, write) {
+            (Ok(()), Some(w)) => {
+                if let Some((_, r)) = &mut c.report {
+                    Arc::make_mut(r).apply(&w);
+                }
+            }
+            (Ok(()), None) => {}
+            (Err(_), _) => c.report = None,
+        }
+        drop(c);
+        match res {
+            Ok(()) => tracing::info!(subcommand, ?args, elapsed = ?started.elapsed(), "lvm: done"),
             Err(e) => tracing::warn!(subcommand, ?args, error = %e, "lvm: failed"),
         }
-        res
     }
 
     pub fn invalidate(&self) {
@@ -104,22 +155,71 @@ impl Lvm {
         c.report = None;
     }
 
-    /// The report of our VG, from the cache when it is fresh enough.
-    pub async fn report(&self) -> Result<Arc<Report>> {
+    /// The report of our VG from the cache. A report older than
+    /// `report_max_age` is still served (our own writes are in it), and
+    /// one `lvs` is started in the background to catch up with changes
+    /// made behind the driver's back; only an empty cache makes the caller
+    /// wait. Decisions that must not rest on a cached view use
+    /// [`Lvm::fresh_report`].
+    pub async fn report(self: &Arc<Self>) -> Result<Arc<Report>> {
+        let cached = self.cache.lock().unwrap().report.clone();
+        match cached {
+            Some((at, r)) if at.elapsed() <= self.max_age => Ok(r),
+            Some((_, r)) => {
+                self.refresh_in_background();
+                Ok(r)
+            }
+            None => self.read_since(None).await,
+        }
+    }
+
+    /// Starts one `lvs` for the cache unless one runs already. A failure
+    /// drops the cache, so the next reader waits for LVM and sees the
+    /// error.
+    fn refresh_in_background(self: &Arc<Self>) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.clone();
+        handle.spawn(async move {
+            let Ok(one) = me.refresh.try_lock() else {
+                return;
+            };
+            if let Err(e) = me.read_locked().await {
+                tracing::warn!(error = %e, "background lvs failed; the cached report is dropped");
+                me.invalidate();
+            }
+            drop(one);
+        });
+    }
+
+    /// A report read after this call began; used before decisions that
+    /// must not rest on a cached view. Callers that arrive while an `lvs`
+    /// runs share the next one.
+    pub async fn fresh_report(&self) -> Result<Arc<Report>> {
+        self.read_since(Some(Instant::now())).await
+    }
+
+    /// Single flight: waits for an `lvs` already running, and takes its
+    /// report if that `lvs` started after `since` (any report when
+    /// `None`); otherwise runs one.
+    async fn read_since(&self, since: Option<Instant>) -> Result<Arc<Report>> {
+        let _one = self.refresh.lock().await;
         {
             let c = self.cache.lock().unwrap();
             if let Some((at, r)) = &c.report {
-                if at.elapsed() <= self.max_age {
+                if since.is_none_or(|s| *at >= s) {
                     return Ok(r.clone());
                 }
             }
         }
-        self.fresh_report().await
+        self.read_locked().await
     }
 
-    /// Always asks LVM; used before destructive decisions.
-    pub async fn fresh_report(&self) -> Result<Arc<Report>> {
-        let generation = self.cache.lock().unwrap().generation;
+    /// Runs `lvs` (the caller holds `refresh`) and keeps the report unless
+    /// one of our writes ran meanwhile.
+    async fn read_locked(&self) -> Result<Arc<Report>> {
+        let (generation, started) = (self.cache.lock().unwrap().generation, Instant::now());
         let out = self
             .query("lvs", report::lvs_args(&self.vg))
             .await
@@ -132,7 +232,7 @@ impl Lvm {
         let report = Arc::new(Report::parse(&out.stdout)?);
         let mut c = self.cache.lock().unwrap();
         if c.generation == generation {
-            c.report = Some((Instant::now(), report.clone()));
+            c.report = Some((started, report.clone()));
         }
         Ok(report)
     }
@@ -170,7 +270,16 @@ impl Lvm {
         add_tags(&mut args, tags);
         add_read_ahead(&mut args, read_ahead);
         args.push(self.vg.clone());
-        self.change("lvcreate", args).await.map(drop)
+        let made = Write::CreatedThin {
+            name: name.to_string(),
+            pool: self.pool.clone(),
+            size,
+            tags: tags.to_vec(),
+            read_ahead: read_ahead.map(str::to_string),
+        };
+        self.change_with("lvcreate", args, Some(made))
+            .await
+            .map(drop)
     }
 
     /// Creates a thin snapshot `name` of the thin LV `origin` with its tags,
@@ -204,34 +313,86 @@ impl Lvm {
     }
 
     pub async fn remove(&self, name: &str) -> Result<()> {
-        self.change("lvremove", crate::argv!["--yes", self.lv_path(name)])
-            .await
-            .map(drop)
+        self.change_with(
+            "lvremove",
+            crate::argv!["--yes", self.lv_path(name)],
+            Some(Write::Removed(name.to_string())),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Removes the thin LV `name` of our pool if it carries `owner_tag`:
+    /// the ownership check runs inside the same locked LVM command that
+    /// removes, so nothing else can ever be removed. No such LV is success.
+    pub async fn remove_owned(&self, name: &str, owner_tag: &str) -> Result<()> {
+        let select = remove_selection(name, &self.pool, owner_tag)?;
+        self.change_with(
+            "lvremove",
+            crate::argv!["--yes", "--select", select, self.vg.clone()],
+            Some(Write::Removed(name.to_string())),
+        )
+        .await
+        .map(drop)
     }
 
     pub async fn extend(&self, name: &str, size: u64) -> Result<()> {
-        self.change(
+        self.change_with(
             "lvextend",
             crate::argv!["--size", format!("{size}b"), self.lv_path(name)],
+            Some(Write::Resized {
+                name: name.to_string(),
+                size,
+            }),
         )
         .await
         .map(drop)
     }
 
     /// Activates an LV (`-K` so thin snapshots, which carry the
-    /// activation-skip flag, activate too).
-    pub async fn activate(&self, name: &str) -> Result<()> {
-        self.change(
-            "lvchange",
-            crate::argv![
-                "--activate",
-                "y",
-                "--ignoreactivationskip",
+    /// activation-skip flag, activate too) and returns the device numbers
+    /// the kernel gave it, read from device-mapper, not from another `lvs`.
+    pub async fn activate(&self, name: &str) -> Result<(u32, u32)> {
+        let args = crate::argv![
+            "--activate",
+            "y",
+            "--ignoreactivationskip",
+            self.lv_path(name)
+        ];
+        let started = self.change_begins();
+        let res = self.query("lvchange", args.clone()).await;
+        let kernel = match res {
+            Ok(_) => self.kernel_numbers(name).await,
+            Err(e) => Err(e),
+        };
+        let write = kernel.as_ref().ok().map(|k| Write::Activated {
+            name: name.to_string(),
+            kernel: *k,
+        });
+        // Logged and applied like every change; on failure the cache goes.
+        self.change_done("lvchange", &args, started, kernel.as_ref().map(drop), write);
+        kernel
+    }
+
+    /// The device numbers of the active LV `name`.
+    async fn kernel_numbers(&self, name: &str) -> Result<(u32, u32)> {
+        self.live_device(name).await?.ok_or_else(|| {
+            Error::Internal(format!(
+                "LVM activated {} but device-mapper shows no live device for it",
                 self.lv_path(name)
-            ],
-        )
+            ))
+        })
+    }
+
+    /// The device numbers of LV `name` if device-mapper has it live (one
+    /// ioctl, no LVM command): whether it is active, whatever the cached
+    /// report says.
+    pub async fn live_device(&self, name: &str) -> Result<Option<(u32, u32)>> {
+        let dm_name = crate::node::dm::lv_dm_name(&self.vg, name);
+        crate::blocking::run("read an LV's device numbers", self.timeout, move || {
+            Ok(crate::sys::dm_numbers(&dm_name)?)
+        })
         .await
-        .map(drop)
     }
 
     /// Removes tag `del` and adds tag `add` in one lvchange.
@@ -242,7 +403,14 @@ impl Lvm {
             return Ok(());
         }
         args.push(self.lv_path(name));
-        self.change("lvchange", args).await.map(drop)
+        let write = Write::Retagged {
+            name: name.to_string(),
+            del: del.map(str::to_string),
+            add: add.map(str::to_string),
+        };
+        self.change_with("lvchange", args, Some(write))
+            .await
+            .map(drop)
     }
 
     /// Sets the LV's read-ahead (`auto` or sectors) and, in the same
@@ -261,9 +429,10 @@ impl Lvm {
     }
 
     pub async fn deactivate(&self, name: &str) -> Result<()> {
-        self.change(
+        self.change_with(
             "lvchange",
             crate::argv!["--activate", "n", self.lv_path(name)],
+            Some(Write::Deactivated(name.to_string())),
         )
         .await
         .map(drop)
@@ -289,6 +458,25 @@ fn retag_args(args: &mut Vec<String>, del: Option<&str>, add: Option<&str>) {
     }
 }
 
+/// The `--select` of [`Lvm::remove_owned`]: this name, in this pool, with
+/// this tag among its tags. Names and tags that could break out of the
+/// quoted strings are refused (ours never do).
+fn remove_selection(name: &str, pool: &str, tag: &str) -> Result<String> {
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+_.-/=!:&#".contains(c))
+    };
+    if !(plain(name) && plain(pool) && plain(tag)) {
+        return Err(Error::Internal(format!(
+            "cannot select LV {name:?} of pool {pool:?} by tag {tag:?}: unexpected characters"
+        )));
+    }
+    Ok(format!(
+        "lv_name=\"{name}\" && pool_lv=\"{pool}\" && lv_tags={{\"{tag}\"}}"
+    ))
+}
+
 fn add_read_ahead(args: &mut Vec<String>, read_ahead: Option<&str>) {
     if let Some(r) = read_ahead {
         args.extend(crate::argv!["--readahead", r]);
@@ -299,6 +487,7 @@ fn add_read_ahead(args: &mut Vec<String>, read_ahead: Option<&str>) {
 mod tests {
     use super::*;
     use crate::config::UdevMode;
+    use std::path::{Path, PathBuf};
 
     fn lvm(udev: UdevMode) -> Lvm {
         let cfg = Config {
@@ -324,17 +513,19 @@ mod tests {
         assert!(!on[2].contains("udev"));
     }
 
-    #[tokio::test]
-    async fn cache_serves_until_invalidated() {
-        // A fake `lvm` that counts its calls in a file and prints a report.
-        let dir = tempfile::tempdir().unwrap();
-        let count = dir.path().join("count");
-        let script = dir.path().join("lvm");
+    /// A fake `lvm` that logs each subcommand to a file; its `lvs` waits
+    /// while a file `hold` exists, sleeps `delay`, prints a report of one
+    /// thin pool and logs `lvs-done`; its `lvremove` fails.
+    fn fake_lvm(dir: &Path, delay: &str, max_age: u64) -> (Arc<Lvm>, PathBuf) {
+        let calls = dir.join("calls");
+        let script = dir.join("lvm");
+        let pool = r#"{"lv_name":"pool","vg_name":"vg1","lv_attr":"twi-aotz--","lv_size":"8388608","pool_lv":"","segtype":"thin-pool","data_percent":"1.00","metadata_percent":"1.00","lv_tags":"","lv_health_status":"","lv_kernel_major":"253","lv_kernel_minor":"1","vg_extent_size":"4194304","vg_size":"16777216","vg_free":"0","chunk_size":"65536"}"#;
         std::fs::write(
             &script,
             format!(
-                "#!/bin/sh\necho x >> {}\necho '{{\"report\":[{{\"lv\":[]}}]}}'\n",
-                count.display()
+                "#!/bin/sh\necho \"$1\" >> {calls}\ncase $1 in\n lvs) while [ -e {hold} ]; do sleep 0.02; done; sleep {delay}; echo '{{\"report\":[{{\"lv\":[{pool}]}}]}}'; echo lvs-done >> {calls} ;;\n lvremove) exit 5 ;;\nesac\n",
+                calls = calls.display(),
+                hold = dir.join("hold").display()
             ),
         )
         .unwrap();
@@ -343,20 +534,126 @@ mod tests {
         let cfg = Config {
             lvm_binary: script.display().to_string(),
             udev: UdevMode::On,
-            report_max_age_secs: 3600,
+            volume_group: "vg1".into(),
+            thin_pool: "pool".into(),
+            report_max_age_secs: max_age,
             ..Config::default()
         };
-        let lvm = Lvm::new(&cfg);
-        let calls = || std::fs::read_to_string(&count).unwrap().lines().count();
+        (Arc::new(Lvm::new(&cfg)), calls)
+    }
+
+    fn count(calls: &Path, sub: &str) -> usize {
+        std::fs::read_to_string(calls)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == sub)
+            .count()
+    }
+
+    #[tokio::test]
+    async fn cache_serves_until_invalidated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 3600);
+        let lvs = || count(&calls, "lvs");
         lvm.report().await.unwrap();
         lvm.report().await.unwrap();
-        assert_eq!(calls(), 1, "second read must come from the cache");
+        assert_eq!(lvs(), 1, "second read must come from the cache");
         lvm.invalidate();
         lvm.report().await.unwrap();
-        assert_eq!(calls(), 2);
+        assert_eq!(lvs(), 2);
         lvm.fresh_report().await.unwrap();
-        assert_eq!(calls(), 3);
+        assert_eq!(lvs(), 3);
         lvm.report().await.unwrap();
-        assert_eq!(calls(), 3);
+        assert_eq!(lvs(), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn readers_that_miss_share_one_lvs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "1", 3600);
+        let readers: Vec<_> = (0..8)
+            .map(|i| {
+                let lvm = lvm.clone();
+                tokio::spawn(async move {
+                    if i % 2 == 0 {
+                        lvm.report().await.map(drop)
+                    } else {
+                        lvm.fresh_report().await.map(drop)
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            r.await.unwrap().unwrap();
+        }
+        // Fresh readers that arrived while the first lvs ran need one
+        // started after them: at most one more.
+        let n = count(&calls, "lvs");
+        assert!((1..=2).contains(&n), "{n} lvs for 8 concurrent readers");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn our_writes_keep_the_cache_current_and_a_failure_drops_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 3600);
+        lvm.report().await.unwrap();
+        lvm.create_thin("csi-a", 4 << 20, &["tpcsi.owner=x".into()], None)
+            .await
+            .unwrap();
+        lvm.extend("csi-a", 8 << 20).await.unwrap();
+        let r = lvm.report().await.unwrap();
+        assert_eq!(count(&calls, "lvs"), 1, "no lvs after our own writes");
+        assert_eq!(r.find("csi-a").unwrap().size, 8 << 20);
+        assert_eq!(r.thin_volumes("pool").count(), 1);
+        // The fake lvremove fails: what LVM did is unknown, so the next
+        // read asks LVM again.
+        assert!(lvm.remove_owned("csi-a", "tpcsi.owner=x").await.is_err());
+        let r = lvm.report().await.unwrap();
+        assert_eq!(count(&calls, "lvs"), 2);
+        assert!(r.find("csi-a").is_none(), "LVM's view, not ours");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_report_is_served_while_one_lvs_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 0);
+        lvm.report().await.unwrap();
+        assert_eq!(count(&calls, "lvs-done"), 1);
+        // From now on lvs does not finish until `hold` is gone.
+        let hold = dir.path().join("hold");
+        std::fs::write(&hold, "").unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        for _ in 0..5 {
+            lvm.report().await.unwrap();
+        }
+        assert_eq!(
+            count(&calls, "lvs-done"),
+            1,
+            "stale reads were answered while lvs could not finish"
+        );
+        std::fs::remove_file(&hold).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count(&calls, "lvs-done") < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            count(&calls, "lvs"),
+            2,
+            "one background lvs for five stale reads"
+        );
+        assert_eq!(count(&calls, "lvs-done"), 2);
+    }
+
+    #[test]
+    fn removal_selects_name_pool_and_owner_tag() {
+        let s = remove_selection("csi-a-1", "pool", "tpcsi.owner=d.x").unwrap();
+        assert_eq!(
+            s,
+            r#"lv_name="csi-a-1" && pool_lv="pool" && lv_tags={"tpcsi.owner=d.x"}"#
+        );
+        assert!(remove_selection("a\"b", "pool", "t").is_err());
+        assert!(remove_selection("a", "pool", "t} || lv_name=x").is_err());
+        assert!(remove_selection("", "pool", "t").is_err());
     }
 }

@@ -61,6 +61,14 @@ impl Lv {
     fn attr_char(&self, i: usize) -> char {
         self.attr.chars().nth(i).unwrap_or('-')
     }
+    fn set_attr_char(&mut self, i: usize, c: char) {
+        let mut chars: Vec<char> = self.attr.chars().collect();
+        if chars.len() <= i {
+            chars.resize(i + 1, '-');
+        }
+        chars[i] = c;
+        self.attr = chars.into_iter().collect();
+    }
     pub fn is_thin_pool(&self) -> bool {
         self.attr_char(0) == 't'
     }
@@ -205,6 +213,130 @@ impl Report {
         self.lvs
             .iter()
             .filter(move |lv| lv.is_thin_volume() && lv.pool == pool)
+    }
+}
+
+/// One of the driver's own LVM writes, as it changes the report: applied
+/// to the cached report once the command succeeded, so the next read needs
+/// no `lvs` (see `Lvm::change_with`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// `lvcreate --type thin --activate n` of `name` in `pool`.
+    CreatedThin {
+        name: String,
+        pool: String,
+        size: u64,
+        tags: Vec<String>,
+        read_ahead: Option<String>,
+    },
+    Removed(String),
+    Resized {
+        name: String,
+        size: u64,
+    },
+    /// Activated, with the device numbers the kernel gave it.
+    Activated {
+        name: String,
+        kernel: (u32, u32),
+    },
+    Deactivated(String),
+    Retagged {
+        name: String,
+        del: Option<String>,
+        add: Option<String>,
+    },
+}
+
+impl Report {
+    /// Applies one of our writes. Idempotent: a report read after the
+    /// write already shows it, and applying it again changes nothing.
+    pub fn apply(&mut self, w: &Write) {
+        match w {
+            Write::CreatedThin {
+                name,
+                pool,
+                size,
+                tags,
+                read_ahead,
+            } => {
+                if self.find(name).is_some() {
+                    return;
+                }
+                // VG figures are the same on every row, and a thin LV
+                // takes nothing from the VG's free space.
+                let Some(p) = self.find(pool).cloned() else {
+                    return;
+                };
+                let mut tags = tags.clone();
+                tags.sort();
+                self.lvs.push(Lv {
+                    name: name.clone(),
+                    vg: p.vg.clone(),
+                    // Thin volume, writable, inherited allocation,
+                    // inactive, thin target, zeroing as LVM shows it.
+                    attr: "Vwi---tz--".into(),
+                    size: *size,
+                    pool: pool.clone(),
+                    segtype: "thin".into(),
+                    data_percent: None,
+                    metadata_percent: None,
+                    tags,
+                    health: String::new(),
+                    kernel: None,
+                    vg_extent_size: p.vg_extent_size,
+                    vg_size: p.vg_size,
+                    vg_free: p.vg_free,
+                    chunk_size: 0,
+                    created: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .ok()
+                        .map(|d| d.as_secs() as i64),
+                    origin: String::new(),
+                    read_ahead: match read_ahead.as_deref() {
+                        None | Some("auto") => "auto".into(),
+                        Some(sectors) => sectors
+                            .parse::<u64>()
+                            .map_or_else(|_| sectors.to_string(), |n| (n * 512).to_string()),
+                    },
+                    thin_id: None,
+                });
+            }
+            Write::Removed(name) => self.lvs.retain(|lv| lv.name != *name),
+            Write::Resized { name, size } => {
+                if let Some(lv) = self.find_mut(name) {
+                    lv.size = *size;
+                }
+            }
+            Write::Activated { name, kernel } => {
+                if let Some(lv) = self.find_mut(name) {
+                    lv.set_attr_char(4, 'a');
+                    lv.kernel = Some(*kernel);
+                }
+            }
+            Write::Deactivated(name) => {
+                if let Some(lv) = self.find_mut(name) {
+                    lv.set_attr_char(4, '-');
+                    lv.set_attr_char(5, '-');
+                    lv.kernel = None;
+                    lv.data_percent = None;
+                }
+            }
+            Write::Retagged { name, del, add } => {
+                if let Some(lv) = self.find_mut(name) {
+                    lv.tags.retain(|t| Some(t) != del.as_ref());
+                    if let Some(a) = add {
+                        if !lv.tags.contains(a) {
+                            lv.tags.push(a.clone());
+                            lv.tags.sort();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn find_mut(&mut self, name: &str) -> Option<&mut Lv> {
+        self.lvs.iter_mut().find(|lv| lv.name == name)
     }
 }
 
@@ -491,6 +623,66 @@ mod tests {
         // Over-committed beyond the ratio: no headroom, never negative.
         assert_eq!(Capacity::compute(gib, 0.0, 1.0, 2 * gib).available(), 0);
         assert_eq!(Capacity::compute(gib, 150.0, 1.0, 0).physical_free, 0);
+    }
+
+    #[test]
+    fn our_writes_apply_to_a_cached_report_as_lvs_would_show_them() {
+        let mut r = Report::parse(SAMPLE).unwrap();
+        let before = r.clone();
+        let w = Write::CreatedThin {
+            name: "csi-new-1".into(),
+            pool: "pool".into(),
+            size: 8 << 20,
+            tags: vec!["tpcsi.owner=d.x".into(), "tpcsi.a=1".into()],
+            read_ahead: Some("256".into()),
+        };
+        r.apply(&w);
+        r.apply(&w);
+        assert_eq!(r.lvs.len(), before.lvs.len() + 1, "idempotent");
+        let v = r.find("csi-new-1").unwrap().clone();
+        assert!(v.is_thin_volume() && !v.is_active() && !v.is_open());
+        assert_eq!(v.pool, "pool");
+        assert_eq!(v.size, 8 << 20);
+        assert_eq!(v.tags, vec!["tpcsi.a=1", "tpcsi.owner=d.x"]);
+        assert_eq!(v.read_ahead, "131072");
+        assert_eq!(v.vg_extent_size, 4194304);
+        assert_eq!(r.thin_volumes("pool").count(), 2);
+
+        r.apply(&Write::Activated {
+            name: "csi-new-1".into(),
+            kernel: (253, 9),
+        });
+        let v = r.find("csi-new-1").unwrap();
+        assert!(v.is_active());
+        assert_eq!(v.kernel, Some((253, 9)));
+        assert_eq!(v.attr, "Vwi-a-tz--");
+        r.apply(&Write::Resized {
+            name: "csi-new-1".into(),
+            size: 12 << 20,
+        });
+        r.apply(&Write::Retagged {
+            name: "csi-new-1".into(),
+            del: Some("tpcsi.a=1".into()),
+            add: Some("tpcsi.a=2".into()),
+        });
+        let v = r.find("csi-new-1").unwrap();
+        assert_eq!(v.size, 12 << 20);
+        assert_eq!(v.tags, vec!["tpcsi.a=2", "tpcsi.owner=d.x"]);
+        r.apply(&Write::Deactivated("csi-new-1".into()));
+        let v = r.find("csi-new-1").unwrap();
+        assert!(!v.is_active() && v.kernel.is_none());
+        r.apply(&Write::Removed("csi-new-1".into()));
+        r.apply(&Write::Removed("csi-new-1".into()));
+        assert_eq!(r.lvs, before.lvs);
+        // A create in a pool the report does not show is not guessed.
+        r.apply(&Write::CreatedThin {
+            name: "x".into(),
+            pool: "nopool".into(),
+            size: 1,
+            tags: vec![],
+            read_ahead: None,
+        });
+        assert!(r.find("x").is_none());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! "Nothing found" is not "empty": a device full of data in no known format
 //! probes the same as a fresh one. Thin volumes let us tell the two apart
 //! exactly: a thin LV that was never written maps no blocks of the pool,
-//! and `dmsetup status` reports how many sectors it maps. So a device is
+//! and device-mapper's status of it says how many sectors it maps. So a device is
 //! formatted only when blkid finds no signature *and* the volume maps zero
 //! sectors; anything else is refused and left as it is.
 

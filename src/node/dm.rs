@@ -1,6 +1,6 @@
 //! Device-mapper, for what LVM does not offer the node:
 //!
-//! - **Mapped sectors of a thin volume** (`dmsetup status`): exact, where
+//! - **Mapped sectors of a thin volume** (its DM_TABLE_STATUS): exact, where
 //!   the Data% of `lvs` is rounded to 0.01 % (one written chunk of a
 //!   100 GiB volume still shows 0.00). The format guard relies on it.
 //! - **Read-only overlays** for read-only raw block publishes. A device
@@ -36,42 +36,50 @@ pub fn overlay_name(volume_id: &str, target: &Path) -> String {
     )
 }
 
-/// Parses the `dmsetup status` line of a thin device:
-/// `<start> <length> thin <mapped sectors> <highest mapped sector|->`.
-pub fn parse_thin_status(status: &str) -> Result<u64> {
-    let line = status.lines().next().unwrap_or("").trim();
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    match fields.as_slice() {
-        [_, _, "thin", "Fail", ..] => Err(Error::FailedPrecondition(
+/// Parses the status of a thin device's one target (`<mapped sectors>
+/// <highest mapped sector|->`, or `Fail`): its mapped sectors.
+pub fn parse_thin_status(target: &crate::sys::TargetStatus) -> Result<u64> {
+    let fields: Vec<&str> = target.status.split_whitespace().collect();
+    match (target.target_type.as_str(), fields.as_slice()) {
+        ("thin", ["Fail", ..]) => Err(Error::FailedPrecondition(
             "the thin volume is marked Fail by the kernel: check the thin pool (dmesg, lvs -a)"
                 .into(),
         )),
-        [_, _, "thin", mapped, ..] => mapped.parse().map_err(|_| {
+        ("thin", [mapped, ..]) => mapped.parse().map_err(|_| {
             Error::Internal(format!(
-                "dmsetup status: bad mapped sector count in {line:?}"
+                "thin status: bad mapped sector count in {:?}",
+                target.status
             ))
         }),
         _ => Err(Error::Internal(format!(
-            "dmsetup status: not a thin device: {line:?}"
+            "not a thin device: {} target with status {:?}",
+            target.target_type, target.status
         ))),
     }
 }
 
-/// How many sectors of the pool the active thin volume `major:minor` maps.
+/// How many sectors of the pool the active thin volume `major:minor` maps
+/// (DM_TABLE_STATUS: no `dmsetup` process).
 pub async fn thin_mapped_sectors(tools: &Tools, major: u32, minor: u32) -> Result<u64> {
-    let out = tools
-        .run(
-            "dmsetup",
-            &[
-                "status".to_string(),
-                "-j".into(),
-                major.to_string(),
-                "-m".into(),
-                minor.to_string(),
-            ],
-        )
-        .await?;
-    parse_thin_status(&out.stdout)
+    let targets = tools
+        .blocking("read a thin volume's mapped sectors", move || {
+            Ok(crate::sys::dm_table_status(crate::sys::By::Numbers(
+                major, minor,
+            ))?)
+        })
+        .await?
+        .ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "device {major}:{minor} is not active in device-mapper"
+            ))
+        })?;
+    match targets.as_slice() {
+        [one] => parse_thin_status(one),
+        more => Err(Error::Internal(format!(
+            "device {major}:{minor} has {} targets, not one thin target",
+            more.len()
+        ))),
+    }
 }
 
 fn sys_dir(major: u32, minor: u32) -> PathBuf {
@@ -348,14 +356,21 @@ mod tests {
 
     #[test]
     fn thin_status_lines() {
-        assert_eq!(parse_thin_status("0 819200 thin 0 -\n").unwrap(), 0);
-        assert_eq!(parse_thin_status("0 819200 thin 384 13183\n").unwrap(), 384);
+        let t = |ty: &str, status: &str| crate::sys::TargetStatus {
+            start: 0,
+            length: 819200,
+            target_type: ty.into(),
+            status: status.into(),
+        };
+        assert_eq!(parse_thin_status(&t("thin", "0 -")).unwrap(), 0);
+        assert_eq!(parse_thin_status(&t("thin", "384 13183")).unwrap(), 384);
         assert!(matches!(
-            parse_thin_status("0 819200 thin Fail\n"),
+            parse_thin_status(&t("thin", "Fail")),
             Err(Error::FailedPrecondition(_))
         ));
-        assert!(parse_thin_status("0 819200 linear\n").is_err());
-        assert!(parse_thin_status("").is_err());
+        assert!(parse_thin_status(&t("linear", "")).is_err());
+        assert!(parse_thin_status(&t("thin", "")).is_err());
+        assert!(parse_thin_status(&t("thin", "x 1")).is_err());
     }
 
     #[test]

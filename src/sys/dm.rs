@@ -1,5 +1,6 @@
-//! Device-mapper status, straight from the kernel (DM_DEV_STATUS), for
-//! checks that must be cheap enough to make often.
+//! Device-mapper status, straight from the kernel (DM_DEV_STATUS,
+//! DM_TABLE_STATUS), for checks that must be cheap enough to make often:
+//! no `dmsetup` process, no LVM command.
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -16,6 +17,10 @@ pub(crate) mod ioctl {
     /// `_IOWR(0xfd, 7, struct dm_ioctl)`: DM_DEV_STATUS.
     pub const DM_DEV_STATUS: Request = nix::request_code_readwrite!(0xfd, 7, size_of::<DmIoctl>());
     nix::ioctl_readwrite_bad!(dm_dev_status, DM_DEV_STATUS, DmIoctl);
+    /// `_IOWR(0xfd, 12, struct dm_ioctl)`: DM_TABLE_STATUS.
+    pub const DM_TABLE_STATUS: Request =
+        nix::request_code_readwrite!(0xfd, 12, size_of::<DmIoctl>());
+    nix::ioctl_readwrite_bad!(dm_table_status, DM_TABLE_STATUS, DmIoctl);
 }
 
 /// `struct dm_ioctl` from `<linux/dm-ioctl.h>` (312 bytes).
@@ -41,19 +46,23 @@ const DM_CONTROL: &str = "/dev/mapper/control";
 /// `flags` bit of `struct dm_ioctl`: the device has a live table.
 const DM_ACTIVE_PRESENT_FLAG: u32 = 1 << 5;
 
-/// Which device DM_DEV_STATUS asks about.
-enum By<'a> {
+/// `flags` bit: the answer did not fit the buffer.
+const DM_BUFFER_FULL_FLAG: u32 = 1 << 8;
+
+/// `flags` bit: do not flush (a thin pool's status would otherwise commit
+/// its metadata first).
+const DM_NOFLUSH_FLAG: u32 = 1 << 11;
+
+/// Which device a status ioctl asks about.
+pub enum By<'a> {
     Numbers(u32, u32),
     Name(&'a str),
 }
 
-/// DM_DEV_STATUS on `/dev/mapper/control`; `None` when no such device.
-fn dev_status(by: By) -> Result<Option<DmIoctl>> {
-    let control = Path::new(DM_CONTROL);
-    let fd = open("open", control, OFlag::O_RDWR)?;
-    let mut io = DmIoctl {
+fn header(data_size: usize) -> DmIoctl {
+    DmIoctl {
         version: [4, 0, 0],
-        data_size: std::mem::size_of::<DmIoctl>() as u32,
+        data_size: data_size as u32,
         data_start: 0,
         target_count: 0,
         open_count: 0,
@@ -64,8 +73,13 @@ fn dev_status(by: By) -> Result<Option<DmIoctl>> {
         name: [0; 128],
         uuid: [0; 129],
         data: [0; 7],
-    };
-    let what = match by {
+    }
+}
+
+/// Fills in which device `io` asks about; `None` for a name device-mapper
+/// cannot hold (no such device).
+fn address(io: &mut DmIoctl, by: &By) -> Option<String> {
+    Some(match *by {
         By::Numbers(major, minor) => {
             io.dev = libc::makedev(major, minor);
             format!("device {major}:{minor}")
@@ -73,12 +87,22 @@ fn dev_status(by: By) -> Result<Option<DmIoctl>> {
         By::Name(name) => {
             let bytes = name.as_bytes();
             if bytes.len() >= io.name.len() {
-                return Ok(None);
+                return None;
             }
             io.name[..bytes.len()].copy_from_slice(bytes);
             format!("device {name}")
         }
+    })
+}
+
+/// DM_DEV_STATUS on `/dev/mapper/control`; `None` when no such device.
+fn dev_status(by: By) -> Result<Option<DmIoctl>> {
+    let control = Path::new(DM_CONTROL);
+    let mut io = header(std::mem::size_of::<DmIoctl>());
+    let Some(what) = address(&mut io, &by) else {
+        return Ok(None);
     };
+    let fd = open("open", control, OFlag::O_RDWR)?;
     // SAFETY: the fd is open and `io` is a valid, fully sized dm_ioctl.
     match unsafe { ioctl::dm_dev_status(fd.as_raw_fd(), &mut io) } {
         Ok(_) => Ok(Some(io)),
@@ -108,4 +132,153 @@ pub fn dm_open_count(major: u32, minor: u32) -> Result<u32> {
 /// kernel shows such a device nowhere in sysfs).
 pub fn dm_has_table(name: &str) -> Result<Option<bool>> {
     Ok(dev_status(By::Name(name))?.map(|io| io.flags & DM_ACTIVE_PRESENT_FLAG != 0))
+}
+
+/// The device numbers of the device-mapper device `name`, if it exists
+/// (DM_DEV_STATUS): what LVM made when it activated an LV, without asking
+/// LVM.
+pub fn dm_numbers(name: &str) -> Result<Option<(u32, u32)>> {
+    Ok(dev_status(By::Name(name))?
+        .filter(|io| io.flags & DM_ACTIVE_PRESENT_FLAG != 0)
+        .map(|io| (libc::major(io.dev), libc::minor(io.dev))))
+}
+
+/// One target of a device's live table and its status line, as
+/// `dmsetup status` prints them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetStatus {
+    pub start: u64,
+    pub length: u64,
+    pub target_type: String,
+    pub status: String,
+}
+
+/// `struct dm_target_spec` from `<linux/dm-ioctl.h>` (40 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TargetSpec {
+    sector_start: u64,
+    length: u64,
+    status: i32,
+    next: u32,
+    target_type: [u8; 16],
+}
+
+/// The status of every target of the device `by` (DM_TABLE_STATUS, without
+/// flushing); `None` when there is no such device.
+pub fn dm_table_status(by: By) -> Result<Option<Vec<TargetStatus>>> {
+    let control = Path::new(DM_CONTROL);
+    let fd = open("open", control, OFlag::O_RDWR)?;
+    let mut size = 16 * 1024;
+    loop {
+        // u64 words keep the buffer aligned for dm_ioctl and the specs.
+        let mut buf = vec![0u64; size / 8];
+        let mut io = header(size);
+        io.flags = DM_NOFLUSH_FLAG;
+        let Some(what) = address(&mut io, &by) else {
+            return Ok(None);
+        };
+        let io_ptr = buf.as_mut_ptr() as *mut DmIoctl;
+        // SAFETY: `buf` is `size` bytes, aligned to 8, larger than a
+        // dm_ioctl; the kernel writes at most `data_size` bytes into it.
+        let res = unsafe {
+            io_ptr.write(io);
+            ioctl::dm_table_status(fd.as_raw_fd(), io_ptr)
+        };
+        match res {
+            Ok(_) => {}
+            Err(nix::errno::Errno::ENXIO) => return Ok(None),
+            Err(e) => return Err(SysError::new("DM_TABLE_STATUS", control, e).with_detail(what)),
+        }
+        // SAFETY: the kernel filled in the header.
+        let io = unsafe { io_ptr.read() };
+        if io.flags & DM_BUFFER_FULL_FLAG != 0 {
+            size *= 4;
+            continue;
+        }
+        // SAFETY: u64 words viewed as the bytes they hold.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, size) };
+        let end = (io.data_size as usize).min(size);
+        return Ok(Some(parse_targets(
+            bytes.get(io.data_start as usize..end).unwrap_or(&[]),
+            io.target_count,
+        )));
+    }
+}
+
+/// The targets DM_TABLE_STATUS wrote: each a `dm_target_spec` followed by
+/// its NUL-terminated status line; `next` counts from the first spec.
+fn parse_targets(data: &[u8], count: u32) -> Vec<TargetStatus> {
+    let spec_len = std::mem::size_of::<TargetSpec>();
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for _ in 0..count {
+        let Some(raw) = data.get(at..at + spec_len) else {
+            break;
+        };
+        // SAFETY: `raw` holds `spec_len` bytes; read unaligned.
+        let spec = unsafe { (raw.as_ptr() as *const TargetSpec).read_unaligned() };
+        let text = |b: &[u8]| {
+            let b = b.split(|c| *c == 0).next().unwrap_or(&[]);
+            String::from_utf8_lossy(b).into_owned()
+        };
+        out.push(TargetStatus {
+            start: spec.sector_start,
+            length: spec.length,
+            target_type: text(&spec.target_type),
+            status: text(data.get(at + spec_len..).unwrap_or(&[])),
+        });
+        if spec.next as usize <= at {
+            break;
+        }
+        at = spec.next as usize;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(start: u64, len: u64, next: u32, ty: &str, status: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(start.to_ne_bytes());
+        b.extend(len.to_ne_bytes());
+        b.extend(0i32.to_ne_bytes());
+        b.extend(next.to_ne_bytes());
+        let mut t = [0u8; 16];
+        t[..ty.len()].copy_from_slice(ty.as_bytes());
+        b.extend(t);
+        b.extend(status.as_bytes());
+        b.push(0);
+        while b.len() % 8 != 0 {
+            b.push(0);
+        }
+        b
+    }
+
+    #[test]
+    fn table_status_targets_are_read_as_the_kernel_lays_them_out() {
+        let first = spec(0, 8192, 0, "thin", "2048 4095");
+        let next = first.len() as u32;
+        let mut data = spec(0, 8192, next, "thin", "2048 4095");
+        data.extend(spec(8192, 100, 0, "linear", ""));
+        let t = parse_targets(&data, 2);
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            t[0],
+            TargetStatus {
+                start: 0,
+                length: 8192,
+                target_type: "thin".into(),
+                status: "2048 4095".into()
+            }
+        );
+        assert_eq!(t[1].start, 8192);
+        assert_eq!(t[1].target_type, "linear");
+        // A count larger than what is there stops at the end.
+        assert_eq!(parse_targets(&data[..next as usize], 5).len(), 1);
+        assert_eq!(std::mem::size_of::<TargetSpec>(), 40);
+        assert_eq!(std::mem::size_of::<DmIoctl>(), 312);
+    }
 }

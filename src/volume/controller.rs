@@ -158,8 +158,7 @@ impl Driver {
         range: Option<&SizeRange>,
     ) -> Result<VolumeInfo> {
         let _alloc = self.alloc.lock().await;
-        let report = self.lvm.report().await?;
-        self.check_pool_usable(&report)?;
+        let report = self.usable_report().await?;
         let (cap, extent) = self.capacity(&report)?;
         let size = size(range, extent, self.cfg.default_volume_size)?;
         let size = fs_minimum(tags.access.as_ref(), size, range, extent)?;
@@ -331,15 +330,24 @@ impl Driver {
     /// DeleteVolume: removes the LV when it is ours; gone is success.
     pub async fn delete_volume(self: &Arc<Self>, id: VolumeId) -> Result<()> {
         self.detached(&id.clone(), "DeleteVolume", move |d, _| async move {
-            // Never decide a removal on a cached view.
-            let report = d.lvm.fresh_report().await?;
-            if d.owned(&report, &id)?.is_none() {
-                tracing::info!(%id, "DeleteVolume: already gone");
-                return Ok(());
+            // The cached view refuses a foreign LV early; the removal
+            // itself checks name, pool and owner tag inside the locked
+            // LVM command, so it can never remove what is not ours.
+            let report = d.lvm.report().await?;
+            let mut known = d.owned(&report, &id)?.is_some();
+            if !known && d.load_record(&id).await?.is_some() {
+                // Recorded here but not in the cached view: look again.
+                known = d.owned(&*d.lvm.fresh_report().await?, &id)?.is_some();
+                if !known {
+                    tracing::info!(%id, "DeleteVolume: already gone");
+                    return d.forget_node_state(&id).await;
+                }
             }
-            d.refuse_if_in_use(&id, "DeleteVolume").await?;
-            d.lvm.remove(&id).await?;
-            tracing::info!(%id, "DeleteVolume: removed");
+            if known {
+                d.refuse_if_in_use(&id, "DeleteVolume").await?;
+            }
+            d.lvm.remove_owned(&id, &d.owner_tag()).await?;
+            tracing::info!(%id, known, "DeleteVolume: removed (if it existed)");
             // Nothing of a deleted volume can be staged here any more.
             d.forget_node_state(&id).await
         })
@@ -363,13 +371,14 @@ impl Driver {
             let node_expansion_required = vol.tags.access.is_some() || requested.is_some();
             let current = vol.lv.size;
             expandable_within(current, &range)?;
-            let (cap, extent) = d.capacity(&report)?;
+            let (_, extent) = d.capacity(&report)?;
             let target = size(Some(&range), extent, vol.lv.size)?;
             if target <= current {
                 tracing::info!(%id, current, target, "ControllerExpandVolume: already large enough");
                 return Ok((current, node_expansion_required));
             }
-            d.check_pool_usable(&report)?;
+            let report = d.usable_report().await?;
+            let (cap, _) = d.capacity(&report)?;
             d.check_headroom(&format!("growing {id}"), target - current, &cap)?;
             d.lvm.extend(&id, target).await?;
             tracing::info!(%id, from = current, to = target, "ControllerExpandVolume: extended");

@@ -115,7 +115,8 @@ impl Driver {
             });
         }
         if record.unstaging {
-            self.finish_unstage(id, vol.lv, Some(&record.staging))
+            let dev = self.live_device(id).await?;
+            self.finish_unstage(id, dev.as_ref(), Some(&record.staging))
                 .await?;
             self.remove_record(id).await?;
             return Ok(Verdict {

@@ -152,6 +152,11 @@ impl Driver {
         }
     }
 
+    /// The tag every LV of this driver carries.
+    pub(crate) fn owner_tag(&self) -> String {
+        format!("{}{}", crate::naming::TAG_OWNER, self.cfg.driver_name)
+    }
+
     /// A thin LV of our pool with our owner.
     pub(crate) fn ours(&self, lv: &Lv, owner: &str) -> bool {
         owner == self.cfg.driver_name && lv.is_thin_volume() && lv.pool == self.lvm.pool
@@ -216,6 +221,20 @@ impl Driver {
             });
         }
         Ok(())
+    }
+
+    /// The report to allocate on, once the pool is shown to take new
+    /// allocations. A cached report that says it cannot is checked again on
+    /// a fresh one: the pool may have been extended or space reclaimed
+    /// since.
+    pub(crate) async fn usable_report(&self) -> Result<Arc<Report>> {
+        let report = self.lvm.report().await?;
+        if self.check_pool_usable(&report).is_ok() {
+            return Ok(report);
+        }
+        let fresh = self.lvm.fresh_report().await?;
+        self.check_pool_usable(&fresh)?;
+        Ok(fresh)
     }
 
     /// Ready when the VG and thin pool exist and the pool can serve I/O.
@@ -286,23 +305,34 @@ impl Driver {
         })
     }
 
+    /// The volume's device when its LV is active, as device-mapper says
+    /// (one ioctl, no LVM command, whatever the cached report says).
+    pub async fn live_device(&self, id: &str) -> Result<Option<Device>> {
+        Ok(self
+            .lvm
+            .live_device(id)
+            .await?
+            .map(|(major, minor)| Device {
+                volume_id: id.to_string(),
+                path: PathBuf::from(self.lvm.dev_path(id)),
+                major,
+                minor,
+            }))
+    }
+
     /// Activates the LV when needed and returns its device, with the /dev
     /// node in place. The bool says whether this call activated it.
     pub async fn activate(&self, lv: &Lv) -> Result<(Device, bool)> {
         let id = lv.name.as_str();
-        let (lv, activated) = if lv.is_active() && lv.kernel.is_some() {
-            (lv.clone(), false)
-        } else {
-            self.lvm.activate(id).await?;
-            tracing::info!(id, "activated LV");
-            let fresh = self.lvm.fresh_report().await?;
-            (self.must_own(&fresh, id)?.lv.clone(), true)
+        // The kernel, not the cached report, says whether it is active.
+        let (kernel, activated) = match self.lvm.live_device(id).await? {
+            Some(k) => (k, false),
+            None => {
+                let k = self.lvm.activate(id).await?;
+                tracing::info!(id, major = k.0, minor = k.1, "activated LV");
+                (k, true)
+            }
         };
-        let kernel = lv.kernel.ok_or_else(|| {
-            Error::Internal(format!(
-                "LV {id} is active but LVM reports no device numbers"
-            ))
-        })?;
         let dev_path = PathBuf::from(self.lvm.dev_path(id));
         let id_owned = id.to_string();
         let dev = self

@@ -1,5 +1,7 @@
 //! Node operations: stage, unstage, publish, unpublish, stats and expand.
-//! Each proves the volume is ours from a fresh LVM report, keeps the
+//! Each proves the volume is ours (from the cached LVM report, which our
+//! own writes keep current, or from this node's record of a stage that
+//! proved it), asks device-mapper whether its LV is active, keeps the
 //! volume's node record (`node::record`) in step with what it does, gets
 //! the LV active when it must be, and hands the work to the node layer.
 //!
@@ -136,7 +138,7 @@ impl Driver {
     }
 
     async fn stage_held(&self, id: &VolumeId, staging: &NodePath, cap: &Capability) -> Result<()> {
-        let report = self.lvm.fresh_report().await?;
+        let report = self.lvm.report().await?;
         let vol = self.must_own(&report, id)?;
         access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
         let staging = self
@@ -218,14 +220,16 @@ impl Driver {
     /// NodeUnstageVolume.
     pub async fn unstage(self: &Arc<Self>, id: VolumeId, staging: NodePath) -> Result<()> {
         self.detached(&id.clone(), "NodeUnstageVolume", move |d, _| async move {
-            let report = d.lvm.fresh_report().await?;
-            let vol = d.must_own(&report, &id)?;
+            let recorded = d.load_record(&id).await?;
+            if recorded.is_none() {
+                d.must_own(&*d.lvm.report().await?, &id)?;
+            }
             let staging_real = d.resolve(&staging).await?;
             // The record of this staging: at the real path, or, when the
             // path's parent is gone (and so any mount there), at the path
             // as asked.
             let asked = crate::mountinfo::normalize(&staging);
-            let record = d.load_record(&id).await?.filter(|r| match &staging_real {
+            let record = recorded.filter(|r| match &staging_real {
                 Some(real) => r.staging == *real,
                 None => r.staging == asked,
             });
@@ -263,7 +267,8 @@ impl Driver {
                     d.save_record(&r).await?;
                 }
             }
-            d.finish_unstage(&id, vol.lv, staging_real.as_deref())
+            let dev = d.live_device(&id).await?;
+            d.finish_unstage(&id, dev.as_ref(), staging_real.as_deref())
                 .await?;
             if record.is_some() {
                 d.remove_record(&id).await?;
@@ -278,10 +283,9 @@ impl Driver {
     pub(super) async fn finish_unstage(
         &self,
         id: &str,
-        lv: &crate::lvm::report::Lv,
+        dev: Option<&node::Device>,
         staging: Option<&Path>,
     ) -> Result<()> {
-        let dev = self.current_device(lv);
         let present = match staging {
             Some(p) => {
                 let p = p.to_path_buf();
@@ -294,10 +298,10 @@ impl Driver {
             None => false,
         };
         match staging {
-            Some(p) if present => node::unstage(&self.tools, dev.as_ref(), id, p).await?,
+            Some(p) if present => node::unstage(&self.tools, dev, id, p).await?,
             _ => tracing::info!(id, staging = ?staging, "NodeUnstageVolume: staging path is gone"),
         }
-        if let Some(dev) = &dev {
+        if let Some(dev) = dev {
             self.deactivate_if_unused(dev).await;
         }
         Ok(())
@@ -313,9 +317,14 @@ impl Driver {
         readonly: bool,
     ) -> Result<()> {
         self.detached(&id.clone(), "NodePublishVolume", move |d, _| async move {
-            let report = d.lvm.fresh_report().await?;
-            let vol = d.must_own(&report, &id)?;
-            access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
+            // A record proves the volume ours and how it was staged: no
+            // LVM command. Without one, the report says what is wrong.
+            let recorded = d.load_record(&id).await?;
+            if recorded.is_none() {
+                let report = d.lvm.report().await?;
+                let vol = d.must_own(&report, &id)?;
+                access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
+            }
             let not_staged = || {
                 Error::FailedPrecondition(format!(
                     "volume {id} is not staged at {}: call NodeStageVolume first",
@@ -324,9 +333,7 @@ impl Driver {
             };
             let staging = d.resolve(&staging).await?.ok_or_else(not_staged)?;
             let target = d.resolve_existing_parent("target_path", &target).await?;
-            let mut record = d
-                .load_record(&id)
-                .await?
+            let mut record = recorded
                 .filter(|r| r.staging == staging && !r.unstaging)
                 .ok_or_else(not_staged)?;
             if record.kind != kind_of(&cap.access) {
@@ -336,7 +343,7 @@ impl Driver {
                     kind_of(&cap.access)
                 )));
             }
-            let dev = d.current_device(vol.lv).ok_or_else(not_staged)?;
+            let dev = d.live_device(&id).await?.ok_or_else(not_staged)?;
             let (vid, path, numbers) = (id.to_string(), dev.path.clone(), dev.numbers());
             let dev = d
                 .tools
@@ -456,20 +463,21 @@ impl Driver {
     /// NodeUnpublishVolume.
     pub async fn unpublish(self: &Arc<Self>, id: VolumeId, target: NodePath) -> Result<()> {
         self.detached(&id.clone(), "NodeUnpublishVolume", move |d, _| async move {
-            let report = d.lvm.fresh_report().await?;
-            let vol = d.must_own(&report, &id)?;
-            let lv = d.current_device(vol.lv).map(|dev| dev.numbers());
+            let record = d.load_record(&id).await?;
+            if record.is_none() {
+                d.must_own(&*d.lvm.report().await?, &id)?;
+            }
+            let lv = d.live_device(&id).await?.map(|dev| dev.numbers());
             let Some(target) = d.resolve(&target).await? else {
                 // Nothing can be mounted where no directory is; a publish
                 // recorded there must not be healed back, nor its overlay
                 // stay.
-                let record = d.load_record(&id).await?;
                 let recorded = record.as_ref().is_some_and(|r| r.publish(&target).is_some());
                 d.forget_publish(&id, record, recorded, &target).await?;
                 tracing::info!(%id, target = %target.display(), "NodeUnpublishVolume: target already gone");
                 return Ok(());
             };
-            let mut record = d.load_record(&id).await?;
+            let mut record = record;
             let recorded = record.as_ref().is_some_and(|r| r.publish(&target).is_some());
             if let Some(r) = record.as_mut().filter(|_| recorded) {
                 if let Some(p) = r.publishes.iter_mut().find(|p| p.target == target) {

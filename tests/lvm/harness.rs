@@ -232,6 +232,12 @@ impl TestDriver {
     }
 
     /// The driver's `state_dir` (as the harness configures it).
+    /// The driver's process id (for benches/perf.rs).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("driver running").id()
+    }
+
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
     }
