@@ -239,31 +239,24 @@ async fn cli_drives_a_volume_lifecycle() {
     );
 
     // Heal: the publish mount vanishes behind the driver's back.
-    let h = json(
-        &d,
-        &[
-            "heal",
-            &id,
-            "--path",
-            &s(&target),
-            "--staging",
-            &s(&staging),
-        ],
-    );
+    let heal = || {
+        json(
+            &d,
+            &[
+                "heal",
+                &id,
+                "--path",
+                &s(&target),
+                "--staging",
+                &s(&staging),
+            ],
+        )
+    };
+    let h = heal();
     assert_eq!(h["abnormal"], false, "{h}");
     sh("umount", &[&s(&target)]);
     assert!(!target.join("kept").exists());
-    let h = json(
-        &d,
-        &[
-            "heal",
-            &id,
-            "--path",
-            &s(&target),
-            "--staging",
-            &s(&staging),
-        ],
-    );
+    let h = heal();
     assert_eq!(h["abnormal"], true, "{h}");
     assert!(h["message"].as_str().unwrap().contains("re-bound"), "{h}");
     assert_eq!(

@@ -215,11 +215,11 @@ pub struct NodeAccessArgs {
     pub mount_flags: Vec<String>,
 }
 
+const OWN_ACCESS: &str = "Without --fs or --block, the volume's own access type is used \
+(ControllerGetVolume: the fsType in its context; none means block).";
+
 #[derive(Debug, Args)]
-#[command(
-    after_help = "Without --fs or --block, the volume's own access type is used \
-(ControllerGetVolume: the fsType in its context; none means block)."
-)]
+#[command(after_help = OWN_ACCESS)]
 pub struct StageArgs {
     /// Volume id (csi-...)
     pub volume_id: String,
@@ -230,10 +230,7 @@ pub struct StageArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(
-    after_help = "Without --fs or --block, the volume's own access type is used \
-(ControllerGetVolume: the fsType in its context; none means block)."
-)]
+#[command(after_help = OWN_ACCESS)]
 pub struct PublishArgs {
     /// Volume id (csi-...)
     pub volume_id: String,

@@ -235,6 +235,18 @@ impl Ctx {
         Ok(NodeClient::new(self.csi().await?))
     }
 
+    /// Runs a call whose answer is success alone, and says what was done.
+    async fn done<T>(
+        &self,
+        label: &str,
+        call: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+        done: Done,
+    ) -> Result<()> {
+        self.progress.run(label, call).await?;
+        self.show(&done);
+        Ok(())
+    }
+
     fn show<T: Render>(&self, v: &T) {
         if self.json {
             println!(
@@ -263,10 +275,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Info => info(c).await,
         Command::Capacity(a) => {
             let req = csi::GetCapacityRequest {
-                volume_capabilities: (a.access.fs.is_some() || a.access.block)
-                    .then(|| capability(&a.access, &[]))
-                    .into_iter()
-                    .collect(),
+                volume_capabilities: given_capability(&a.access).into_iter().collect(),
                 parameters: a.params.into_iter().collect(),
                 accessible_topology: None,
             };
@@ -288,11 +297,12 @@ async fn run(cli: Cli) -> Result<()> {
                 secrets: HashMap::new(),
             };
             let mut ctl = c.controller().await?;
-            c.progress
-                .run(&format!("deleting {volume_id}"), ctl.delete_volume(req))
-                .await?;
-            c.show(&Done::new("deleted", &[("volume_id", &volume_id)]));
-            Ok(())
+            c.done(
+                &format!("deleting {volume_id}"),
+                ctl.delete_volume(req),
+                Done::new("deleted", &[("volume_id", &volume_id)]),
+            )
+            .await
         }
         Command::Snapshot(s) => snapshot(c, s).await,
         Command::Stage(a) => {
@@ -304,20 +314,18 @@ async fn run(cli: Cli) -> Result<()> {
                 ..Default::default()
             };
             let mut node = c.node().await?;
-            c.progress
-                .run(
-                    &format!("staging {}", a.volume_id),
-                    node.node_stage_volume(req),
-                )
-                .await?;
-            c.show(&Done::new(
-                "staged",
-                &[
-                    ("volume_id", &a.volume_id),
-                    ("staging_target_path", &a.staging_path),
-                ],
-            ));
-            Ok(())
+            c.done(
+                &format!("staging {}", a.volume_id),
+                node.node_stage_volume(req),
+                Done::new(
+                    "staged",
+                    &[
+                        ("volume_id", &a.volume_id),
+                        ("staging_target_path", &a.staging_path),
+                    ],
+                ),
+            )
+            .await
         }
         Command::Unstage {
             volume_id,
@@ -328,20 +336,18 @@ async fn run(cli: Cli) -> Result<()> {
                 staging_target_path: staging_path.clone(),
             };
             let mut node = c.node().await?;
-            c.progress
-                .run(
-                    &format!("unstaging {volume_id}"),
-                    node.node_unstage_volume(req),
-                )
-                .await?;
-            c.show(&Done::new(
-                "unstaged",
-                &[
-                    ("volume_id", &volume_id),
-                    ("staging_target_path", &staging_path),
-                ],
-            ));
-            Ok(())
+            c.done(
+                &format!("unstaging {volume_id}"),
+                node.node_unstage_volume(req),
+                Done::new(
+                    "unstaged",
+                    &[
+                        ("volume_id", &volume_id),
+                        ("staging_target_path", &staging_path),
+                    ],
+                ),
+            )
+            .await
         }
         Command::Publish(a) => {
             let cap = node_capability(c, &a.volume_id, &a.node).await?;
@@ -354,17 +360,15 @@ async fn run(cli: Cli) -> Result<()> {
                 ..Default::default()
             };
             let mut node = c.node().await?;
-            c.progress
-                .run(
-                    &format!("publishing {}", a.volume_id),
-                    node.node_publish_volume(req),
-                )
-                .await?;
-            c.show(&Done::new(
-                "published",
-                &[("volume_id", &a.volume_id), ("target_path", &a.target_path)],
-            ));
-            Ok(())
+            c.done(
+                &format!("publishing {}", a.volume_id),
+                node.node_publish_volume(req),
+                Done::new(
+                    "published",
+                    &[("volume_id", &a.volume_id), ("target_path", &a.target_path)],
+                ),
+            )
+            .await
         }
         Command::Unpublish {
             volume_id,
@@ -375,17 +379,15 @@ async fn run(cli: Cli) -> Result<()> {
                 target_path: target_path.clone(),
             };
             let mut node = c.node().await?;
-            c.progress
-                .run(
-                    &format!("unpublishing {volume_id}"),
-                    node.node_unpublish_volume(req),
-                )
-                .await?;
-            c.show(&Done::new(
-                "unpublished",
-                &[("volume_id", &volume_id), ("target_path", &target_path)],
-            ));
-            Ok(())
+            c.done(
+                &format!("unpublishing {volume_id}"),
+                node.node_unpublish_volume(req),
+                Done::new(
+                    "unpublished",
+                    &[("volume_id", &volume_id), ("target_path", &target_path)],
+                ),
+            )
+            .await
         }
         Command::Stats {
             volume_id,
@@ -412,8 +414,7 @@ async fn run(cli: Cli) -> Result<()> {
                 volume_id: a.volume_id.clone(),
                 volume_path: a.path,
                 staging_target_path: a.staging.unwrap_or_default(),
-                volume_capability: (a.access.fs.is_some() || a.access.block)
-                    .then(|| capability(&a.access, &[])),
+                volume_capability: given_capability(&a.access),
                 ..Default::default()
             };
             let mut healer = HealerNodeClient::new(c.addons().await?);
@@ -450,6 +451,11 @@ fn capability(a: &AccessArgs, mount_flags: &[String]) -> csi::VolumeCapability {
         }),
         access_type: Some(access_type),
     }
+}
+
+/// The capability `--fs` or `--block` asks for, if either is given.
+fn given_capability(a: &AccessArgs) -> Option<csi::VolumeCapability> {
+    (a.fs.is_some() || a.block).then(|| capability(a, &[]))
 }
 
 /// The capability to stage or publish with: as given, or else the
@@ -523,16 +529,12 @@ async fn probe(c: &mut Ctx) -> Result<()> {
     }
 }
 
-/// Names of enum values as the proto spells them, `#n` for one this client
+/// An enum value's name as the proto spells it, `#n` for one this client
 /// does not know.
-fn names<T: TryFrom<i32>>(values: impl Iterator<Item = i32>, name: fn(&T) -> &str) -> Vec<String> {
-    values
-        .map(|v| {
-            T::try_from(v)
-                .map(|t| name(&t).to_string())
-                .unwrap_or_else(|_| format!("#{v}"))
-        })
-        .collect()
+fn name_of<T: TryFrom<i32>>(value: i32, name: fn(&T) -> &str) -> String {
+    T::try_from(value)
+        .map(|t| name(&t).to_string())
+        .unwrap_or_else(|_| format!("#{value}"))
 }
 
 async fn info(c: &mut Ctx) -> Result<()> {
@@ -548,33 +550,30 @@ async fn info(c: &mut Ctx) -> Result<()> {
         .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
         .await?
         .into_inner();
-    let mut plugin_capabilities = Vec::new();
-    for cap in caps.capabilities.iter().filter_map(|c| c.r#type.as_ref()) {
-        plugin_capabilities.extend(match cap {
-            PlugType::Service(s) => {
-                names::<service::Type>([s.r#type].into_iter(), service::Type::as_str_name)
-            }
-            PlugType::VolumeExpansion(e) => names::<volume_expansion::Type>(
-                [e.r#type].into_iter(),
-                volume_expansion::Type::as_str_name,
-            )
-            .into_iter()
-            .map(|n| format!("VOLUME_EXPANSION_{n}"))
-            .collect(),
-        });
-    }
+    let plugin_capabilities = caps
+        .capabilities
+        .iter()
+        .filter_map(|c| c.r#type.as_ref())
+        .map(|cap| match cap {
+            PlugType::Service(s) => name_of(s.r#type, service::Type::as_str_name),
+            PlugType::VolumeExpansion(e) => format!(
+                "VOLUME_EXPANSION_{}",
+                name_of(e.r#type, volume_expansion::Type::as_str_name)
+            ),
+        })
+        .collect();
     let ctl = c
         .controller()
         .await?
         .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
         .await?
         .into_inner();
-    let controller_capabilities = names::<rpc::Type>(
-        ctl.capabilities
-            .iter()
-            .filter_map(|c| c.r#type.as_ref().map(|CtlType::Rpc(r)| r.r#type)),
-        rpc::Type::as_str_name,
-    );
+    let controller_capabilities = ctl
+        .capabilities
+        .iter()
+        .filter_map(|c| c.r#type.as_ref())
+        .map(|CtlType::Rpc(r)| name_of(r.r#type, rpc::Type::as_str_name))
+        .collect();
     let mut node = c.node().await?;
     let ninfo = node
         .node_get_info(csi::NodeGetInfoRequest {})
@@ -584,16 +583,15 @@ async fn info(c: &mut Ctx) -> Result<()> {
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
         .await?
         .into_inner();
-    let node_capabilities = names::<node_rpc::Type>(
-        ncaps
-            .capabilities
-            .iter()
-            .filter_map(|c| c.r#type.as_ref().map(|NodeType::Rpc(r)| r.r#type)),
-        node_rpc::Type::as_str_name,
-    );
-    let addons = match c.ends.addons.is_some() {
-        true => Some(addons_info(c).await?),
-        false => None,
+    let node_capabilities = ncaps
+        .capabilities
+        .iter()
+        .filter_map(|c| c.r#type.as_ref())
+        .map(|NodeType::Rpc(r)| name_of(r.r#type, node_rpc::Type::as_str_name))
+        .collect();
+    let addons = match c.ends.addons {
+        Some(_) => Some(addons_info(c).await?),
+        None => None,
     };
     c.show(&InfoOut {
         name: plugin.name,
@@ -624,26 +622,23 @@ async fn addons_info(c: &mut Ctx) -> Result<AddonsInfo> {
         .get_capabilities(addons::GetCapabilitiesRequest {})
         .await?
         .into_inner();
-    let mut capabilities = Vec::new();
-    for cap in caps.capabilities.iter().filter_map(|c| c.r#type.as_ref()) {
-        capabilities.extend(match cap {
-            Type::Service(s) => {
-                names::<service::Type>([s.r#type].into_iter(), service::Type::as_str_name)
-            }
-            Type::ReclaimSpace(r) => names::<reclaim_space::Type>(
-                [r.r#type].into_iter(),
-                reclaim_space::Type::as_str_name,
-            )
-            .into_iter()
-            .map(|n| format!("RECLAIM_SPACE_{n}"))
-            .collect(),
+    let capabilities = caps
+        .capabilities
+        .iter()
+        .filter_map(|c| c.r#type.as_ref())
+        .map(|cap| match cap {
+            Type::Service(s) => name_of(s.r#type, service::Type::as_str_name),
+            Type::ReclaimSpace(r) => format!(
+                "RECLAIM_SPACE_{}",
+                name_of(r.r#type, reclaim_space::Type::as_str_name)
+            ),
             // Families this driver never advertises: by name only.
-            Type::NetworkFence(_) => vec!["NETWORK_FENCE".into()],
-            Type::VolumeReplication(_) => vec!["VOLUME_REPLICATION".into()],
-            Type::VolumeGroup(_) => vec!["VOLUME_GROUP".into()],
-            Type::EncryptionKeyRotation(_) => vec!["ENCRYPTION_KEY_ROTATION".into()],
-        });
-    }
+            Type::NetworkFence(_) => "NETWORK_FENCE".into(),
+            Type::VolumeReplication(_) => "VOLUME_REPLICATION".into(),
+            Type::VolumeGroup(_) => "VOLUME_GROUP".into(),
+            Type::EncryptionKeyRotation(_) => "ENCRYPTION_KEY_ROTATION".into(),
+        })
+        .collect();
     Ok(AddonsInfo {
         name: ident.name,
         vendor_version: ident.vendor_version,
@@ -836,13 +831,12 @@ async fn snapshot(c: &mut Ctx, s: SnapshotCommand) -> Result<()> {
                 snapshot_id: snapshot_id.clone(),
                 secrets: HashMap::new(),
             };
-            c.progress
-                .run(
-                    &format!("deleting {snapshot_id}"),
-                    ctl.clone().delete_snapshot(req),
-                )
-                .await?;
-            c.show(&Done::new("deleted", &[("snapshot_id", &snapshot_id)]));
+            c.done(
+                &format!("deleting {snapshot_id}"),
+                ctl.clone().delete_snapshot(req),
+                Done::new("deleted", &[("snapshot_id", &snapshot_id)]),
+            )
+            .await?;
         }
     }
     Ok(())

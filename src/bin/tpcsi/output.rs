@@ -69,6 +69,11 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// [`human`], or `-` for a size the driver did not give.
+fn human_opt(bytes: Option<u64>) -> String {
+    bytes.map(human).unwrap_or_else(|| "-".into())
+}
+
 /// Seconds since the epoch as RFC 3339 UTC (`2026-11-24T23:52:07Z`).
 pub fn rfc3339(secs: i64) -> String {
     let days = secs.div_euclid(86_400);
@@ -188,6 +193,14 @@ impl Render for VolumeOut {
     }
 }
 
+/// A table of `rows`, or `empty` when there are none.
+fn listing(headers: &[&str], rows: Vec<Vec<String>>, empty: &str) -> String {
+    if rows.is_empty() {
+        return format!("{empty}\n");
+    }
+    table(headers, &rows)
+}
+
 #[derive(Debug, Serialize)]
 pub struct VolumeList {
     pub volumes: Vec<VolumeOut>,
@@ -195,11 +208,8 @@ pub struct VolumeList {
 
 impl Render for VolumeList {
     fn table(&self) -> String {
-        if self.volumes.is_empty() {
-            return "no volumes\n".into();
-        }
-        let rows: Vec<_> = self.volumes.iter().map(VolumeOut::row).collect();
-        table(&VOLUME_HEADERS, &rows)
+        let rows = self.volumes.iter().map(VolumeOut::row).collect();
+        listing(&VOLUME_HEADERS, rows, "no volumes")
     }
 }
 
@@ -251,11 +261,8 @@ pub struct SnapshotList {
 
 impl Render for SnapshotList {
     fn table(&self) -> String {
-        if self.snapshots.is_empty() {
-            return "no snapshots\n".into();
-        }
-        let rows: Vec<_> = self.snapshots.iter().map(SnapshotOut::row).collect();
-        table(&SNAPSHOT_HEADERS, &rows)
+        let rows = self.snapshots.iter().map(SnapshotOut::row).collect();
+        listing(&SNAPSHOT_HEADERS, rows, "no snapshots")
     }
 }
 
@@ -391,11 +398,10 @@ impl From<&csi::GetCapacityResponse> for CapacityOut {
 
 impl Render for CapacityOut {
     fn table(&self) -> String {
-        let opt = |v: Option<u64>| v.map(human).unwrap_or_else(|| "-".into());
         fields(&[
             ("available", human(self.available_capacity)),
-            ("maximum volume size", opt(self.maximum_volume_size)),
-            ("minimum volume size", opt(self.minimum_volume_size)),
+            ("maximum volume size", human_opt(self.maximum_volume_size)),
+            ("minimum volume size", human_opt(self.minimum_volume_size)),
         ])
     }
 }
@@ -513,13 +519,12 @@ impl ReclaimOut {
 
 impl Render for ReclaimOut {
     fn table(&self) -> String {
-        let opt = |v: Option<u64>| v.map(human).unwrap_or_else(|| "-".into());
         fields(&[
             ("volume", self.volume_id.clone()),
             ("reclaimed on", self.side.into()),
-            ("usage before", opt(self.pre_usage_bytes)),
-            ("usage after", opt(self.post_usage_bytes)),
-            ("reclaimed", opt(self.reclaimed_bytes)),
+            ("usage before", human_opt(self.pre_usage_bytes)),
+            ("usage after", human_opt(self.post_usage_bytes)),
+            ("reclaimed", human_opt(self.reclaimed_bytes)),
         ])
     }
 }
