@@ -19,7 +19,7 @@ pub struct Cli {
 
 pub const EXIT_CODES: &str =
     "Exit status: 0 success; 1 a local error (bad config file, bad input); \
-2 a usage error; 3 the socket cannot be reached; 10 + the gRPC code when the driver \
+2 a usage error; 3 the socket cannot be reached; 4 no answer within --timeout; 10 + the gRPC code when the driver \
 answers an error (13 INVALID_ARGUMENT, 15 NOT_FOUND, 16 ALREADY_EXISTS, \
 19 FAILED_PRECONDITION, 20 ABORTED, 22 UNIMPLEMENTED, ...).";
 
@@ -44,9 +44,9 @@ pub struct Global {
     /// a terminal (it is shown on a terminal anyway)
     #[arg(long, global = true)]
     pub progress: bool,
-    /// Give up on a call after this many seconds (the driver finishes what it
-    /// started anyway; a retry finds the result)
-    #[arg(long, global = true, value_name = "SECS")]
+    /// Give up after this many seconds, exit status 4 (the driver finishes
+    /// what it started anyway; running the command again finds the result)
+    #[arg(long, global = true, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: Option<u64>,
 }
 
@@ -422,6 +422,10 @@ mod tests {
             ErrorKind::InvalidValue
         );
         assert_eq!(kind(&["frobnicate"]), ErrorKind::InvalidSubcommand);
+        assert_eq!(
+            kind(&["--timeout", "0", "list"]),
+            ErrorKind::ValueValidation
+        );
     }
 
     #[test]

@@ -39,12 +39,15 @@ enum Failure {
     Local(String),
     /// The socket could not be reached: 3.
     Connect(String),
+    /// No answer within `--timeout`: 4.
+    Timeout(Duration),
     /// The driver answered an error: 10 + its gRPC code.
     Grpc(Status),
 }
 
 const EXIT_LOCAL: u8 = 1;
 const EXIT_CONNECT: u8 = 3;
+const EXIT_TIMEOUT: u8 = 4;
 const EXIT_GRPC_BASE: u8 = 10;
 
 impl Failure {
@@ -52,6 +55,7 @@ impl Failure {
         match self {
             Failure::Local(_) => EXIT_LOCAL,
             Failure::Connect(_) => EXIT_CONNECT,
+            Failure::Timeout(_) => EXIT_TIMEOUT,
             Failure::Grpc(s) => EXIT_GRPC_BASE + s.code() as u8,
         }
     }
@@ -59,6 +63,15 @@ impl Failure {
     fn to_out(&self) -> ErrorOut {
         let (code, code_number, message) = match self {
             Failure::Local(m) | Failure::Connect(m) => (None, None, m.clone()),
+            Failure::Timeout(t) => (
+                None,
+                None,
+                format!(
+                    "no answer within {} s; the driver goes on with what it started \
+                     (run the command again to see where it stands)",
+                    t.as_secs()
+                ),
+            ),
             Failure::Grpc(s) => (
                 Some(code_name(s.code()).to_string()),
                 Some(s.code() as i32),
@@ -176,20 +189,16 @@ fn endpoints(g: &Global, env: impl Fn(&str) -> Option<String>) -> Result<Endpoin
 /// One command's connections (made when first needed) and printer.
 struct Ctx {
     ends: Endpoints,
-    timeout: Option<Duration>,
     json: bool,
     progress: Progress,
     csi: Option<Channel>,
     addons: Option<Channel>,
 }
 
-async fn connect(uri: &str, timeout: Option<Duration>) -> Result<Channel> {
+async fn connect(uri: &str) -> Result<Channel> {
     let path = parse_endpoint(uri).map_err(|e| Failure::Local(format!("endpoint {uri:?}: {e}")))?;
-    let mut ep = Endpoint::from_shared(format!("unix://{}", path.display()))
+    let ep = Endpoint::from_shared(format!("unix://{}", path.display()))
         .map_err(|e| Failure::Local(format!("endpoint {uri:?}: {e}")))?;
-    if let Some(t) = timeout {
-        ep = ep.timeout(t).connect_timeout(t);
-    }
     ep.connect().await.map_err(|e| {
         let mut msg = format!("cannot reach {uri}: {e}");
         let mut src = std::error::Error::source(&e);
@@ -208,7 +217,7 @@ async fn connect(uri: &str, timeout: Option<Duration>) -> Result<Channel> {
 impl Ctx {
     async fn csi(&mut self) -> Result<Channel> {
         if self.csi.is_none() {
-            self.csi = Some(connect(&self.ends.csi, self.timeout).await?);
+            self.csi = Some(connect(&self.ends.csi).await?);
         }
         Ok(self.csi.clone().expect("connected"))
     }
@@ -222,7 +231,7 @@ impl Ctx {
             ));
         };
         if self.addons.is_none() {
-            self.addons = Some(connect(&uri, self.timeout).await?);
+            self.addons = Some(connect(&uri).await?);
         }
         Ok(self.addons.clone().expect("connected"))
     }
@@ -263,14 +272,34 @@ async fn run(cli: Cli) -> Result<()> {
     let g = &cli.global;
     let mut ctx = Ctx {
         ends: endpoints(g, |k| std::env::var(k).ok())?,
-        timeout: g.timeout.map(Duration::from_secs),
         json: g.json,
         progress: Progress::for_stderr(g.progress),
         csi: None,
         addons: None,
     };
-    let c = &mut ctx;
-    match cli.command {
+    within(
+        g.timeout.map(Duration::from_secs),
+        command(&mut ctx, cli.command),
+    )
+    .await
+}
+
+/// `work`, given up after `limit` (the whole command: connecting and
+/// every call it makes).
+async fn within(
+    limit: Option<Duration>,
+    work: impl std::future::Future<Output = Result<()>>,
+) -> Result<()> {
+    match limit {
+        Some(t) => tokio::time::timeout(t, work)
+            .await
+            .unwrap_or(Err(Failure::Timeout(t))),
+        None => work.await,
+    }
+}
+
+async fn command(c: &mut Ctx, command: Command) -> Result<()> {
+    match command {
         Command::Probe => probe(c).await,
         Command::Info => info(c).await,
         Command::Capacity(a) => {
@@ -1041,17 +1070,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_silent_socket_is_given_up_after_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("silent.sock");
+        // Bound and listening, and never answering.
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut c = Ctx {
+            ends: Endpoints {
+                csi: format!("unix://{}", path.display()),
+                addons: None,
+            },
+            json: false,
+            progress: Progress::Off,
+            csi: None,
+            addons: None,
+        };
+        let t = Duration::from_millis(300);
+        let start = std::time::Instant::now();
+        match within(Some(t), command(&mut c, Command::Probe)).await {
+            Err(f @ Failure::Timeout(_)) => {
+                assert_eq!(f.exit_status(), 4);
+                assert!(f.line().contains("no answer within"), "{}", f.line());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let quick = within(Some(t), async { Ok(()) }).await;
+        assert!(quick.is_ok());
+    }
+
+    #[tokio::test]
     async fn an_absent_socket_is_a_connect_failure() {
         let dir = tempfile::tempdir().unwrap();
         let uri = format!("unix://{}/none.sock", dir.path().display());
-        match connect(&uri, Some(Duration::from_secs(5))).await {
+        match connect(&uri).await {
             Err(f @ Failure::Connect(_)) => {
                 assert_eq!(f.exit_status(), 3);
                 assert!(f.line().contains("none.sock"), "{}", f.line());
             }
             other => panic!("{other:?}"),
         }
-        match connect("tcp://1.2.3.4:5", None).await {
+        match connect("tcp://1.2.3.4:5").await {
             Err(Failure::Local(m)) => assert!(m.contains("unix"), "{m}"),
             other => panic!("{other:?}"),
         }
