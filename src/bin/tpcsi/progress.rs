@@ -42,6 +42,9 @@ impl Progress {
             _ => Duration::from_secs(1),
         };
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        // The spinner's line is erased however this ends, also when the
+        // call is dropped (`--timeout`).
+        let _erase = Erase(self == Progress::Spinner);
         tokio::pin!(fut);
         let mut n = 0;
         let out = loop {
@@ -53,14 +56,11 @@ impl Progress {
                 }
             }
         };
-        match self {
-            // Erase the spinner's line.
-            Progress::Spinner if n > 0 => self.draw("\r\x1b[2K"),
-            Progress::Lines => self.draw(&format!(
+        if self == Progress::Lines {
+            self.draw(&format!(
                 "{label}: done in {:.1}s\n",
                 start.elapsed().as_secs_f64()
-            )),
-            _ => {}
+            ));
         }
         out
     }
@@ -74,6 +74,17 @@ impl Progress {
         let mut e = std::io::stderr().lock();
         let _ = e.write_all(text.as_bytes());
         let _ = e.flush();
+    }
+}
+
+/// Erases the spinner's line when dropped.
+struct Erase(bool);
+
+impl Drop for Erase {
+    fn drop(&mut self) {
+        if self.0 {
+            Progress::Spinner.draw("\r\x1b[2K");
+        }
     }
 }
 
