@@ -307,7 +307,8 @@ pub fn parse_endpoint(endpoint: &str) -> Result<PathBuf, String> {
 }
 
 /// Sizes are bytes as an integer, or a string with a binary suffix
-/// (`"512MiB"`, `"2GiB"`, `"1TiB"`, `"4096"`).
+/// (`"512MiB"`, `"2GiB"`, `"1TiB"`, `"4096"`; Kubernetes' `"512Mi"`, `"2Gi"`
+/// too). Every suffix is a power of 1024.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -317,10 +318,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("{s:?} is not a size (expected e.g. 4096, \"512MiB\", \"2GiB\")"))?;
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
-        "KiB" | "K" => 1 << 10,
-        "MiB" | "M" => 1 << 20,
-        "GiB" | "G" => 1 << 30,
-        "TiB" | "T" => 1 << 40,
+        "KiB" | "Ki" | "K" => 1 << 10,
+        "MiB" | "Mi" | "M" => 1 << 20,
+        "GiB" | "Gi" | "G" => 1 << 30,
+        "TiB" | "Ti" | "T" => 1 << 40,
         other => return Err(format!("unknown size unit {other:?} in {s:?}")),
     };
     n.checked_mul(mult)
@@ -440,6 +441,15 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1Gi").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512Mi").unwrap(), 512 << 20);
+        assert_eq!(parse_size("64Ki").unwrap(), 64 << 10);
+        assert_eq!(parse_size("3Ti").unwrap(), 3 << 40);
+        assert_eq!(parse_size(" 7 ").unwrap(), 7);
+        assert!(parse_size("1gi").is_err());
+        assert!(parse_size("1Gib").is_err());
+        assert!(parse_size("-1Gi").is_err());
+        assert!(parse_size("").is_err());
         assert!(parse_size("1.5GiB").is_err());
         assert!(parse_size("GiB").is_err());
         assert!(parse_size("99999999999TiB").is_err());

@@ -4,6 +4,7 @@
 mod harness;
 
 mod addons;
+mod cli;
 mod controller;
 mod group;
 mod metadata;

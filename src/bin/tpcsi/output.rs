@@ -1,0 +1,790 @@
+//! What the commands print: one serde record per answer (its JSON field
+//! names are the interface for scripts, and stay), and a readable table
+//! of the same record.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use thinpool_csi::proto::csi::v1 as csi;
+
+/// An answer: JSON for scripts, a table for people.
+pub trait Render: Serialize {
+    fn table(&self) -> String;
+}
+
+/// Columns padded to their widest cell, two spaces apart; lines carry no
+/// trailing blanks.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (cell, width) in cells.zip(&widths) {
+            l.push_str(cell);
+            l.extend(std::iter::repeat_n(' ', width - cell.chars().count() + 2));
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut headers.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// `key:  value` lines, the values aligned.
+pub fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in pairs {
+        let _ = writeln!(out, "{k}:{:pad$}{v}", "", pad = width - k.len() + 2);
+    }
+    out
+}
+
+/// Bytes as a person reads them: the largest binary unit the size reaches,
+/// exact when it divides, else with one decimal.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut unit = 0;
+    let mut div: u64 = 1024;
+    while unit + 1 < UNITS.len() && bytes >= div * 1024 {
+        unit += 1;
+        div *= 1024;
+    }
+    if bytes % div == 0 {
+        format!("{} {}", bytes / div, UNITS[unit])
+    } else {
+        format!("{:.1} {}", bytes as f64 / div as f64, UNITS[unit])
+    }
+}
+
+/// [`human`], or `-` for a size the driver did not give.
+fn human_opt(bytes: Option<u64>) -> String {
+    bytes.map(human).unwrap_or_else(|| "-".into())
+}
+
+/// Seconds since the epoch as RFC 3339 UTC (`2026-11-24T23:52:07Z`).
+pub fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Days to a civil date (proleptic Gregorian), after Howard Hinnant's
+    // well-known derivation: eras of 400 years starting on 1 March.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn bytes(v: i64) -> u64 {
+    v.max(0) as u64
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_string()
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Condition {
+    pub abnormal: bool,
+    pub message: String,
+}
+
+impl From<&csi::VolumeCondition> for Condition {
+    fn from(c: &csi::VolumeCondition) -> Condition {
+        Condition {
+            abnormal: c.abnormal,
+            message: c.message.clone(),
+        }
+    }
+}
+
+fn condition_cell(c: &Option<Condition>) -> String {
+    match c {
+        None => "-".into(),
+        Some(c) if c.abnormal => format!("abnormal: {}", c.message),
+        Some(_) => "ok".into(),
+    }
+}
+
+/// A volume, from CreateVolume, ControllerGetVolume or ListVolumes.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct VolumeOut {
+    pub volume_id: String,
+    pub capacity_bytes: u64,
+    /// `mount` or `block`, from the volume context's `fsType`.
+    pub access_type: String,
+    pub fs_type: Option<String>,
+    /// `{"snapshot": id}` or `{"volume": id}`.
+    pub content_source: Option<BTreeMap<String, String>>,
+    pub volume_context: BTreeMap<String, String>,
+    pub condition: Option<Condition>,
+}
+
+impl VolumeOut {
+    pub fn new(v: &csi::Volume, condition: Option<&csi::VolumeCondition>) -> VolumeOut {
+        use csi::volume_content_source::Type;
+        let fs_type = v.volume_context.get("fsType").cloned();
+        let content_source = v
+            .content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+            .map(|t| match t {
+                Type::Snapshot(s) => ("snapshot".to_string(), s.snapshot_id.clone()),
+                Type::Volume(v) => ("volume".to_string(), v.volume_id.clone()),
+            })
+            .map(|kv| [kv].into());
+        VolumeOut {
+            volume_id: v.volume_id.clone(),
+            capacity_bytes: bytes(v.capacity_bytes),
+            access_type: if fs_type.is_some() { "mount" } else { "block" }.into(),
+            fs_type,
+            content_source,
+            volume_context: v.volume_context.clone().into_iter().collect(),
+            condition: condition.map(Condition::from),
+        }
+    }
+
+    fn row(&self) -> Vec<String> {
+        let source = match &self.content_source {
+            Some(m) => m
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "-".into(),
+        };
+        vec![
+            self.volume_id.clone(),
+            human(self.capacity_bytes),
+            self.fs_type.clone().unwrap_or_else(|| "block".into()),
+            source,
+            condition_cell(&self.condition),
+        ]
+    }
+}
+
+const VOLUME_HEADERS: [&str; 5] = ["VOLUME ID", "SIZE", "ACCESS", "SOURCE", "CONDITION"];
+
+impl Render for VolumeOut {
+    fn table(&self) -> String {
+        table(&VOLUME_HEADERS, &[self.row()])
+    }
+}
+
+/// A table of `rows`, or `empty` when there are none.
+fn listing(headers: &[&str], rows: Vec<Vec<String>>, empty: &str) -> String {
+    if rows.is_empty() {
+        return format!("{empty}\n");
+    }
+    table(headers, &rows)
+}
+
+#[derive(Debug, Serialize)]
+pub struct VolumeList {
+    pub volumes: Vec<VolumeOut>,
+}
+
+impl Render for VolumeList {
+    fn table(&self) -> String {
+        let rows = self.volumes.iter().map(VolumeOut::row).collect();
+        listing(&VOLUME_HEADERS, rows, "no volumes")
+    }
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct SnapshotOut {
+    pub snapshot_id: String,
+    pub source_volume_id: String,
+    pub size_bytes: u64,
+    pub creation_time: Option<String>,
+    pub ready_to_use: bool,
+    pub group_snapshot_id: Option<String>,
+}
+
+impl SnapshotOut {
+    pub fn new(s: &csi::Snapshot) -> SnapshotOut {
+        SnapshotOut {
+            snapshot_id: s.snapshot_id.clone(),
+            source_volume_id: s.source_volume_id.clone(),
+            size_bytes: bytes(s.size_bytes),
+            creation_time: s.creation_time.as_ref().map(|t| rfc3339(t.seconds)),
+            ready_to_use: s.ready_to_use,
+            group_snapshot_id: Some(s.group_snapshot_id.clone()).filter(|g| !g.is_empty()),
+        }
+    }
+
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.snapshot_id.clone(),
+            self.source_volume_id.clone(),
+            human(self.size_bytes),
+            self.creation_time.clone().unwrap_or_else(|| "-".into()),
+            yes_no(self.ready_to_use),
+        ]
+    }
+}
+
+const SNAPSHOT_HEADERS: [&str; 5] = ["SNAPSHOT ID", "SOURCE VOLUME", "SIZE", "CREATED", "READY"];
+
+impl Render for SnapshotOut {
+    fn table(&self) -> String {
+        table(&SNAPSHOT_HEADERS, &[self.row()])
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct SnapshotList {
+    pub snapshots: Vec<SnapshotOut>,
+}
+
+impl Render for SnapshotList {
+    fn table(&self) -> String {
+        let rows = self.snapshots.iter().map(SnapshotOut::row).collect();
+        listing(&SNAPSHOT_HEADERS, rows, "no snapshots")
+    }
+}
+
+/// The answer of a call that returns nothing but success: what was done
+/// to which object (`{"volume_id": …, "action": "deleted"}`).
+#[derive(Debug, Serialize)]
+pub struct Done {
+    #[serde(flatten)]
+    pub object: BTreeMap<String, String>,
+    pub action: &'static str,
+}
+
+impl Done {
+    pub fn new(action: &'static str, object: &[(&str, &str)]) -> Done {
+        Done {
+            object: object
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            action,
+        }
+    }
+}
+
+impl Render for Done {
+    fn table(&self) -> String {
+        let what: Vec<String> = self
+            .object
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!("{}: {}\n", self.action, what.join(" "))
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProbeOut {
+    pub services: Vec<ProbeService>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProbeService {
+    /// `csi` or `csi-addons`.
+    pub service: &'static str,
+    pub endpoint: String,
+    /// The driver's answer; an absent `ready` means ready (CSI).
+    pub ready: bool,
+}
+
+impl Render for ProbeOut {
+    fn table(&self) -> String {
+        let rows: Vec<_> = self
+            .services
+            .iter()
+            .map(|s| vec![s.service.into(), s.endpoint.clone(), yes_no(s.ready)])
+            .collect();
+        table(&["SERVICE", "ENDPOINT", "READY"], &rows)
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct InfoOut {
+    pub name: String,
+    pub vendor_version: String,
+    pub manifest: BTreeMap<String, String>,
+    pub plugin_capabilities: Vec<String>,
+    pub controller_capabilities: Vec<String>,
+    pub node_id: String,
+    pub max_volumes_per_node: i64,
+    pub accessible_topology: BTreeMap<String, String>,
+    pub node_capabilities: Vec<String>,
+    /// The CSI-Addons identity; absent when no CSI-Addons socket is configured.
+    pub addons: Option<AddonsInfo>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AddonsInfo {
+    pub name: String,
+    pub vendor_version: String,
+    pub capabilities: Vec<String>,
+}
+
+fn map_cell(m: &BTreeMap<String, String>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Render for InfoOut {
+    fn table(&self) -> String {
+        let mut pairs = vec![
+            ("name", self.name.clone()),
+            ("vendor version", self.vendor_version.clone()),
+            ("manifest", map_cell(&self.manifest)),
+            ("plugin capabilities", self.plugin_capabilities.join(", ")),
+            (
+                "controller capabilities",
+                self.controller_capabilities.join(", "),
+            ),
+            ("node id", self.node_id.clone()),
+            (
+                "max volumes per node",
+                self.max_volumes_per_node.to_string(),
+            ),
+            ("topology", map_cell(&self.accessible_topology)),
+            ("node capabilities", self.node_capabilities.join(", ")),
+        ];
+        if let Some(a) = &self.addons {
+            pairs.push(("csi-addons name", a.name.clone()));
+            pairs.push(("csi-addons capabilities", a.capabilities.join(", ")));
+        }
+        fields(&pairs)
+    }
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct CapacityOut {
+    pub available_capacity: u64,
+    pub maximum_volume_size: Option<u64>,
+    pub minimum_volume_size: Option<u64>,
+}
+
+impl From<&csi::GetCapacityResponse> for CapacityOut {
+    fn from(r: &csi::GetCapacityResponse) -> CapacityOut {
+        CapacityOut {
+            available_capacity: bytes(r.available_capacity),
+            maximum_volume_size: r.maximum_volume_size.map(bytes),
+            minimum_volume_size: r.minimum_volume_size.map(bytes),
+        }
+    }
+}
+
+impl Render for CapacityOut {
+    fn table(&self) -> String {
+        fields(&[
+            ("available", human(self.available_capacity)),
+            ("maximum volume size", human_opt(self.maximum_volume_size)),
+            ("minimum volume size", human_opt(self.minimum_volume_size)),
+        ])
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ExpandOut {
+    pub volume_id: String,
+    pub capacity_bytes: u64,
+    pub node_expansion_required: bool,
+    /// What NodeExpandVolume answered, when it was called (`--path`).
+    pub node_capacity_bytes: Option<u64>,
+}
+
+impl Render for ExpandOut {
+    fn table(&self) -> String {
+        let node = match self.node_capacity_bytes {
+            Some(b) => format!("grown to {}", human(b)),
+            None if self.node_expansion_required => {
+                "required: run expand again with --path, or stage the volume".into()
+            }
+            None => "not required".into(),
+        };
+        fields(&[
+            ("volume", self.volume_id.clone()),
+            ("capacity", human(self.capacity_bytes)),
+            ("node expansion", node),
+        ])
+    }
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct UsageOut {
+    /// `bytes` or `inodes`.
+    pub unit: String,
+    pub total: u64,
+    pub used: u64,
+    pub available: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StatsOut {
+    pub volume_id: String,
+    pub volume_path: String,
+    pub usage: Vec<UsageOut>,
+    pub condition: Option<Condition>,
+}
+
+impl StatsOut {
+    pub fn new(id: &str, path: &str, r: &csi::NodeGetVolumeStatsResponse) -> StatsOut {
+        StatsOut {
+            volume_id: id.into(),
+            volume_path: path.into(),
+            usage: r
+                .usage
+                .iter()
+                .map(|u| UsageOut {
+                    unit: csi::volume_usage::Unit::try_from(u.unit)
+                        .map(|u| u.as_str_name().to_ascii_lowercase())
+                        .unwrap_or_else(|_| format!("unit {}", u.unit)),
+                    total: bytes(u.total),
+                    used: bytes(u.used),
+                    available: bytes(u.available),
+                })
+                .collect(),
+            condition: r.volume_condition.as_ref().map(Condition::from),
+        }
+    }
+}
+
+impl Render for StatsOut {
+    fn table(&self) -> String {
+        let rows: Vec<_> = self
+            .usage
+            .iter()
+            .map(|u| {
+                let f = |v: u64| {
+                    if u.unit == "bytes" {
+                        human(v)
+                    } else {
+                        v.to_string()
+                    }
+                };
+                vec![u.unit.clone(), f(u.total), f(u.used), f(u.available)]
+            })
+            .collect();
+        let mut out = table(&["UNIT", "TOTAL", "USED", "AVAILABLE"], &rows);
+        let _ = writeln!(out, "condition: {}", condition_cell(&self.condition));
+        out
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReclaimOut {
+    pub volume_id: String,
+    /// `node` or `controller`.
+    pub side: &'static str,
+    pub pre_usage_bytes: Option<u64>,
+    pub post_usage_bytes: Option<u64>,
+    /// pre − post, when both are known (0 when usage grew meanwhile).
+    pub reclaimed_bytes: Option<u64>,
+}
+
+impl ReclaimOut {
+    pub fn new(id: &str, side: &'static str, pre: Option<i64>, post: Option<i64>) -> ReclaimOut {
+        let (pre, post) = (pre.map(bytes), post.map(bytes));
+        ReclaimOut {
+            volume_id: id.into(),
+            side,
+            pre_usage_bytes: pre,
+            post_usage_bytes: post,
+            reclaimed_bytes: pre.zip(post).map(|(a, b)| a.saturating_sub(b)),
+        }
+    }
+}
+
+impl Render for ReclaimOut {
+    fn table(&self) -> String {
+        fields(&[
+            ("volume", self.volume_id.clone()),
+            ("reclaimed on", self.side.into()),
+            ("usage before", human_opt(self.pre_usage_bytes)),
+            ("usage after", human_opt(self.post_usage_bytes)),
+            ("reclaimed", human_opt(self.reclaimed_bytes)),
+        ])
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct HealOut {
+    pub volume_id: String,
+    pub abnormal: bool,
+    pub message: String,
+}
+
+impl Render for HealOut {
+    fn table(&self) -> String {
+        fields(&[
+            ("volume", self.volume_id.clone()),
+            ("abnormal", yes_no(self.abnormal)),
+            ("message", self.message.clone()),
+        ])
+    }
+}
+
+/// An error answer (`--json`): the gRPC code by name and number, or a local
+/// error with no code.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct ErrorOut {
+    pub code: Option<String>,
+    pub code_number: Option<i32>,
+    pub message: String,
+    pub exit_status: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi::volume_content_source::{SnapshotSource, Type};
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0 B");
+        assert_eq!(human(1023), "1023 B");
+        assert_eq!(human(1024), "1 KiB");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(64 << 20), "64 MiB");
+        assert_eq!(human((1 << 30) + (1 << 29)), "1.5 GiB");
+        assert_eq!(human(1 << 40), "1 TiB");
+        assert_eq!(human(3 << 50), "3 PiB");
+        assert_eq!(human(5 << 60), "5120 PiB");
+        assert_eq!(human(260_046_848), "248 MiB");
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_564_327), "2026-11-24T23:52:07Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(rfc3339(4_107_542_399), "2100-02-28T23:59:59Z");
+        assert_eq!(rfc3339(4_107_542_400), "2100-03-01T00:00:00Z");
+    }
+
+    #[test]
+    fn tables_align_columns_without_trailing_blanks() {
+        let t = table(
+            &["A", "LONG HEADER", "C"],
+            &[
+                vec!["wide cell".into(), "x".into(), "last".into()],
+                vec!["y".into(), "z".into(), "".into()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "A          LONG HEADER  C\nwide cell  x            last\ny          z\n"
+        );
+        // Every column starts where its header does.
+        let lines: Vec<&str> = t.lines().collect();
+        let col = lines[0].find("LONG").unwrap();
+        assert_eq!(&lines[1][col..col + 1], "x");
+        assert_eq!(&lines[2][col..col + 1], "z");
+        let f = fields(&[("a", "1".into()), ("longer", "2".into())]);
+        assert_eq!(f, "a:       1\nlonger:  2\n");
+    }
+
+    fn volume() -> csi::Volume {
+        csi::Volume {
+            capacity_bytes: 128 << 20,
+            volume_id: "csi-pvc-1-0123456789abcdef".into(),
+            volume_context: [("fsType".to_string(), "ext4".to_string())].into(),
+            content_source: Some(csi::VolumeContentSource {
+                r#type: Some(Type::Snapshot(SnapshotSource {
+                    snapshot_id: "snap-s-0011223344556677".into(),
+                })),
+            }),
+            accessible_topology: vec![],
+        }
+    }
+
+    #[test]
+    fn volume_json_has_stable_names() {
+        let cond = csi::VolumeCondition {
+            abnormal: false,
+            message: "fine".into(),
+        };
+        let v = VolumeOut::new(&volume(), Some(&cond));
+        let j = serde_json::to_value(&v).unwrap();
+        assert_eq!(
+            j,
+            serde_json::json!({
+                "volume_id": "csi-pvc-1-0123456789abcdef",
+                "capacity_bytes": 134217728,
+                "access_type": "mount",
+                "fs_type": "ext4",
+                "content_source": {"snapshot": "snap-s-0011223344556677"},
+                "volume_context": {"fsType": "ext4"},
+                "condition": {"abnormal": false, "message": "fine"},
+            })
+        );
+        let mut block = volume();
+        block.volume_context.clear();
+        block.content_source = None;
+        let b = serde_json::to_value(VolumeOut::new(&block, None)).unwrap();
+        assert_eq!(b["access_type"], "block");
+        assert!(b["fs_type"].is_null() && b["content_source"].is_null());
+        assert!(b["condition"].is_null());
+    }
+
+    #[test]
+    fn volume_table() {
+        let bad = csi::VolumeCondition {
+            abnormal: true,
+            message: "pool full".into(),
+        };
+        let list = VolumeList {
+            volumes: vec![VolumeOut::new(&volume(), Some(&bad))],
+        };
+        let t = list.table();
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 2, "{t}");
+        assert!(lines[0].starts_with("VOLUME ID"), "{t}");
+        assert_eq!(
+            lines[1]
+                .split("  ")
+                .filter(|c| !c.is_empty())
+                .collect::<Vec<_>>(),
+            vec![
+                "csi-pvc-1-0123456789abcdef",
+                "128 MiB",
+                "ext4",
+                "snapshot snap-s-0011223344556677",
+                "abnormal: pool full"
+            ]
+        );
+        assert_eq!(VolumeList { volumes: vec![] }.table(), "no volumes\n");
+    }
+
+    #[test]
+    fn snapshot_output() {
+        let s = csi::Snapshot {
+            size_bytes: 1 << 30,
+            snapshot_id: "snap-a-0011223344556677".into(),
+            source_volume_id: "csi-v-0123456789abcdef".into(),
+            creation_time: Some(prost_types::Timestamp {
+                seconds: 0,
+                nanos: 0,
+            }),
+            ready_to_use: true,
+            group_snapshot_id: String::new(),
+        };
+        let out = SnapshotOut::new(&s);
+        assert_eq!(
+            serde_json::to_value(&out).unwrap(),
+            serde_json::json!({
+                "snapshot_id": "snap-a-0011223344556677",
+                "source_volume_id": "csi-v-0123456789abcdef",
+                "size_bytes": 1073741824,
+                "creation_time": "1970-01-01T00:00:00Z",
+                "ready_to_use": true,
+                "group_snapshot_id": null,
+            })
+        );
+        let t = out.table();
+        assert!(t.starts_with("SNAPSHOT ID"), "{t}");
+        assert!(
+            t.contains("1 GiB") && t.contains("1970-01-01T00:00:00Z") && t.contains("yes"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn stats_reclaim_and_done() {
+        use csi::volume_usage::Unit;
+        let r = csi::NodeGetVolumeStatsResponse {
+            usage: vec![
+                csi::VolumeUsage {
+                    available: 3 << 20,
+                    total: 4 << 20,
+                    used: 1 << 20,
+                    unit: Unit::Bytes as i32,
+                },
+                csi::VolumeUsage {
+                    available: 90,
+                    total: 100,
+                    used: 10,
+                    unit: Unit::Inodes as i32,
+                },
+            ],
+            volume_condition: None,
+        };
+        let s = StatsOut::new("csi-v", "/p", &r);
+        let j = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            j["usage"][0],
+            serde_json::json!({"unit": "bytes", "total": 4194304, "used": 1048576, "available": 3145728})
+        );
+        assert_eq!(j["usage"][1]["unit"], "inodes");
+        assert_eq!(
+            s.table(),
+            "UNIT    TOTAL  USED   AVAILABLE\n\
+             bytes   4 MiB  1 MiB  3 MiB\n\
+             inodes  100    10     90\n\
+             condition: -\n"
+        );
+
+        let rc = ReclaimOut::new("csi-v", "node", Some(10 << 20), Some(4 << 20));
+        assert_eq!(rc.reclaimed_bytes, Some(6 << 20));
+        assert_eq!(
+            ReclaimOut::new("v", "controller", Some(1), Some(5)).reclaimed_bytes,
+            Some(0)
+        );
+        assert_eq!(
+            ReclaimOut::new("v", "controller", None, Some(5)).reclaimed_bytes,
+            None
+        );
+        assert!(
+            rc.table().contains("reclaimed:     6 MiB"),
+            "{}",
+            rc.table()
+        );
+
+        let d = Done::new("deleted", &[("volume_id", "csi-v")]);
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            serde_json::json!({"volume_id": "csi-v", "action": "deleted"})
+        );
+        assert_eq!(d.table(), "deleted: volume_id=csi-v\n");
+    }
+
+    #[test]
+    fn capacity_output() {
+        let c = CapacityOut::from(&csi::GetCapacityResponse {
+            available_capacity: 800 << 20,
+            maximum_volume_size: Some(3 << 30),
+            minimum_volume_size: None,
+        });
+        assert_eq!(
+            serde_json::to_value(&c).unwrap(),
+            serde_json::json!({"available_capacity": 838860800, "maximum_volume_size": 3221225472u64, "minimum_volume_size": null})
+        );
+        assert_eq!(
+            c.table(),
+            "available:            800 MiB\nmaximum volume size:  3 GiB\nminimum volume size:  -\n"
+        );
+    }
+}
