@@ -160,8 +160,12 @@ impl Lvm {
     /// one `lvs` is started in the background to catch up with changes
     /// made behind the driver's back; only an empty cache makes the caller
     /// wait. Decisions that must not rest on a cached view use
-    /// [`Lvm::fresh_report`].
+    /// [`Lvm::fresh_report`]. A `report_max_age` of 0 turns the cache off.
     pub async fn report(self: &Arc<Self>) -> Result<Arc<Report>> {
+        if self.max_age.is_zero() {
+            // No cache asked for: every read asks LVM.
+            return self.fresh_report().await;
+        }
         let cached = self.cache.lock().unwrap().report.clone();
         match cached {
             Some((at, r)) if at.elapsed() <= self.max_age => Ok(r),
@@ -616,13 +620,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stale_report_is_served_while_one_lvs_catches_up() {
         let dir = tempfile::tempdir().unwrap();
-        let (lvm, calls) = fake_lvm(dir.path(), "0", 0);
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 1);
         lvm.report().await.unwrap();
         assert_eq!(count(&calls, "lvs-done"), 1);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
         // From now on lvs does not finish until `hold` is gone.
         let hold = dir.path().join("hold");
         std::fs::write(&hold, "").unwrap();
-        tokio::time::sleep(Duration::from_millis(5)).await;
         for _ in 0..5 {
             lvm.report().await.unwrap();
         }
@@ -643,6 +647,16 @@ mod tests {
             "one background lvs for five stale reads"
         );
         assert_eq!(count(&calls, "lvs-done"), 2);
+    }
+
+    #[tokio::test]
+    async fn max_age_zero_reads_lvm_every_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 0);
+        for _ in 0..3 {
+            lvm.report().await.unwrap();
+        }
+        assert_eq!(count(&calls, "lvs"), 3);
     }
 
     #[test]
