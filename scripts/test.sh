@@ -11,12 +11,17 @@
 #   scripts/test.sh vm        # the LVM suite (tests/lvm/), natively or in the VM
 #   scripts/test.sh sanity    # csi-sanity (scripts/csi-sanity.sh), natively or in the VM
 #
+# Arguments after `vm` go to the LVM test binary (a name filter:
+# `scripts/test.sh vm node::stage`), after `sanity` to csi-sanity.
+#
 # SANITY_FOCUS, when set, is csi-sanity's -ginkgo.focus (a regex of spec
 # names); by default every spec runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 what=${1:-all}
+shift || true
+extra=("$@")
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "test.sh: the suite needs root (loop devices, mounts, the VM's LVM); run it as root" >&2
@@ -37,7 +42,7 @@ vm() {
     cargo test --no-run --test lvm
     # --show-output prints what passing tests wrote: the benchmark and
     # reclaim figures (BENCH, MEASURE, RECLAIM lines).
-    local args=(--test lvm -- --test-threads="${LVM_TEST_THREADS:-2}" --show-output)
+    local args=(--test lvm -- --test-threads="${LVM_TEST_THREADS:-2}" --show-output "${extra[@]}")
     if scripts/have-dm.sh; then
         echo "== LVM tests natively (kernel $(uname -r) has device-mapper)"
         cargo test "${args[@]}"
@@ -52,9 +57,9 @@ sanity() {
     echo "== csi-sanity"
     local focus=${SANITY_FOCUS:-}
     if [[ -n $focus ]]; then
-        scripts/csi-sanity.sh -ginkgo.focus="$focus"
+        scripts/csi-sanity.sh -ginkgo.focus="$focus" "${extra[@]}"
     else
-        scripts/csi-sanity.sh
+        scripts/csi-sanity.sh "${extra[@]}"
     fi
 }
 
