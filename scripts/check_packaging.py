@@ -269,6 +269,8 @@ def _():
         for want in ("--release", "--locked", "--bin thinpool-csi"):
             if want not in build:
                 p.append(f"stage {frm}: cargo build needs {want}")
+        if "--target" in build.split() or any("CARGO_TARGET_DIR" in " ".join(bc.value) for bc in b["cmds"]):
+            p.append(f"stage {frm}: the binary's path below assumes cargo's default target dir")
         built = workdir.rstrip("/") + "/target/release/thinpool-csi"
         if list(c.value[:-1]) != [built]:
             p.append(f"Dockerfile:{c.start_line}: copies {list(c.value[:-1])}, cargo leaves the binary at {built}")
