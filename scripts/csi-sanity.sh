@@ -10,7 +10,8 @@
 #   SANITY_REPORTS=DIR    where the JUnit reports go (default target/csi-sanity)
 #   SANITY_ACCESS="mount block"   the access types to run
 #
-# On a kernel without device-mapper it runs itself inside the project's VM
+# Where this kernel has device-mapper (scripts/have-dm.sh) it runs right
+# here; on a kernel without it, it runs itself inside the project's VM
 # (scripts/vm-run.sh). Exit status: non-zero when any spec failed, or when
 # the suite could not run at all (never a silent skip).
 set -euo pipefail
@@ -31,7 +32,7 @@ sanity=$(readlink -f "$sanity")
 
 # Outside the VM: build, then run this very script in the guest and collect
 # its reports.
-if [[ ${THINPOOL_IN_VM:-} != 1 ]] && ! grep -qw device-mapper /proc/misc; then
+if [[ ${THINPOOL_IN_VM:-} != 1 ]] && ! scripts/have-dm.sh; then
     cargo build --bin thinpool-csi
     rm -rf "$reports"
     rc=0
@@ -45,7 +46,11 @@ access=${THINPOOL_SANITY_ACCESS:-$access}
 out=${THINPOOL_VM_OUT:-$reports}
 mkdir -p "$out"
 bin=$root/target/debug/thinpool-csi
-[[ -x $bin ]] || cargo build --bin thinpool-csi
+# Natively the binary is built here, so it is never stale; in the VM the
+# host built it before the VM started.
+if [[ ${THINPOOL_IN_VM:-} != 1 ]] || [[ ! -x $bin ]]; then
+    cargo build --bin thinpool-csi
+fi
 
 work=$(mktemp -d /tmp/tpcsi-sanity.XXXXXX)
 driver=

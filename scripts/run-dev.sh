@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --bin thinpool-csi
 bin=target/release/thinpool-csi
-if grep -qw device-mapper /proc/misc; then
+if scripts/have-dm.sh; then
     exec "$bin" --config config/dev.toml "$@"
 fi
 echo "run-dev: this kernel has no device-mapper; running in the VM (Ctrl-C or VM_TIMEOUT ends it)" >&2

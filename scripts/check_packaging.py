@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""Static checks of the packaging with real parsers from the registries.
+
+Run through scripts/check-packaging.sh (it installs the pinned packages of
+scripts/packaging-requirements.txt into a venv). Checks:
+
+- Dockerfile, parsed by `dockerfile` (buildkit's own parser): the stages,
+  their base images, every path a COPY takes from the build context (it
+  exists and .dockerignore does not drop it), the binary copied from the
+  builder, the runtime packages, CSI_ENDPOINT, the entry point, and the
+  image's LVM settings agreeing with the driver's own no-udev settings.
+- Every manifest under deploy/kubernetes (examples included), parsed by
+  PyYAML and validated by `kubernetes-validate` in strict mode (unknown
+  fields are errors) against the oldest Kubernetes release the deploy
+  README supports and the newest the package carries. Kinds that are
+  CustomResourceDefinitions of other projects (VolumeSnapshotClass,
+  VolumeSnapshot, ReclaimSpaceCronJob), kustomize's Kustomization and
+  kind's Cluster have no schema there: they are checked structurally
+  below, against the fields their projects define.
+- Every sidecar flag in the DaemonSet exists in the release its image
+  pins (SIDECARS below, with where each list was read).
+- vagrant/Vagrantfile: `ruby -c` accepts it, every scripts/, config/
+  and .ci/ path it names exists (scripts executable), and it runs .ci/run,
+  the command CI runs.
+
+Prints one line per failed check and ends with `packaging: N passed, M
+failed`; the exit status is non-zero when any check failed.
+"""
+
+import fnmatch
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import dockerfile
+import kubernetes_validate
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy" / "kubernetes"
+
+# deploy/kubernetes/README.md: "Kubernetes 1.34 or newer".
+MIN_KUBERNETES = "1.34.0"
+KUBERNETES_VERSIONS = [MIN_KUBERNETES, kubernetes_validate.latest_version()]
+
+RUNTIME_PACKAGES = ["lvm2", "thin-provisioning-tools", "e2fsprogs", "xfsprogs", "util-linux"]
+
+# Flags each sidecar release accepts, as far as the manifests may use them.
+# A flag not listed here fails the check: read the pinned release's docs,
+# then add it. klog's `-v` is accepted by all of the kubernetes-csi ones.
+# Sources (read with the project's search tool, 2026-11):
+SIDECARS = {
+    "registry.k8s.io/sig-storage/csi-node-driver-registrar": (
+        "v2.17.0",
+        # kubernetes-csi/node-driver-registrar cmd/csi-node-driver-registrar/main.go
+        # (flag definitions) and README.md "Command line options".
+        {"v", "csi-address", "kubelet-registration-path", "plugin-registration-path",
+         "http-endpoint", "health-port", "timeout", "version"},
+    ),
+    "registry.k8s.io/sig-storage/csi-provisioner": (
+        "v6.3.0",
+        # kubernetes-csi/external-provisioner cmd/csi-provisioner/csi-provisioner.go
+        # and README.md "Command line options" (--node-deployment,
+        # --enable-capacity, --capacity-ownerref-level: "1 for a StatefulSet
+        # or DaemonSet"); CHANGELOG-6.0 .. 6.3 remove no flag.
+        {"v", "csi-address", "timeout", "worker-threads", "node-deployment",
+         "node-deployment-immediate-binding", "strict-topology", "immediate-topology",
+         "enable-capacity", "capacity-ownerref-level", "capacity-poll-interval",
+         "capacity-for-immediate-binding", "extra-create-metadata", "leader-election",
+         "leader-election-namespace", "http-endpoint", "metrics-path", "default-fstype",
+         "retry-interval-start", "retry-interval-max", "kube-api-qps", "kube-api-burst",
+         "feature-gates", "version"},
+    ),
+    "registry.k8s.io/sig-storage/csi-attacher": (
+        "v4.12.0",
+        # kubernetes-csi/external-attacher README.md "Command line options".
+        {"v", "csi-address", "timeout", "worker-threads", "leader-election",
+         "leader-election-namespace", "http-endpoint", "metrics-path",
+         "retry-interval-start", "retry-interval-max", "kube-api-qps", "kube-api-burst",
+         "version"},
+    ),
+    "registry.k8s.io/sig-storage/csi-resizer": (
+        "v2.2.0",
+        # kubernetes-csi/external-resizer README.md "Command line options".
+        {"v", "csi-address", "timeout", "workers", "leader-election",
+         "leader-election-namespace", "http-endpoint", "metrics-path",
+         "retry-interval-start", "retry-interval-max", "kube-api-qps", "kube-api-burst",
+         "handle-volume-inuse-error", "feature-gates", "version"},
+    ),
+    "registry.k8s.io/sig-storage/csi-snapshotter": (
+        "v8.6.0",
+        # kubernetes-csi/external-snapshotter cmd/csi-snapshotter/main.go
+        # (--node-deployment: "snapshots for node-local volumes"; it refuses
+        # --leader-election with it).
+        {"v", "csi-address", "timeout", "worker-threads", "node-deployment",
+         "extra-create-metadata", "snapshot-name-prefix", "snapshot-name-uuid-length",
+         "http-endpoint", "metrics-path", "retry-interval-start", "retry-interval-max",
+         "kube-api-qps", "kube-api-burst", "feature-gates", "version"},
+    ),
+    "quay.io/csiaddons/k8s-sidecar": (
+        "v0.14.0",
+        # csi-addons/kubernetes-csi-addons sidecar/main.go (flag definitions).
+        {"csi-addons-address", "node-id", "stagingpath", "controller-port", "controller-ip",
+         "pod", "namespace", "pod-uid", "timeout", "leader-election-namespace",
+         "leader-election-lease-duration", "leader-election-renew-deadline",
+         "leader-election-retry-period", "enable-auth", "version"},
+    ),
+}
+DRIVER_IMAGE = "thinpool-csi"
+
+failures = []
+passed = 0
+
+
+def check(name):
+    """Runs fn() as one named check: it returns a list of problems."""
+
+    def wrap(fn):
+        global passed
+        try:
+            problems = fn()
+        except Exception as e:  # a crash is a failure, never a pass
+            problems = [f"{type(e).__name__}: {e}"]
+        if problems:
+            failures.append(name)
+            for p in problems:
+                print(f"FAIL {name}: {p}")
+        else:
+            passed += 1
+            print(f"ok   {name}")
+        return fn
+
+    return wrap
+
+
+def rel(p):
+    return str(pathlib.Path(p).relative_to(ROOT))
+
+
+# ---------------------------------------------------------------------------
+# Dockerfile
+
+
+def dockerignore_patterns():
+    pats = []
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        neg = line.startswith("!")
+        pat = line[1:] if neg else line
+        pats.append((neg, pat.strip("/")))
+    return pats
+
+
+def ignored(path, pats):
+    """Whether the build context drops `path` (a pattern that matches a
+    parent drops everything under it; the last matching pattern wins)."""
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    result = False
+    for neg, pat in pats:
+        if any(fnmatch.fnmatchcase(p, pat) for p in prefixes):
+            result = not neg
+    return result
+
+
+def stages():
+    out = []
+    for c in dockerfile.parse_file(str(ROOT / "Dockerfile")):
+        if c.cmd == "FROM":
+            v = list(c.value)
+            name = v[2] if len(v) == 3 and v[1].upper() == "AS" else None
+            out.append({"base": v[0], "name": name, "cmds": [], "line": c.start_line})
+        elif not out:
+            raise ValueError(f"Dockerfile:{c.start_line}: {c.cmd} before the first FROM")
+        else:
+            out[-1]["cmds"].append(c)
+    return out
+
+
+def flag_value(c, name):
+    for f in c.flags:
+        if f.startswith(f"--{name}="):
+            return f.split("=", 1)[1]
+    return None
+
+
+@check("Dockerfile: a named Rust builder on the runtime's Debian release, then debian:<release>-slim")
+def _():
+    st = stages()
+    p = []
+    if len(st) < 2:
+        return [f"needs a builder and a runtime stage, has {len(st)}"]
+    m = re.fullmatch(r"(?:docker\.io/library/)?debian:([a-z]+)-slim", st[-1]["base"])
+    if not m:
+        return [f"the runtime base must be debian:<release>-slim, is {st[-1]['base']}"]
+    release = m.group(1)
+    msrv = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["rust-version"]
+    for s in st[:-1]:
+        b = re.fullmatch(r"(?:docker\.io/library/)?rust:(\d+)\.(\d+)(?:\.\d+)?-([a-z]+)", s["base"])
+        if not b:
+            p.append(f"Dockerfile:{s['line']}: builder base {s['base']} is not an official rust:<x.y>-<release> image")
+            continue
+        if b.group(3) != release:
+            p.append(f"Dockerfile:{s['line']}: builder on {b.group(3)}, runtime on {release}: the binary links the builder's glibc")
+        if (int(b.group(1)), int(b.group(2))) < tuple(int(x) for x in msrv.split(".")[:2]):
+            p.append(f"Dockerfile:{s['line']}: rust {b.group(1)}.{b.group(2)} is older than rust-version {msrv}")
+        if not s["name"]:
+            p.append(f"Dockerfile:{s['line']}: the builder stage needs a name (FROM ... AS name)")
+    return p
+
+
+@check("Dockerfile: every path COPY takes from the context exists and is sent")
+def _():
+    pats = dockerignore_patterns()
+    p = []
+    copies = 0
+    for s in stages():
+        for c in s["cmds"]:
+            if c.cmd not in ("COPY", "ADD"):
+                continue
+            if c.cmd == "ADD":
+                p.append(f"Dockerfile:{c.start_line}: use COPY, not ADD")
+            if flag_value(c, "from") is not None:
+                continue
+            for src in c.value[:-1]:
+                copies += 1
+                if not (ROOT / src).exists():
+                    p.append(f"Dockerfile:{c.start_line}: COPY source {src} does not exist")
+                elif ignored(src, pats):
+                    p.append(f"Dockerfile:{c.start_line}: COPY source {src} is dropped by .dockerignore")
+    for big in ("target", ".vm", ".git"):
+        if not ignored(big, pats):
+            p.append(f".dockerignore must drop {big}/ (hundreds of MiB, never read by the build)")
+    if copies == 0:
+        p.append("no COPY from the build context at all")
+    return p
+
+
+@check("Dockerfile: the runtime gets the built binary, the tools, LVM settings, CSI_ENDPOINT and an entry point")
+def _():
+    st = stages()
+    named = {s["name"]: s for s in st if s["name"]}
+    rt = st[-1]
+    p = []
+    binary = None
+    for c in rt["cmds"]:
+        frm = flag_value(c, "from") if c.cmd == "COPY" else None
+        if frm is None:
+            continue
+        b = named.get(frm)
+        if b is None:
+            p.append(f"Dockerfile:{c.start_line}: --from={frm} names no stage")
+            continue
+        workdir = "/"
+        build = None
+        for bc in b["cmds"]:
+            if bc.cmd == "WORKDIR":
+                workdir = bc.value[0]
+            if bc.cmd == "RUN" and "cargo build" in bc.value[0]:
+                build = bc.value[0]
+        if build is None:
+            p.append(f"stage {frm} runs no cargo build")
+            continue
+        for want in ("--release", "--locked", "--bin thinpool-csi"):
+            if want not in build:
+                p.append(f"stage {frm}: cargo build needs {want}")
+        if "--target" in build.split() or any("CARGO_TARGET_DIR" in " ".join(bc.value) for bc in b["cmds"]):
+            p.append(f"stage {frm}: the binary's path below assumes cargo's default target dir")
+        built = workdir.rstrip("/") + "/target/release/thinpool-csi"
+        if list(c.value[:-1]) != [built]:
+            p.append(f"Dockerfile:{c.start_line}: copies {list(c.value[:-1])}, cargo leaves the binary at {built}")
+        binary = c.value[-1]
+    if binary is None:
+        p.append("the runtime stage copies no binary from a builder stage")
+    runs = " ".join(c.value[0] for c in rt["cmds"] if c.cmd == "RUN")
+    words = set(runs.split())
+    for pkg in RUNTIME_PACKAGES:
+        if pkg not in words:
+            p.append(f"the runtime stage installs no {pkg}")
+    for want in ("--no-install-recommends", "rm -rf /var/lib/apt/lists"):
+        if want not in runs:
+            p.append(f"the apt-get install needs {want}")
+    dests = {c.value[-1]: c.value[0] for c in rt["cmds"] if c.cmd == "COPY" and flag_value(c, "from") is None}
+    if dests.get("/etc/lvm/lvmlocal.conf") != "deploy/lvm/lvmlocal.conf":
+        p.append("deploy/lvm/lvmlocal.conf must be installed as /etc/lvm/lvmlocal.conf")
+    env = {}
+    for c in rt["cmds"]:
+        if c.cmd == "ENV":
+            env.update(zip(c.value[0::2], c.value[1::2]))
+    if not re.fullmatch(r"unix:///\S+", env.get("CSI_ENDPOINT", "")):
+        p.append(f"ENV CSI_ENDPOINT must be unix:///<path>, is {env.get('CSI_ENDPOINT')!r}")
+    entry = [c for c in rt["cmds"] if c.cmd == "ENTRYPOINT"]
+    cmd = [c for c in rt["cmds"] if c.cmd == "CMD"]
+    if not entry or not entry[-1].json or entry[-1].value[0] != binary:
+        p.append(f"ENTRYPOINT must be the exec form [\"{binary}\", ...]")
+    argv = (list(entry[-1].value) if entry else []) + (list(cmd[-1].value) if cmd else [])
+    if "--config" in argv:
+        cfg = argv[argv.index("--config") + 1]
+        if cfg not in dests:
+            p.append(f"--config {cfg} is not a file the image contains")
+    else:
+        p.append("ENTRYPOINT/CMD must pass --config FILE")
+    return p
+
+
+def lvm_settings(text):
+    """`key = value` pairs of an LVM config text (comments dropped)."""
+    text = re.sub(r"#[^\n]*", "", text)
+    return {k: v.strip('"') for k, v in re.findall(r"(\w+)\s*=\s*(\"[^\"]*\"|\S+)", text)}
+
+
+@check("LVM settings: the image's lvmlocal.conf agrees with the driver's no-udev settings")
+def _():
+    src = (ROOT / "src" / "lvm" / "mod.rs").read_text()
+    m = re.search(r'const NO_UDEV_CONFIG: &str = "((?:[^"\\]|\\.)*)";', src, re.S)
+    if not m:
+        return ["src/lvm/mod.rs has no NO_UDEV_CONFIG constant to compare with"]
+    driver = lvm_settings(m.group(1).replace("\\\n", " "))
+    image = lvm_settings((ROOT / "deploy" / "lvm" / "lvmlocal.conf").read_text())
+    p = []
+    if set(driver) != {"udev_rules", "udev_sync", "obtain_device_list_from_udev"}:
+        p.append(f"NO_UDEV_CONFIG sets {sorted(driver)}; this check knows udev_rules, udev_sync, obtain_device_list_from_udev")
+    for k, v in driver.items():
+        if image.get(k) != v:
+            p.append(f"lvmlocal.conf: {k} = {image.get(k)!r}, the driver passes {k} = {v}")
+    if image.get("locking_dir") != "/run/lock/lvm":
+        p.append("lvmlocal.conf: locking_dir must be the host's /run/lock/lvm (mounted by the DaemonSet)")
+    return p
+
+
+# ---------------------------------------------------------------------------
+# Manifests
+
+
+def manifests():
+    """(file, index, document) of every YAML document under deploy/kubernetes."""
+    out = []
+    for f in sorted(DEPLOY.rglob("*.yaml")):
+        for i, doc in enumerate(yaml.safe_load_all(f.read_text())):
+            if doc is not None:
+                out.append((f, i, doc))
+    return out
+
+
+def expect(p, where, cond, msg):
+    if not cond:
+        p.append(f"{where}: {msg}")
+
+
+def only_keys(p, where, obj, allowed):
+    if not isinstance(obj, dict):
+        p.append(f"{where}: must be a mapping")
+        return False
+    for k in obj:
+        expect(p, where, k in allowed, f"unknown field {k!r} (known: {sorted(allowed)})")
+    return True
+
+
+def is_name(s):
+    return isinstance(s, str) and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", s) and len(s) <= 253
+
+
+def check_meta(p, where, doc, namespaced):
+    meta = doc.get("metadata") or {}
+    expect(p, where, is_name(meta.get("name")), f"metadata.name {meta.get('name')!r} is not a DNS name")
+    if namespaced:
+        expect(p, where, is_name(meta.get("namespace")), "a namespaced object needs metadata.namespace")
+
+
+# Structural checks of the kinds kubernetes-validate has no schema for,
+# after the types their projects define:
+# - snapshot.storage.k8s.io/v1 (kubernetes-csi/external-snapshotter client/apis/volumesnapshot/v1/types.go);
+# - csiaddons.openshift.io/v1alpha1 ReclaimSpaceCronJob (csi-addons/kubernetes-csi-addons
+#   api/csiaddons/v1alpha1/reclaimspacecronjob_types.go and reclaimspacejob_types.go);
+# - kustomize.config.k8s.io/v1beta1 Kustomization; kind.x-k8s.io/v1alpha4 Cluster.
+
+
+def volume_snapshot_class(p, w, d):
+    only_keys(p, w, d, {"apiVersion", "kind", "metadata", "driver", "deletionPolicy", "parameters"})
+    check_meta(p, w, d, namespaced=False)
+    expect(p, w, isinstance(d.get("driver"), str) and d["driver"], "driver is required")
+    expect(p, w, d.get("deletionPolicy") in ("Delete", "Retain"), "deletionPolicy must be Delete or Retain")
+    params = d.get("parameters", {})
+    expect(p, w, isinstance(params, dict) and all(isinstance(v, str) for v in params.values()),
+           "parameters must map strings to strings")
+
+
+def volume_snapshot(p, w, d):
+    only_keys(p, w, d, {"apiVersion", "kind", "metadata", "spec"})
+    check_meta(p, w, d, namespaced=True)
+    spec = d.get("spec")
+    if only_keys(p, f"{w} spec", spec, {"source", "volumeSnapshotClassName"}):
+        src = spec.get("source")
+        if only_keys(p, f"{w} spec.source", src, {"persistentVolumeClaimName", "volumeSnapshotContentName"}):
+            expect(p, w, len(src) == 1 and all(isinstance(v, str) for v in src.values()),
+                   "spec.source names exactly one of persistentVolumeClaimName, volumeSnapshotContentName")
+
+
+def reclaim_space_cron_job(p, w, d):
+    only_keys(p, w, d, {"apiVersion", "kind", "metadata", "spec"})
+    check_meta(p, w, d, namespaced=True)
+    spec = d.get("spec")
+    if not only_keys(p, f"{w} spec", spec, {"schedule", "startingDeadlineSeconds", "concurrencyPolicy",
+                                            "suspend", "jobTemplate", "successfulJobsHistoryLimit",
+                                            "failedJobsHistoryLimit"}):
+        return
+    expect(p, w, isinstance(spec.get("schedule"), str) and spec["schedule"], "spec.schedule is required")
+    expect(p, w, spec.get("concurrencyPolicy", "Forbid") in ("Forbid", "Replace"),
+           "spec.concurrencyPolicy must be Forbid or Replace")
+    for k in ("successfulJobsHistoryLimit", "failedJobsHistoryLimit"):
+        v = spec.get(k, 0)
+        expect(p, w, isinstance(v, int) and 0 <= v <= 60, f"spec.{k} must be 0..60")
+    jt = spec.get("jobTemplate")
+    if not only_keys(p, f"{w} spec.jobTemplate", jt, {"metadata", "spec"}):
+        return
+    js = jt.get("spec")
+    if not only_keys(p, f"{w} spec.jobTemplate.spec", js,
+                     {"target", "backOffLimit", "retryDeadlineSeconds", "timeout", "operations"}):
+        return
+    target = js.get("target")
+    if only_keys(p, f"{w} spec.jobTemplate.spec.target", target, {"persistentVolumeClaim"}):
+        expect(p, w, is_name(target.get("persistentVolumeClaim")),
+               "spec.jobTemplate.spec.target.persistentVolumeClaim is required")
+    expect(p, w, isinstance(js.get("backOffLimit", 0), int) and 0 <= js.get("backOffLimit", 0) <= 60,
+           "backOffLimit must be 0..60")
+    expect(p, w, isinstance(js.get("retryDeadlineSeconds", 0), int) and 0 <= js.get("retryDeadlineSeconds", 0) <= 1800,
+           "retryDeadlineSeconds must be 0..1800")
+    if "timeout" in js:
+        expect(p, w, isinstance(js["timeout"], int) and js["timeout"] >= 60, "timeout must be >= 60")
+
+
+def kustomization(p, w, d, f):
+    only_keys(p, w, d, {"apiVersion", "kind", "resources", "patches", "images", "namespace",
+                        "configMapGenerator", "generatorOptions"})
+    for r in d.get("resources", []):
+        expect(p, w, (f.parent / r).exists(), f"resource {r} does not exist")
+    for patch in d.get("patches", []):
+        if only_keys(p, f"{w} patch", patch, {"path", "target"}):
+            expect(p, w, (f.parent / patch.get("path", "")).is_file(), f"patch {patch.get('path')} does not exist")
+
+
+def patch_files():
+    """Strategic merge patches the Kustomizations name: partial objects,
+    checked against what they patch instead of against a schema."""
+    out = set()
+    for f, _, d in manifests():
+        if d.get("kind") == "Kustomization":
+            out.update((f.parent / x["path"]).resolve() for x in d.get("patches", []) if "path" in x)
+    return out
+
+
+def strategic_patch(p, w, d, base):
+    """A patch names an object of the base by kind, name and namespace, and
+    (for a workload) only containers the base has."""
+    key = (d.get("kind"), d.get("metadata", {}).get("name"), d.get("metadata", {}).get("namespace"))
+    target = [b for b in base if (b.get("kind"), b["metadata"].get("name"), b["metadata"].get("namespace")) == key]
+    if not target:
+        p.append(f"{w}: patches {key}, which the base does not have")
+        return
+    have = {c["name"] for c in target[0].get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])}
+    for c in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        expect(p, w, c.get("name") in have, f"patches container {c.get('name')!r}, which the base does not run")
+
+
+def kind_cluster(p, w, d):
+    only_keys(p, w, d, {"apiVersion", "kind", "name", "nodes", "networking", "featureGates",
+                        "runtimeConfig", "containerdConfigPatches"})
+    nodes = d.get("nodes") or []
+    expect(p, w, nodes, "nodes is required")
+    for i, n in enumerate(nodes):
+        nw = f"{w} nodes[{i}]"
+        if not only_keys(p, nw, n, {"role", "image", "extraMounts", "extraPortMappings", "labels",
+                                    "kubeadmConfigPatches"}):
+            continue
+        expect(p, nw, n.get("role") in ("control-plane", "worker"), "role must be control-plane or worker")
+        for j, m in enumerate(n.get("extraMounts", [])):
+            mw = f"{nw} extraMounts[{j}]"
+            if only_keys(p, mw, m, {"hostPath", "containerPath", "readOnly", "selinuxRelabel", "propagation"}):
+                for k in ("hostPath", "containerPath"):
+                    expect(p, mw, isinstance(m.get(k), str) and m[k].startswith("/"), f"{k} must be an absolute path")
+                expect(p, mw, m.get("propagation", "None") in ("None", "HostToContainer", "Bidirectional"),
+                       "propagation must be None, HostToContainer or Bidirectional")
+
+
+STRUCTURAL = {
+    ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): volume_snapshot_class,
+    ("snapshot.storage.k8s.io/v1", "VolumeSnapshot"): volume_snapshot,
+    ("csiaddons.openshift.io/v1alpha1", "ReclaimSpaceCronJob"): reclaim_space_cron_job,
+    ("kind.x-k8s.io/v1alpha4", "Cluster"): kind_cluster,
+}
+
+
+def validate(doc, version):
+    """kubernetes-validate's verdict: None, or the error text."""
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+        return None
+    except kubernetes_validate.ValidationError as e:
+        path = ".".join(str(x) for x in e.path)
+        return f"{path}: {e.message}"
+    except kubernetes_validate.SchemaNotFoundError:
+        return f"no schema for {doc.get('apiVersion')} {doc.get('kind')}"
+
+
+@check("kubernetes-validate rejects a misspelled field (strict mode really checks)")
+def _():
+    bad = {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "x", "namespace": "x"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+            "metadata": {"labels": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "image": "i", "volumeMounts": [
+                {"name": "v", "mountPath": "/v", "mountPropogation": "Bidirectional"}]}]}}},
+    }
+    good = {**bad, "spec": {**bad["spec"], "template": {**bad["spec"]["template"], "spec": {
+        "containers": [{"name": "c", "image": "i", "volumeMounts": [
+            {"name": "v", "mountPath": "/v", "mountPropagation": "Bidirectional"}]}]}}}}
+    p = []
+    for v in KUBERNETES_VERSIONS:
+        if validate(bad, v) is None:
+            p.append(f"{v}: a DaemonSet with `mountPropogation` passed")
+        err = validate(good, v)
+        if err is not None:
+            p.append(f"{v}: the corrected DaemonSet failed: {err}")
+    return p
+
+
+@check(f"manifests: every document passes the Kubernetes {' and '.join(KUBERNETES_VERSIONS)} schemas (strict), or its CRD's structure")
+def _():
+    p = []
+    docs = manifests()
+    if not docs:
+        return ["no manifests found under deploy/kubernetes"]
+    patches = patch_files()
+    base = [d for f, _, d in docs if f.parent == DEPLOY and d.get("kind") != "Kustomization"]
+    for f, i, doc in docs:
+        w = f"{rel(f)}[{i}] {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+        key = (doc.get("apiVersion"), doc.get("kind"))
+        if f.resolve() in patches:
+            strategic_patch(p, w, doc, base)
+        elif key[1] == "Kustomization":
+            kustomization(p, w, doc, f)
+        elif key in STRUCTURAL:
+            STRUCTURAL[key](p, w, doc)
+        else:
+            for v in KUBERNETES_VERSIONS:
+                err = validate(doc, v)
+                if err:
+                    p.append(f"{w}: Kubernetes {v}: {err}")
+    kinds = {d.get("kind") for _, _, d in docs}
+    for want in ("CSIDriver", "DaemonSet", "StorageClass", "VolumeSnapshotClass", "ReclaimSpaceCronJob",
+                 "PersistentVolumeClaim", "Pod", "Cluster"):
+        expect(p, "deploy/kubernetes", want in kinds, f"has no {want}")
+    return p
+
+
+@check("manifests: the example claims mount a filesystem volume and a raw block volume")
+def _():
+    p = []
+    claims = {}
+    pods = []
+    for f, _, d in manifests():
+        if d.get("kind") == "PersistentVolumeClaim" and f.parent.name == "examples":
+            claims[d["metadata"]["name"]] = d["spec"].get("volumeMode", "Filesystem")
+        if d.get("kind") == "Pod" and f.parent.name == "examples":
+            pods.append(d)
+    used = set()
+    for pod in pods:
+        vols = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["spec"].get("volumes", [])}
+        for c in pod["spec"]["containers"]:
+            for m in c.get("volumeMounts", []):
+                if vols.get(m["name"]) in claims:
+                    used.add(("Filesystem", claims[vols[m["name"]]]))
+            for m in c.get("volumeDevices", []):
+                if vols.get(m["name"]) in claims:
+                    used.add(("Block", claims[vols[m["name"]]]))
+    expect(p, "examples", ("Filesystem", "Filesystem") in used, "no pod mounts a Filesystem claim")
+    expect(p, "examples", ("Block", "Block") in used, "no pod uses a Block claim as a raw device")
+    return p
+
+
+@check("sidecars: images pinned to the checked release, every flag exists in it")
+def _():
+    p = []
+    patches = patch_files()
+    ds = [d for f, _, d in manifests() if d.get("kind") == "DaemonSet" and f.resolve() not in patches]
+    if len(ds) != 1:
+        return [f"expected one DaemonSet, found {len(ds)}"]
+    seen = set()
+    for c in ds[0]["spec"]["template"]["spec"]["containers"]:
+        repo, _, tag = c["image"].rpartition(":")
+        if repo == DRIVER_IMAGE:
+            continue
+        if repo not in SIDECARS:
+            p.append(f"{c['name']}: image {c['image']} has no entry in SIDECARS")
+            continue
+        seen.add(repo)
+        pinned, flags = SIDECARS[repo]
+        expect(p, c["name"], tag == pinned, f"image tag {tag} differs from the checked {pinned}: re-read its flags")
+        for a in c.get("args", []):
+            m = re.fullmatch(r"--?([a-z0-9-]+)(=.*)?", a)
+            if not m:
+                p.append(f"{c['name']}: argument {a!r} is not a --flag[=value]")
+            elif m.group(1) not in flags:
+                p.append(f"{c['name']}: {repo}:{pinned} has no flag --{m.group(1)}")
+    for repo in SIDECARS:
+        expect(p, "DaemonSet", repo in seen, f"runs no {repo}")
+    return p
+
+
+# ---------------------------------------------------------------------------
+# Vagrant
+
+
+@check("vagrant/Vagrantfile: Ruby syntax, script paths, and the test command CI runs")
+def _():
+    vf = ROOT / "vagrant" / "Vagrantfile"
+    text = vf.read_text()
+    p = []
+    ruby = shutil.which("ruby")
+    if ruby is None:
+        p.append("ruby is not installed (apt-get install ruby): the Vagrantfile's syntax was not checked")
+    else:
+        r = subprocess.run([ruby, "-c", str(vf)], capture_output=True, text=True)
+        if r.returncode != 0 or "Syntax OK" not in r.stdout:
+            p.append(f"ruby -c: {r.stdout.strip()} {r.stderr.strip()}")
+    paths = set(re.findall(r"(?<![\w/.])(?:\.ci|scripts|config)/[A-Za-z0-9_.-]+", text))
+    for s in sorted(paths):
+        f = ROOT / s
+        expect(p, "Vagrantfile", f.is_file(), f"names {s}, which does not exist")
+        if s.startswith(("scripts/", ".ci/")):
+            expect(p, "Vagrantfile", f.is_file() and f.stat().st_mode & 0o111, f"{s} is not executable")
+    ci = (ROOT / ".ci" / "run").read_text()
+    expect(p, "Vagrantfile", ".ci/run" in paths and re.search(r"^exec scripts/test\.sh", ci, re.M),
+           "must run .ci/run, which must exec scripts/test.sh: the VM runs what CI runs")
+    return p
+
+
+print(f"packaging: {passed} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,256 @@
+//! README.md checked against the code: its configuration reference names
+//! every key the driver's configuration parser accepts (with the default
+//! `config/defaults.toml` documents), and its commands work as written for
+//! root on a machine without `sudo`.
+//!
+//! The keys come from the parser itself: serde's derive hands every
+//! struct's field names to `Deserializer::deserialize_struct`, and
+//! [`FieldNames`] records them, so a key added to `src/config.rs` and not to
+//! README fails here.
+//!
+//! Run: `cargo test --test docs`
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::de::{DeserializeOwned, Visitor};
+use thinpool_csi::config::{Config, LoopPool};
+
+fn read(rel: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+}
+
+/// A deserializer that only records the field names of the struct asked
+/// for, then stops.
+struct FieldNames<'a>(&'a mut Vec<&'static str>);
+
+#[derive(Debug)]
+struct Stop;
+
+impl fmt::Display for Stop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("field names recorded")
+    }
+}
+
+impl std::error::Error for Stop {}
+
+impl serde::de::Error for Stop {
+    fn custom<T: fmt::Display>(_: T) -> Self {
+        Stop
+    }
+}
+
+impl<'de> serde::Deserializer<'de> for FieldNames<'_> {
+    type Error = Stop;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+        Err(Stop)
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Stop> {
+        self.0.extend_from_slice(fields);
+        Err(Stop)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map enum identifier ignored_any
+    }
+}
+
+/// The keys `T`'s derived `Deserialize` accepts.
+fn keys_of<T: DeserializeOwned>() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    let _ = T::deserialize(FieldNames(&mut v));
+    assert!(
+        !v.is_empty(),
+        "no field names recorded for {}",
+        std::any::type_name::<T>()
+    );
+    v
+}
+
+/// Every configuration key, as README writes it: `key` at the top level,
+/// `loop_pool.key` inside the `[loop_pool]` table.
+fn config_keys() -> Vec<String> {
+    let mut keys: Vec<String> = keys_of::<Config>().iter().map(|k| k.to_string()).collect();
+    keys.extend(
+        keys_of::<LoopPool>()
+            .iter()
+            .map(|k| format!("loop_pool.{k}")),
+    );
+    keys
+}
+
+/// `key = value` lines of config/defaults.toml, commented-out ones (the
+/// optional `[loop_pool]` table) included, with their table prefix.
+fn documented_defaults() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut table = String::new();
+    for line in read("config/defaults.toml").lines() {
+        let l = line.trim().trim_start_matches('#').trim();
+        if let Some(t) = l.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+            table = format!("{t}.");
+        } else if let Some((k, v)) = l.split_once(" = ") {
+            if k.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                let v = v.split(" #").next().unwrap().trim();
+                out.insert(format!("{table}{k}"), v.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The rows of README's configuration reference: first cell (a key in
+/// backquotes) -> the other cells.
+fn reference_rows() -> BTreeMap<String, Vec<String>> {
+    let readme = read("README.md");
+    let start = readme
+        .find("\n## Configuration")
+        .expect("README.md has no `## Configuration` section");
+    let section = &readme[start + 1..];
+    let end = section[3..].find("\n## ").map_or(section.len(), |e| e + 3);
+    let mut rows = BTreeMap::new();
+    for line in section[..end].lines() {
+        let cells: Vec<String> = line
+            .trim()
+            .trim_matches('|')
+            .split(" | ")
+            .map(|c| c.trim().to_string())
+            .collect();
+        if !line.trim_start().starts_with('|') || cells.len() < 3 {
+            continue;
+        }
+        if let Some(key) = cells[0].strip_prefix('`').and_then(|k| k.strip_suffix('`')) {
+            rows.insert(key.to_string(), cells[1..].to_vec());
+        }
+    }
+    rows
+}
+
+#[test]
+fn field_names_come_from_the_parser() {
+    // The recorder itself: known fields are there, in the parser's names.
+    let keys = config_keys();
+    for k in [
+        "driver_name",
+        "allowed_roots",
+        "loop_pool",
+        "loop_pool.backing_file",
+    ] {
+        assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
+    }
+    // And a parse of every recorded key (with a valid value from
+    // defaults.toml) is accepted by the real parser, so the names are the
+    // ones it reads.
+    let defaults = documented_defaults();
+    let top: Vec<String> = keys
+        .iter()
+        .filter(|k| !k.contains('.') && *k != "loop_pool")
+        .map(|k| {
+            let v = defaults
+                .get(k)
+                .unwrap_or_else(|| panic!("config/defaults.toml does not document {k}"));
+            format!("{k} = {v}")
+        })
+        .collect();
+    Config::parse(&top.join("\n")).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn readme_configuration_reference_has_every_key_with_its_default() {
+    let keys = config_keys();
+    let defaults = documented_defaults();
+    let rows = reference_rows();
+    let mut problems = Vec::new();
+    for k in &keys {
+        if k != "loop_pool" && !defaults.contains_key(k) {
+            problems.push(format!(
+                "config/defaults.toml does not document `{k}` (its default and what it does)"
+            ));
+        }
+        match rows.get(k) {
+            None => problems.push(format!(
+                "README.md's configuration reference has no row `| \\`{k}\\` | default | what it does |`"
+            )),
+            Some(cells) => {
+                if let Some(v) = defaults.get(k) {
+                    if !cells[0].contains(v.as_str()) {
+                        problems.push(format!(
+                            "README.md: `{k}` default cell {:?} does not show defaults.toml's {v}",
+                            cells[0]
+                        ));
+                    }
+                }
+                if cells.last().is_none_or(|c| c.len() < 10) {
+                    problems.push(format!("README.md: `{k}` needs a description"));
+                }
+            }
+        }
+    }
+    for k in defaults.keys() {
+        if !keys.contains(k) {
+            problems.push(format!(
+                "config/defaults.toml documents `{k}`, which the parser does not accept"
+            ));
+        }
+    }
+    for k in rows.keys() {
+        if !keys.contains(k) {
+            problems.push(format!(
+                "README.md's configuration reference lists `{k}`, which the parser does not accept"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn readme_commands_run_as_root_without_sudo() {
+    let readme = read("README.md");
+    let mut problems = Vec::new();
+    // Indented or fenced command lines.
+    for (no, line) in readme.lines().enumerate() {
+        let cmd = line.trim_start();
+        let is_code = line.starts_with("    ") || line.starts_with('\t');
+        if !is_code {
+            continue;
+        }
+        if cmd.split_whitespace().any(|w| w == "sudo") {
+            problems.push(format!(
+                "README.md:{}: `{cmd}`: these machines have no sudo; the commands run as root",
+                no + 1
+            ));
+        }
+    }
+    // Every script README names exists and is executable.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for word in readme.split(|c: char| c.is_whitespace() || "`()[],;:".contains(c)) {
+        if let Some(rest) = word.strip_prefix("scripts/") {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+                .collect();
+            let name = name.trim_end_matches('.');
+            let p = root.join("scripts").join(name);
+            let exec = std::fs::metadata(&p)
+                .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
+                .unwrap_or(false);
+            if !exec && !name.is_empty() && !name.ends_with(".txt") && !name.ends_with(".py") {
+                problems.push(format!(
+                    "README.md names scripts/{name}, which is missing or not executable"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
