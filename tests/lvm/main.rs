@@ -7,6 +7,7 @@ mod addons;
 mod controller;
 mod group;
 mod metadata;
+mod metrics;
 mod node;
 mod resilience;
 mod snapshot;
