@@ -302,6 +302,167 @@ mod tests {
         assert_eq!(ids.snapshot.as_deref(), Some("snap-x"));
     }
 
+    /// A stand-in for tonic's routes: answers after `delay` with `body`
+    /// and `headers`.
+    #[derive(Clone)]
+    struct Fake {
+        delay: Duration,
+        headers: Vec<(&'static str, &'static str)>,
+        /// Data frames (`None`) and trailers with a grpc-status.
+        frames: Vec<Option<&'static str>>,
+    }
+
+    struct Frames(std::collections::VecDeque<Frame<Bytes>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+    }
+
+    impl tower_service::Service<http::Request<()>> for Fake {
+        type Response = http::Response<Frames>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            let me = self.clone();
+            Box::pin(async move {
+                note_volume_id("csi-fake");
+                tokio::time::sleep(me.delay).await;
+                let frames = me.frames.iter().map(|f| match f {
+                    None => Frame::data(Bytes::from_static(b"x")),
+                    Some(code) => trailers(code),
+                });
+                let mut r = http::Response::new(Frames(frames.collect()));
+                for (k, v) in me.headers {
+                    r.headers_mut().insert(k, http::HeaderValue::from_static(v));
+                }
+                Ok(r)
+            })
+        }
+    }
+
+    fn trailers(code: &'static str) -> Frame<Bytes> {
+        let mut t = http::HeaderMap::new();
+        t.insert("grpc-status", http::HeaderValue::from_static(code));
+        Frame::trailers(t)
+    }
+
+    fn request(timeout: Option<&'static str>) -> http::Request<()> {
+        let mut r = http::Request::builder().uri("/csi.v1.Controller/DeleteVolume");
+        if let Some(t) = timeout {
+            r = r.header("grpc-timeout", t);
+        }
+        r.body(()).unwrap()
+    }
+
+    /// The samples of `family` in `m`'s exposition.
+    fn series(m: &Metrics, family: &str) -> Vec<String> {
+        let mut t = crate::metrics::text::Text::default();
+        m.write(&mut t);
+        t.finish()
+            .lines()
+            .filter(|l| l.starts_with(family))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn requests(m: &Metrics) -> usize {
+        series(m, "thinpool_csi_rpc_requests_total")
+            .first()
+            .map_or(0, |l| l.rsplit_once(' ').unwrap().1.parse().unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_code_comes_from_headers_or_trailers_or_the_call_was_cancelled() {
+        use tower_layer::Layer;
+        use tower_service::Service;
+        // This thread logs rpc lines too: with a subscriber that wants
+        // them, so that tracing never caches "nobody wants these" while
+        // the test below waits for them on another thread.
+        let _log = tracing::subscriber::set_default(crate::logging::subscriber(
+            crate::logging::LogFormat::Json,
+            "info",
+            std::io::sink,
+            false,
+        ));
+        let m = Arc::new(Metrics::default());
+        let layer = ObserveLayer::new(m.clone());
+        let fake = |delay_ms, headers, frames| {
+            layer.layer(Fake {
+                delay: Duration::from_millis(delay_ms),
+                headers,
+                frames,
+            })
+        };
+        let drain = |mut body: Observed<Frames>| async move {
+            while std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+                .await
+                .is_some()
+            {}
+        };
+        // A success: OK once the trailers pass, not before.
+        let resp = fake(0, vec![], vec![None, Some("0")])
+            .call(request(None))
+            .await
+            .unwrap();
+        assert_eq!(requests(&m), 0);
+        drain(resp.into_body()).await;
+        assert_eq!(requests(&m), 1);
+        assert!(series(&m, "thinpool_csi_rpc_errors_total").is_empty());
+        // An error at once: in the headers.
+        let resp = fake(0, vec![("grpc-status", "5")], vec![])
+            .call(request(None))
+            .await
+            .unwrap();
+        assert_eq!(requests(&m), 2);
+        drop(resp);
+        // A stream that failed later: in the trailers.
+        let resp = fake(0, vec![], vec![None, Some("13")])
+            .call(request(None))
+            .await
+            .unwrap();
+        drain(resp.into_body()).await;
+        // The client leaves before the answer; then a deadline passes.
+        let call = fake(10_000, vec![], vec![]).call(request(None));
+        assert!(tokio::time::timeout(Duration::from_millis(20), call)
+            .await
+            .is_err());
+        let call = fake(10_000, vec![], vec![]).call(request(Some("30m")));
+        assert!(tokio::time::timeout(Duration::from_millis(60), call)
+            .await
+            .is_err());
+        // A body dropped before its trailers: the client went away.
+        let resp = fake(0, vec![], vec![Some("0")])
+            .call(request(None))
+            .await
+            .unwrap();
+        drop(resp);
+        assert_eq!(requests(&m), 6);
+        let code = |c: &str, n: u32| {
+            format!(
+                "thinpool_csi_rpc_errors_total{{service=\"csi.v1.Controller\",method=\"DeleteVolume\",code=\"{c}\"}} {n}"
+            )
+        };
+        assert_eq!(
+            series(&m, "thinpool_csi_rpc_errors_total"),
+            vec![
+                code("CANCELLED", 2),
+                code("DEADLINE_EXCEEDED", 1),
+                code("INTERNAL", 1),
+                code("NOT_FOUND", 1),
+            ]
+        );
+    }
+
     /// The real servers, a real client: every call gives exactly one rpc
     /// line with its method, id and code, and counts in the metrics; the
     /// requests' secrets appear nowhere in the log, at any level.
@@ -327,6 +488,9 @@ mod tests {
             out.clone(),
             false,
         ));
+        // Tests on other threads, with no subscriber, may have met these
+        // callsites first; tracing caches that nobody wanted them.
+        tracing::callsite::rebuild_interest_cache();
         let dir = tempfile::tempdir().unwrap();
         let cfg = Config {
             lvm_binary: "/nonexistent/lvm".into(),

@@ -103,7 +103,7 @@ impl Metrics {
     }
 
     /// The counters, in the text format.
-    fn write(&self, t: &mut Text) {
+    pub(crate) fn write(&self, t: &mut Text) {
         let rpcs = self.rpcs.lock().unwrap();
         family(t, RPC_REQUESTS);
         for ((svc, m), s) in rpcs.iter() {
