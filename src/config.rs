@@ -56,6 +56,12 @@ pub struct Config {
     /// Accept a thin pool that does not zero new chunks (made with `-Zn`):
     /// a new raw block volume on it can show a deleted volume's data.
     pub allow_unzeroed_pool: bool,
+    /// `host:port` (an IP address, not a name) on which Prometheus metrics
+    /// are served at `/metrics` over plain HTTP; empty: no endpoint.
+    pub metrics_address: String,
+    /// Log lines as human-readable text or as JSON objects, one a line.
+    /// `--log-format` wins.
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -73,6 +79,26 @@ pub struct LoopPool {
 
 fn default_pool_percent() -> u8 {
     80
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<LogFormat, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!(
+                "log format must be \"text\" or \"json\", got {other:?}"
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -105,6 +131,8 @@ impl Default for Config {
             reclaim_timeout_secs: 600,
             reclaim_zero_run: 64 << 10,
             allow_unzeroed_pool: false,
+            metrics_address: String::new(),
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -215,6 +243,8 @@ impl Config {
         if self.lvm_binary.is_empty() {
             return Err(invalid("lvm_binary", "must not be empty"));
         }
+        self.metrics_socket_addr()
+            .map_err(|r| invalid("metrics_address", r))?;
         validate_allowed_roots(&self.allowed_roots).map_err(|r| invalid("allowed_roots", r))?;
         if let Some(lp) = &self.loop_pool {
             if !lp.backing_file.is_absolute() {
@@ -237,6 +267,22 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Where the metrics endpoint listens; `None` when it is off.
+    pub fn metrics_socket_addr(&self) -> Result<Option<std::net::SocketAddr>, String> {
+        if self.metrics_address.is_empty() {
+            return Ok(None);
+        }
+        self.metrics_address
+            .parse::<std::net::SocketAddr>()
+            .map(Some)
+            .map_err(|_| {
+                format!(
+                    "must be an IP address and port such as \"127.0.0.1:9808\" or \"[::]:9808\", got {:?}",
+                    self.metrics_address
+                )
+            })
     }
 
     pub fn command_timeout(&self) -> Duration {
@@ -417,11 +463,33 @@ mod tests {
             ("allowed_roots = [\"var/lib/kubelet\"]", "allowed_roots"),
             ("allowed_roots = [\"/var/lib/../etc\"]", "allowed_roots"),
             ("allowed_roots = [\"/var/./lib\"]", "allowed_roots"),
+            ("metrics_address = \"localhost:9808\"", "metrics_address"),
+            ("metrics_address = \"127.0.0.1\"", "metrics_address"),
+            ("metrics_address = \"127.0.0.1:99999\"", "metrics_address"),
+            ("log_format = \"yaml\"", "log_format"),
         ];
         for (text, key) in cases {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(key), "{text:?} gave {e:?}, expected key {key}");
         }
+    }
+
+    #[test]
+    fn metrics_and_log_format() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.metrics_socket_addr(), Ok(None));
+        assert_eq!(c.log_format, LogFormat::Text);
+        let c =
+            Config::parse("metrics_address = \"127.0.0.1:9808\"\nlog_format = \"json\"").unwrap();
+        assert_eq!(
+            c.metrics_socket_addr().unwrap(),
+            Some("127.0.0.1:9808".parse().unwrap())
+        );
+        assert_eq!(c.log_format, LogFormat::Json);
+        let c = Config::parse("metrics_address = \"[::]:0\"").unwrap();
+        assert!(c.metrics_socket_addr().unwrap().unwrap().is_ipv6());
+        assert_eq!("json".parse(), Ok(LogFormat::Json));
+        assert!("JSON".parse::<LogFormat>().is_err());
     }
 
     #[test]

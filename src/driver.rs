@@ -4,6 +4,7 @@
 use crate::config::Config;
 use crate::guard::InFlight;
 use crate::lvm::Lvm;
+use crate::metrics::Metrics;
 use crate::node::record::Records;
 use crate::node::Tools;
 
@@ -21,6 +22,8 @@ pub struct Driver {
     /// Whether thin-provisioning-tools run here (set at start-up): the
     /// SnapshotMetadata service is advertised and served only then.
     pub thin_tools: std::sync::atomic::AtomicBool,
+    /// Per-RPC counts and latencies, reclaimed bytes (`crate::metrics`).
+    pub metrics: std::sync::Arc<Metrics>,
 }
 
 impl Driver {
@@ -34,6 +37,7 @@ impl Driver {
             inflight: InFlight::default(),
             alloc: tokio::sync::Mutex::new(()),
             thin_tools: std::sync::atomic::AtomicBool::new(false),
+            metrics: Default::default(),
         }
     }
 

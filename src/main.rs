@@ -1,23 +1,27 @@
-//! `thinpool-csi --config FILE [--endpoint unix:///path] [--node-id ID]`
+//! `thinpool-csi --config FILE [--endpoint unix:///path] [--node-id ID]
+//! [--log-format text|json]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use thinpool_csi::config::{parse_endpoint, Config};
+use thinpool_csi::config::{parse_endpoint, Config, LogFormat};
 use thinpool_csi::driver::Driver;
 use thinpool_csi::{grpc, naming, pool};
 
 const USAGE: &str = "usage: thinpool-csi [--config FILE] [--endpoint unix:///path] [--node-id ID]
+                    [--log-format text|json]
 
   --config FILE     TOML configuration (see config/defaults.toml)
   --endpoint ADDR   listen address; overrides CSI_ENDPOINT and the config
-  --node-id ID      node id; overrides the config (default: hostname)";
+  --node-id ID      node id; overrides the config (default: hostname)
+  --log-format F    text (default) or json lines; overrides the config";
 
 struct Args {
     config: Option<PathBuf>,
     endpoint: Option<String>,
     node_id: Option<String>,
+    log_format: Option<LogFormat>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -25,6 +29,7 @@ fn parse_args() -> Result<Args, String> {
         config: None,
         endpoint: None,
         node_id: None,
+        log_format: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -33,6 +38,13 @@ fn parse_args() -> Result<Args, String> {
             "--config" => args.config = Some(PathBuf::from(value("--config")?)),
             "--endpoint" => args.endpoint = Some(value("--endpoint")?),
             "--node-id" => args.node_id = Some(value("--node-id")?),
+            "--log-format" => {
+                args.log_format = Some(
+                    value("--log-format")?
+                        .parse()
+                        .map_err(|e| format!("--log-format: {e}"))?,
+                )
+            }
             "--version" => {
                 println!("thinpool-csi {}", env!("CARGO_PKG_VERSION"));
                 std::process::exit(0);
@@ -62,6 +74,9 @@ fn setup() -> Result<(Config, String, PathBuf), String> {
     }
     if let Some(id) = args.node_id {
         cfg.node_id = id;
+    }
+    if let Some(f) = args.log_format {
+        cfg.log_format = f;
     }
     cfg.validate().map_err(|e| e.to_string())?;
     let socket = parse_endpoint(&cfg.endpoint).map_err(|e| format!("endpoint: {e}"))?;
@@ -111,12 +126,6 @@ async fn shutdown_signal() {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let (cfg, node_id, socket) = match setup() {
         Ok(v) => v,
         Err(e) => {
@@ -124,6 +133,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    thinpool_csi::logging::init(cfg.log_format);
     tracing::info!(driver = cfg.driver_name, node_id, vg = cfg.volume_group, pool = cfg.thin_pool,
         endpoint = %socket.display(), "starting");
     // One driver per state_dir: a second process stops here, before it
@@ -169,6 +179,25 @@ async fn main() -> ExitCode {
             tokio::spawn(async move { d.heal_recorded().await });
         }
     }
+    // Off unless configured; a port taken by another process stops
+    // start-up before any socket is bound.
+    let metrics_addr = driver
+        .cfg
+        .metrics_socket_addr()
+        .expect("validated with the config");
+    let metrics_listener = match metrics_addr {
+        None => None,
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(address = %addr, "serving metrics at /metrics");
+                Some(l)
+            }
+            Err(e) => {
+                tracing::error!(address = %addr, error = %e, "cannot listen for metrics");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let bind = |path: &std::path::Path| {
         thinpool_csi::socket::bind(path)
             .map_err(|e| tracing::error!(socket = %path.display(), error = %e, "cannot listen"))
@@ -187,7 +216,7 @@ async fn main() -> ExitCode {
         },
         None => None,
     };
-    // One signal stops both servers.
+    // One signal stops every server.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -204,7 +233,23 @@ async fn main() -> ExitCode {
             None => Ok(()),
         }
     };
-    let (res, addons_res) = tokio::join!(csi, addons);
+    let metrics = async {
+        match metrics_listener {
+            Some(l) => {
+                let d = driver.clone();
+                let render = move || {
+                    let d = d.clone();
+                    async move { thinpool_csi::metrics::render(&d).await }
+                };
+                thinpool_csi::metrics::http::serve(l, render, stopped(stop_rx.clone())).await
+            }
+            None => Ok(()),
+        }
+    };
+    let (res, addons_res, metrics_res) = tokio::join!(csi, addons, metrics);
+    if let Err(e) = metrics_res {
+        tracing::error!(error = %e, "metrics endpoint failed");
+    }
     // No new call comes in now; operations whose caller already left still
     // run (a CO's retry expects them done). Leaving now would cut them off
     // at their next step, so a routine restart would act like a kill -9.

@@ -1,6 +1,7 @@
 //! The gRPC layer: validates requests, calls the volume layer, and maps
 //! errors (through `crate::error`). `serve` and `serve_addons` run the
-//! servers on listeners `crate::socket` bound.
+//! servers on listeners `crate::socket` bound, each call logged and
+//! counted by `observe`.
 
 pub mod addons;
 pub mod controller;
@@ -9,6 +10,7 @@ pub mod healer;
 pub mod identity;
 pub mod metadata;
 pub mod node;
+pub mod observe;
 pub mod validate;
 
 use std::sync::Arc;
@@ -36,6 +38,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     tonic::transport::Server::builder()
+        .layer(observe::ObserveLayer::new(driver.metrics.clone()))
         .add_service(IdentityServer::new(identity::IdentityService {
             driver: driver.clone(),
         }))
@@ -68,6 +71,7 @@ pub async fn serve_addons(
         driver: driver.clone(),
     };
     tonic::transport::Server::builder()
+        .layer(observe::ObserveLayer::new(driver.metrics.clone()))
         .add_service(AddonsIdentityServer::new(svc()))
         .add_service(ReclaimSpaceNodeServer::new(svc()))
         .add_service(ReclaimSpaceControllerServer::new(svc()))

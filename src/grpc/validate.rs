@@ -54,12 +54,14 @@ pub fn addons_path_len(field: &str, value: &str) -> Result<()> {
 }
 
 /// A volume id in a request. `Ok(None)` means well formed for CSI but not
-/// an id this driver ever issues: no such volume of ours exists.
+/// an id this driver ever issues: no such volume of ours exists. The id
+/// goes into the call's log line (`observe`).
 pub fn volume_id(id: &str) -> Result<Option<VolumeId>> {
     required_string("volume_id", id)?;
     if id.chars().any(char::is_control) {
         return invalid("volume_id contains control characters");
     }
+    super::observe::note_volume_id(id);
     Ok(naming::is_volume_id(id).then(|| VolumeId::new_unchecked(id.to_string())))
 }
 
@@ -83,6 +85,7 @@ pub fn snapshot_id(field: &str, id: &str) -> Result<Option<SnapshotId>> {
     if id.chars().any(char::is_control) {
         return invalid(format!("{field} contains control characters"));
     }
+    super::observe::note_snapshot_id(id);
     Ok(naming::is_snapshot_id(id).then(|| SnapshotId::new_unchecked(id.to_string())))
 }
 

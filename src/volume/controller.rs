@@ -451,7 +451,7 @@ impl Driver {
     }
 
     /// Our volumes, sorted by id: the order ListVolumes pages through.
-    fn owned_volumes<'a>(&self, report: &'a Report) -> Vec<Owned<'a>> {
+    pub fn owned_volumes<'a>(&self, report: &'a Report) -> Vec<Owned<'a>> {
         let mut vols: Vec<Owned> = report
             .thin_volumes(&self.lvm.pool)
             .filter(|lv| naming::is_volume_id(&lv.name))

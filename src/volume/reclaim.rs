@@ -77,6 +77,7 @@ impl Driver {
             .await?;
             let post = d.usage(&vol.lv.name).await?;
             tracing::info!(id = vol.lv.name, pre, post, trimmed, "NodeReclaimSpace: trimmed");
+            d.metrics.reclaimed(pre, post);
             Ok(Reclaimed { pre, post })
         })
         .await
@@ -161,6 +162,7 @@ impl Driver {
             }
         }
         let post = self.usage(id).await?;
+        self.metrics.reclaimed(pre, post);
         Ok(Reclaimed { pre, post })
     }
 

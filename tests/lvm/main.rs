@@ -8,6 +8,7 @@ mod cli;
 mod controller;
 mod group;
 mod metadata;
+mod metrics;
 mod node;
 mod resilience;
 mod snapshot;

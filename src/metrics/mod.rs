@@ -1,0 +1,338 @@
+//! Prometheus metrics: what the driver counts as it serves calls
+//! ([`Metrics`]: per-RPC counts, errors by gRPC code, latency histograms,
+//! reclaimed bytes), and what a scrape reads from the cached `lvs` report
+//! (pool size, Data%, Metadata%, free space, volume and snapshot counts).
+//!
+//! Counting costs an uncontended mutex per RPC; everything else is done
+//! only when somebody scrapes (`http` serves `/metrics` when
+//! `metrics_address` is set), and a scrape reads the pool from
+//! `Lvm::report`, which runs `lvs` at most once per `report_max_age_secs`
+//! and not at all while the cached report is current.
+
+pub mod http;
+pub mod text;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use text::{Histogram, Kind, Text};
+use tonic::Code;
+
+use crate::driver::Driver;
+
+/// Upper bounds of the RPC latency buckets, in seconds: from Probe's
+/// milliseconds to LVM commands under load and long reclaims.
+pub const LATENCY_BOUNDS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// Distinct (service, method) pairs kept; calls beyond are counted under
+/// `other`, so no client can grow the exposition without bound.
+const MAX_METHODS: usize = 128;
+
+/// Every metric name this driver exports, with its type and help text.
+pub const NAMES: &[(&str, Kind, &str)] = &[
+    (POOL_UP, Kind::Gauge, "1 when the last LVM report shows the thin pool, 0 when it could not be read or the pool is missing."),
+    (POOL_SIZE, Kind::Gauge, "Size of the thin pool's data, in bytes."),
+    (POOL_DATA, Kind::Gauge, "Data% of the thin pool: share of its data space in use (0-100)."),
+    (POOL_META, Kind::Gauge, "Metadata% of the thin pool: share of its metadata space in use (0-100). A pool whose metadata fills needs an offline repair."),
+    (POOL_PHYS_FREE, Kind::Gauge, "Bytes the thin pool can still hold physically, at its current Data%."),
+    (POOL_VIRT_FREE, Kind::Gauge, "Overprovisioned headroom: overprovision_ratio x pool size - sum of the virtual sizes handed out, in bytes (GetCapacity's maximum_volume_size while the pool is usable)."),
+    (POOL_USABLE, Kind::Gauge, "1 when the pool accepts new allocations, 0 while it is full, failed or its metadata is read-only or full."),
+    (VOLUMES, Kind::Gauge, "Volumes of this driver in the pool, as ListVolumes counts them."),
+    (SNAPSHOTS, Kind::Gauge, "Snapshots of this driver in the pool, as ListSnapshots counts them."),
+    (RPC_REQUESTS, Kind::Counter, "gRPC calls served, by service and method."),
+    (RPC_ERRORS, Kind::Counter, "gRPC calls that ended in an error, by service, method and gRPC code."),
+    (RPC_DURATION, Kind::Histogram, "Duration of gRPC calls, by service and method, in seconds."),
+    (RECLAIMED, Kind::Counter, "Bytes given back to the pool by ReclaimSpace (usage before minus usage after, summed)."),
+];
+
+pub const POOL_UP: &str = "thinpool_csi_pool_up";
+pub const POOL_SIZE: &str = "thinpool_csi_pool_size_bytes";
+pub const POOL_DATA: &str = "thinpool_csi_pool_data_percent";
+pub const POOL_META: &str = "thinpool_csi_pool_metadata_percent";
+pub const POOL_PHYS_FREE: &str = "thinpool_csi_pool_physical_free_bytes";
+pub const POOL_VIRT_FREE: &str = "thinpool_csi_pool_overprovisioned_free_bytes";
+pub const POOL_USABLE: &str = "thinpool_csi_pool_usable";
+pub const VOLUMES: &str = "thinpool_csi_volumes";
+pub const SNAPSHOTS: &str = "thinpool_csi_snapshots";
+pub const RPC_REQUESTS: &str = "thinpool_csi_rpc_requests_total";
+pub const RPC_ERRORS: &str = "thinpool_csi_rpc_errors_total";
+pub const RPC_DURATION: &str = "thinpool_csi_rpc_duration_seconds";
+pub const RECLAIMED: &str = "thinpool_csi_reclaimed_bytes_total";
+
+/// What the driver counts while it serves.
+#[derive(Default)]
+pub struct Metrics {
+    rpcs: Mutex<BTreeMap<(String, String), MethodStats>>,
+    reclaimed: AtomicU64,
+}
+
+struct MethodStats {
+    requests: u64,
+    errors: BTreeMap<&'static str, u64>,
+    latency: Histogram,
+}
+
+impl Metrics {
+    /// One finished gRPC call.
+    pub fn rpc(&self, service: &str, method: &str, code: Code, elapsed: Duration) {
+        let mut rpcs = self.rpcs.lock().unwrap();
+        let mut key = (service.to_string(), method.to_string());
+        if !rpcs.contains_key(&key) && rpcs.len() >= MAX_METHODS {
+            key = ("other".into(), "other".into());
+        }
+        let s = rpcs.entry(key).or_insert_with(|| MethodStats {
+            requests: 0,
+            errors: BTreeMap::new(),
+            latency: Histogram::new(LATENCY_BOUNDS),
+        });
+        s.requests += 1;
+        if code != Code::Ok {
+            *s.errors.entry(code_name(code)).or_default() += 1;
+        }
+        s.latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// A ReclaimSpace that took the volume's usage from `pre` to `post`.
+    pub fn reclaimed(&self, pre: u64, post: u64) {
+        self.reclaimed
+            .fetch_add(pre.saturating_sub(post), Ordering::Relaxed);
+    }
+
+    /// The counters, in the text format.
+    pub(crate) fn write(&self, t: &mut Text) {
+        let rpcs = self.rpcs.lock().unwrap();
+        family(t, RPC_REQUESTS);
+        for ((svc, m), s) in rpcs.iter() {
+            t.sample(
+                RPC_REQUESTS,
+                &[("service", svc), ("method", m)],
+                s.requests as f64,
+            );
+        }
+        family(t, RPC_ERRORS);
+        for ((svc, m), s) in rpcs.iter() {
+            for (code, n) in &s.errors {
+                t.sample(
+                    RPC_ERRORS,
+                    &[("service", svc), ("method", m), ("code", code)],
+                    *n as f64,
+                );
+            }
+        }
+        family(t, RPC_DURATION);
+        for ((svc, m), s) in rpcs.iter() {
+            t.histogram(RPC_DURATION, &[("service", svc), ("method", m)], &s.latency);
+        }
+        family(t, RECLAIMED);
+        t.sample(
+            RECLAIMED,
+            &[],
+            self.reclaimed.load(Ordering::Relaxed) as f64,
+        );
+    }
+}
+
+fn family(t: &mut Text, name: &str) {
+    let (_, kind, help) = NAMES
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .expect("every metric is listed in NAMES");
+    t.family(name, *kind, help);
+}
+
+/// A gauge family with one unlabelled sample.
+fn gauge(t: &mut Text, name: &str, value: f64) {
+    family(t, name);
+    t.sample(name, &[], value);
+}
+
+/// The whole exposition: the pool and its contents from the cached LVM
+/// report (no LVM command while it is current), then the counters.
+pub async fn render(driver: &Driver) -> String {
+    let mut t = Text::default();
+    match driver.lvm.report().await {
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: no LVM report; pool figures left out");
+            gauge(&mut t, POOL_UP, 0.0);
+        }
+        Ok(report) => {
+            match (driver.pool(&report), driver.capacity(&report)) {
+                (Ok(pool), Ok((cap, _))) => {
+                    gauge(&mut t, POOL_UP, 1.0);
+                    gauge(&mut t, POOL_SIZE, pool.size as f64);
+                    // An inactive pool has no Data%/Metadata%: left out,
+                    // not reported as 0.
+                    if let Some(p) = pool.data_percent {
+                        gauge(&mut t, POOL_DATA, p);
+                    }
+                    if let Some(p) = pool.metadata_percent {
+                        gauge(&mut t, POOL_META, p);
+                    }
+                    gauge(&mut t, POOL_PHYS_FREE, cap.physical_free as f64);
+                    gauge(&mut t, POOL_VIRT_FREE, cap.virtual_headroom as f64);
+                    let usable = driver.check_pool_usable(&report).is_ok();
+                    gauge(&mut t, POOL_USABLE, if usable { 1.0 } else { 0.0 });
+                }
+                _ => gauge(&mut t, POOL_UP, 0.0),
+            }
+            gauge(&mut t, VOLUMES, driver.owned_volumes(&report).len() as f64);
+            gauge(
+                &mut t,
+                SNAPSHOTS,
+                driver.owned_snapshots(&report).len() as f64,
+            );
+        }
+    }
+    driver.metrics.write(&mut t);
+    t.finish()
+}
+
+/// The canonical upper-case name of a gRPC code (`NOT_FOUND`).
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn rpc_counts_errors_and_latency() {
+        let m = Metrics::default();
+        let ms = Duration::from_millis;
+        m.rpc("csi.v1.Controller", "DeleteVolume", Code::Ok, ms(3));
+        m.rpc("csi.v1.Controller", "DeleteVolume", Code::NotFound, ms(40));
+        m.rpc("csi.v1.Controller", "DeleteVolume", Code::NotFound, ms(700));
+        m.rpc("csi.v1.Identity", "Probe", Code::Ok, ms(1));
+        m.reclaimed(10 << 20, 4 << 20);
+        // Usage that grew meanwhile reclaimed nothing; it never subtracts.
+        m.reclaimed(1 << 20, 2 << 20);
+        let mut t = Text::default();
+        m.write(&mut t);
+        let s = t.finish();
+        let del = r#"service="csi.v1.Controller",method="DeleteVolume""#;
+        for line in [
+            format!("thinpool_csi_rpc_requests_total{{{del}}} 3"),
+            r#"thinpool_csi_rpc_requests_total{service="csi.v1.Identity",method="Probe"} 1"#
+                .to_string(),
+            format!("thinpool_csi_rpc_errors_total{{{del},code=\"NOT_FOUND\"}} 2"),
+            format!("thinpool_csi_rpc_duration_seconds_bucket{{{del},le=\"0.005\"}} 1"),
+            format!("thinpool_csi_rpc_duration_seconds_bucket{{{del},le=\"0.05\"}} 2"),
+            format!("thinpool_csi_rpc_duration_seconds_bucket{{{del},le=\"1\"}} 3"),
+            format!("thinpool_csi_rpc_duration_seconds_bucket{{{del},le=\"+Inf\"}} 3"),
+            format!("thinpool_csi_rpc_duration_seconds_count{{{del}}} 3"),
+            "thinpool_csi_reclaimed_bytes_total 6291456".to_string(),
+        ] {
+            assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
+        }
+        // OK is no error; a method without errors has no error series.
+        assert!(!s.contains("code=\"OK\""), "{s}");
+        assert!(!s.contains("errors_total{service=\"csi.v1.Identity\""));
+        // Each family's HELP and TYPE come once.
+        assert_eq!(
+            s.matches("# TYPE thinpool_csi_rpc_duration_seconds histogram")
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn methods_are_bounded() {
+        let m = Metrics::default();
+        for i in 0..MAX_METHODS + 10 {
+            m.rpc("x", &format!("M{i}"), Code::Unimplemented, Duration::ZERO);
+        }
+        let n = m.rpcs.lock().unwrap().len();
+        assert_eq!(n, MAX_METHODS + 1);
+        let mut t = Text::default();
+        m.write(&mut t);
+        assert!(t
+            .finish()
+            .contains(r#"thinpool_csi_rpc_requests_total{service="other",method="other"} 10"#));
+    }
+
+    /// Without an LVM report a scrape still answers: pool_up 0 and the
+    /// counters, no pool figures.
+    #[tokio::test]
+    async fn a_scrape_without_lvm_reports_the_pool_down() {
+        let cfg = Config {
+            lvm_binary: "/nonexistent/lvm".into(),
+            ..Config::default()
+        };
+        let d = Driver::new(cfg, "n1".into());
+        d.metrics
+            .rpc("csi.v1.Identity", "Probe", Code::Ok, Duration::ZERO);
+        let s = render(&d).await;
+        assert!(s.contains("\nthinpool_csi_pool_up 0\n"), "{s}");
+        assert!(!s.contains(POOL_SIZE), "{s}");
+        assert!(s.contains("thinpool_csi_rpc_requests_total{"), "{s}");
+    }
+
+    /// The shipped alert rules and dashboard use only metrics this driver
+    /// exports (histograms with their `_bucket`, `_sum`, `_count`).
+    #[test]
+    fn deploy_files_name_exported_metrics() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let known = |name: &str| {
+            NAMES.iter().any(|(n, kind, _)| {
+                name == *n
+                    || (*kind == Kind::Histogram
+                        && ["_bucket", "_sum", "_count"]
+                            .iter()
+                            .any(|suffix| name == format!("{n}{suffix}")))
+            })
+        };
+        for f in [
+            "deploy/kubernetes/monitoring/prometheus-rules.yaml",
+            "deploy/kubernetes/monitoring/grafana-dashboard.json",
+        ] {
+            let text = std::fs::read_to_string(root.join(f)).unwrap();
+            let used: Vec<&str> = text
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("thinpool_csi_"))
+                .collect();
+            assert!(!used.is_empty(), "{f} names no metric");
+            for name in &used {
+                assert!(
+                    known(name),
+                    "{f} uses {name}, which the driver does not export"
+                );
+            }
+            // Both Data% and Metadata% are watched.
+            for name in [POOL_DATA, POOL_META] {
+                assert!(used.contains(&name), "{f} does not use {name}");
+            }
+        }
+        let dash: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                root.join("deploy/kubernetes/monitoring/grafana-dashboard.json"),
+            )
+            .unwrap(),
+        )
+        .expect("the dashboard is JSON");
+        assert!(dash["panels"].as_array().is_some_and(|p| !p.is_empty()));
+    }
+}

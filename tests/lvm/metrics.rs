@@ -1,0 +1,280 @@
+//! The metrics endpoint against real LVM: the pool figures and the
+//! volume and snapshot counts a scrape shows are what `lvs` says, RPC
+//! counters move with the calls made (errors by code), a scrape of an
+//! unchanged pool runs no LVM command, and each call has its log line.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use thinpool_csi::lvm::report::Capacity;
+use thinpool_csi::proto::csi::v1::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+
+use crate::controller::{block_cap, create_req, mount_cap};
+use crate::harness::{lvm, lvs, sh, TestDriver, MIB};
+
+/// GET /metrics: the samples by series (`name{labels}`).
+async fn scrape(addr: &str) -> BTreeMap<String, f64> {
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').unwrap();
+            (series.to_string(), value.parse::<f64>().unwrap())
+        })
+        .collect()
+}
+
+fn get(m: &BTreeMap<String, f64>, series: &str) -> f64 {
+    *m.get(series)
+        .unwrap_or_else(|| panic!("no {series} in the scrape: {m:#?}"))
+}
+
+fn rpc(kind: &str, method: &str) -> String {
+    format!("thinpool_csi_rpc_{kind}{{service=\"csi.v1.Controller\",method=\"{method}\"}}")
+}
+
+/// The VM's init leaves the loopback interface down: bring it up, as
+/// `ip link set lo up` does (SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP),
+/// without needing iproute2 on the machine.
+fn loopback_up() {
+    // SAFETY: a zeroed ifreq with a NUL-terminated name, passed to the two
+    // interface-flag ioctls on a socket this function owns and closes.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let get = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
+        let err = std::io::Error::last_os_error();
+        assert_eq!(get, 0, "SIOCGIFFLAGS lo: {err}");
+        if req.ifr_ifru.ifru_flags & libc::IFF_UP as libc::c_short == 0 {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            let set = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
+            let err = std::io::Error::last_os_error();
+            assert_eq!(set, 0, "SIOCSIFFLAGS lo up: {err}");
+        }
+        libc::close(fd);
+    }
+}
+
+fn lvm_calls(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+#[tokio::test]
+async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
+    // Every LVM command the driver runs goes through this wrapper, which
+    // writes a line per call.
+    let tools = tempfile::tempdir().unwrap();
+    let calls = tools.path().join("lvm-calls.log");
+    let wrapper = tools.path().join("lvm");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho \"$1\" >> {}\nexec lvm \"$@\"\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    loopback_up();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    // A short cache lifetime: the scrapes below come after it passed, so
+    // the first reads LVM afresh and the second must not.
+    let max_age = 3;
+    let d = TestDriver::start(
+        "metrics",
+        128 * MIB,
+        &format!(
+            "metrics_address = \"{addr}\"\nlvm_binary = \"{}\"\nreport_max_age_secs = {max_age}",
+            wrapper.display()
+        ),
+    )
+    .await;
+    assert!(lvm_calls(&calls) > 0, "the driver does not use the wrapper");
+    let mut c = d.controller().await;
+
+    let a = c
+        .create_volume(create_req("m-a", 16 * MIB, mount_cap("ext4")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let b = c
+        .create_volume(create_req("m-b", 8 * MIB, block_cap()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    // Data in the pool, so that Data% is not 0: 4 MiB written to the raw
+    // volume, activated behind the driver's back.
+    lvm(&["lvchange", "-ay", &format!("{}/{}", d.vg, b.volume_id)]);
+    sh(
+        "dd",
+        &[
+            "if=/dev/urandom",
+            &format!("of=/dev/{}/{}", d.vg, b.volume_id),
+            "bs=1M",
+            "count=4",
+            "oflag=direct",
+            "status=none",
+        ],
+    );
+    c.create_snapshot(CreateSnapshotRequest {
+        name: "m-snap".into(),
+        source_volume_id: a.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let before = scrape(&addr).await;
+    assert_eq!(get(&before, &rpc("requests_total", "CreateVolume")), 2.0);
+    assert_eq!(get(&before, &rpc("requests_total", "CreateSnapshot")), 1.0);
+    assert!(!before
+        .keys()
+        .any(|k| k.starts_with("thinpool_csi_rpc_errors_total")));
+
+    // One NOT_FOUND.
+    let missing = thinpool_csi::naming::lv_name_for("m-missing");
+    let e = c
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: missing.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+
+    // Nothing changes from here on. Let the cached report age out, then
+    // scrape twice in a row.
+    tokio::time::sleep(Duration::from_secs(max_age + 1)).await;
+    let n0 = lvm_calls(&calls);
+    let first = scrape(&addr).await;
+    let n1 = lvm_calls(&calls);
+    let second = scrape(&addr).await;
+    let n2 = lvm_calls(&calls);
+    assert!(
+        n1 - n0 <= 1,
+        "a scrape of an aged cache runs one lvs at most, ran {}",
+        n1 - n0
+    );
+    assert_eq!(
+        n2,
+        n1,
+        "a second scrape of an unchanged pool ran LVM: {:?}",
+        std::fs::read_to_string(&calls)
+            .unwrap()
+            .lines()
+            .skip(n1)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(first, second, "two scrapes with nothing in between differ");
+
+    // The counters moved by exactly the calls made.
+    let m = second;
+    let not_found = "thinpool_csi_rpc_errors_total{service=\"csi.v1.Controller\",\
+                     method=\"ControllerGetVolume\",code=\"NOT_FOUND\"}";
+    assert_eq!(get(&m, not_found), 1.0);
+    assert_eq!(get(&m, &rpc("requests_total", "ControllerGetVolume")), 1.0);
+    assert_eq!(get(&m, &rpc("requests_total", "CreateVolume")), 2.0);
+    assert_eq!(get(&m, &rpc("duration_seconds_count", "CreateVolume")), 2.0);
+    let errors: Vec<&String> = m
+        .keys()
+        .filter(|k| k.starts_with("thinpool_csi_rpc_errors_total"))
+        .collect();
+    assert_eq!(errors, vec![not_found], "no other call failed");
+    let probe = "thinpool_csi_rpc_requests_total{service=\"csi.v1.Identity\",method=\"Probe\"}";
+    assert!(get(&m, probe) >= 1.0, "the harness's Probe is counted");
+
+    // The pool and its contents, as `lvs` (run here, not by the driver)
+    // reports them.
+    let report = lvs(&d.vg);
+    let pool = report.find("pool").expect("the thin pool");
+    assert_eq!(get(&m, "thinpool_csi_pool_up"), 1.0);
+    assert_eq!(get(&m, "thinpool_csi_pool_usable"), 1.0);
+    assert_eq!(get(&m, "thinpool_csi_pool_size_bytes"), pool.size as f64);
+    let data = pool.data_percent.expect("Data% of an active pool");
+    assert!(data > 0.0, "4 MiB were written to the pool");
+    assert_eq!(get(&m, "thinpool_csi_pool_data_percent"), data);
+    assert_eq!(
+        get(&m, "thinpool_csi_pool_metadata_percent"),
+        pool.metadata_percent.expect("Metadata% of an active pool")
+    );
+    let volumes = report.lvs.iter().filter(|lv| lv.name.starts_with("csi-"));
+    let snapshots = report.lvs.iter().filter(|lv| lv.name.starts_with("snap-"));
+    assert_eq!(
+        get(&m, "thinpool_csi_volumes"),
+        volumes.clone().count() as f64
+    );
+    assert_eq!(get(&m, "thinpool_csi_volumes"), 2.0);
+    assert_eq!(
+        get(&m, "thinpool_csi_snapshots"),
+        snapshots.clone().count() as f64
+    );
+    assert_eq!(get(&m, "thinpool_csi_snapshots"), 1.0);
+    let virtual_sum = volumes.chain(snapshots).map(|lv| lv.size).sum();
+    let cap = Capacity::compute(pool.size, pool.data_percent.unwrap(), 4.0, virtual_sum);
+    assert_eq!(
+        get(&m, "thinpool_csi_pool_overprovisioned_free_bytes"),
+        cap.virtual_headroom as f64
+    );
+    assert_eq!(
+        get(&m, "thinpool_csi_pool_physical_free_bytes"),
+        cap.physical_free as f64
+    );
+
+    // One log line per call, with its method, id and code.
+    let log = d.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("thinpool_csi::rpc") && l.contains("method=\"ControllerGetVolume\""))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    for part in [
+        format!("volume_id=\"{missing}\""),
+        "code=\"NOT_FOUND\"".to_string(),
+        "duration_ms=".to_string(),
+    ] {
+        assert!(lines[0].contains(&part), "{part} missing in {}", lines[0]);
+    }
+    let creates = log
+        .lines()
+        .filter(|l| {
+            l.contains("thinpool_csi::rpc")
+                && l.contains("method=\"CreateVolume\"")
+                && l.contains("code=\"OK\"")
+        })
+        .count();
+    assert_eq!(creates, 2);
+    eprintln!(
+        "metrics: pool {} bytes, Data% {}, Metadata% {}, 2 volumes, 1 snapshot; \
+         LVM calls by the two scrapes: {} and {}",
+        pool.size,
+        pool.data_percent.unwrap(),
+        pool.metadata_percent.unwrap(),
+        n1 - n0,
+        n2 - n1
+    );
+}
