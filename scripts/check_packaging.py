@@ -377,7 +377,9 @@ def check_meta(p, where, doc, namespaced):
 # - snapshot.storage.k8s.io/v1 (kubernetes-csi/external-snapshotter client/apis/volumesnapshot/v1/types.go);
 # - csiaddons.openshift.io/v1alpha1 ReclaimSpaceCronJob (csi-addons/kubernetes-csi-addons
 #   api/csiaddons/v1alpha1/reclaimspacecronjob_types.go and reclaimspacejob_types.go);
-# - kustomize.config.k8s.io/v1beta1 Kustomization; kind.x-k8s.io/v1alpha4 Cluster.
+# - kustomize.config.k8s.io/v1beta1 Kustomization; kind.x-k8s.io/v1alpha4 Cluster;
+# - monitoring.coreos.com/v1 PodMonitor and PrometheusRule (prometheus-operator
+#   pkg/apis/monitoring/v1 podmonitor_types.go and prometheusrule_types.go).
 
 
 def volume_snapshot_class(p, w, d):
@@ -432,6 +434,42 @@ def reclaim_space_cron_job(p, w, d):
            "retryDeadlineSeconds must be 0..1800")
     if "timeout" in js:
         expect(p, w, isinstance(js["timeout"], int) and js["timeout"] >= 60, "timeout must be >= 60")
+
+
+def pod_monitor(p, w, d):
+    only_keys(p, w, d, {"apiVersion", "kind", "metadata", "spec"})
+    check_meta(p, w, d, namespaced=True)
+    spec = d.get("spec")
+    if not only_keys(p, f"{w} spec", spec, {"selector", "podMetricsEndpoints", "namespaceSelector",
+                                            "jobLabel", "podTargetLabels"}):
+        return
+    expect(p, w, isinstance(spec.get("selector"), dict), "spec.selector is required")
+    eps = spec.get("podMetricsEndpoints") or []
+    expect(p, w, eps, "spec.podMetricsEndpoints is required")
+    for i, e in enumerate(eps):
+        ew = f"{w} spec.podMetricsEndpoints[{i}]"
+        if only_keys(p, ew, e, {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings",
+                                "metricRelabelings", "honorLabels"}):
+            expect(p, ew, isinstance(e.get("port"), str) and e["port"], "port (a container port's name) is required")
+
+
+def prometheus_rule(p, w, d):
+    only_keys(p, w, d, {"apiVersion", "kind", "metadata", "spec"})
+    check_meta(p, w, d, namespaced=True)
+    spec = d.get("spec")
+    if not only_keys(p, f"{w} spec", spec, {"groups"}):
+        return
+    for i, g in enumerate(spec.get("groups") or []):
+        gw = f"{w} spec.groups[{i}]"
+        if not only_keys(p, gw, g, {"name", "interval", "rules", "limit"}):
+            continue
+        expect(p, gw, isinstance(g.get("name"), str) and g["name"], "name is required")
+        for j, r in enumerate(g.get("rules") or []):
+            rw = f"{gw} rules[{j}]"
+            if only_keys(p, rw, r, {"alert", "record", "expr", "for", "labels", "annotations",
+                                    "keep_firing_for"}):
+                expect(p, rw, ("alert" in r) != ("record" in r), "exactly one of alert, record")
+                expect(p, rw, isinstance(r.get("expr"), str) and r["expr"].strip(), "expr is required")
 
 
 def kustomization(p, w, d, f):
@@ -492,6 +530,8 @@ STRUCTURAL = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshot"): volume_snapshot,
     ("csiaddons.openshift.io/v1alpha1", "ReclaimSpaceCronJob"): reclaim_space_cron_job,
     ("kind.x-k8s.io/v1alpha4", "Cluster"): kind_cluster,
+    ("monitoring.coreos.com/v1", "PodMonitor"): pod_monitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): prometheus_rule,
 }
 
 
