@@ -177,6 +177,23 @@ impl Lvm {
         }
     }
 
+    /// The report as the driver knows it: the last `lvs` plus our own
+    /// writes since, whatever its age; LVM is read only when there is
+    /// none. Calls that change something decide on it: they neither wait
+    /// for nor start a refresh, whose `lvs` would hold the VG lock their
+    /// own command needs. A refusal that rests on it (a full pool) is
+    /// checked again on [`Lvm::fresh_report`].
+    pub async fn known(&self) -> Result<Arc<Report>> {
+        if self.max_age.is_zero() {
+            return self.fresh_report().await;
+        }
+        let cached = self.cache.lock().unwrap().report.clone();
+        match cached {
+            Some((_, r)) => Ok(r),
+            None => self.read_since(None).await,
+        }
+    }
+
     /// Starts one `lvs` for the cache unless one runs already. A failure
     /// drops the cache, so the next reader waits for LVM and sees the
     /// error.

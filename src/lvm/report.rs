@@ -209,7 +209,8 @@ impl Report {
     }
 
     /// The thin volumes that live in `pool`.
-    pub fn thin_volumes<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a Lv> + 'a {
+    pub fn thin_volumes<'a>(&'a self, pool: &str) -> impl Iterator<Item = &'a Lv> + 'a {
+        let pool = pool.to_string();
         self.lvs
             .iter()
             .filter(move |lv| lv.is_thin_volume() && lv.pool == pool)

@@ -9,7 +9,7 @@ use super::size::{fs_minimum, size, size_fits};
 use super::{Owned, SizeRange, VolumeId};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::lvm::report::{Capacity, Report};
+use crate::lvm::report::{Capacity, Lv, Problem, Report};
 use crate::naming::{self, Access, ContentSource, VolumeTags};
 
 /// A checked CreateVolume request.
@@ -53,11 +53,22 @@ impl VolumeInfo {
     }
 
     fn of(d: &Driver, report: &Report, o: &Owned) -> VolumeInfo {
+        let pool_problem = d.pool(report).ok().and_then(Lv::problem);
+        VolumeInfo::with_pool_problem(o, pool_problem.as_ref())
+    }
+
+    /// The volume, given what is wrong with its pool (looked up once for a
+    /// whole page).
+    fn with_pool_problem(o: &Owned, pool_problem: Option<&Problem>) -> VolumeInfo {
         VolumeInfo {
             id: o.lv.name.clone(),
             size: o.lv.size,
             access: o.tags.access.clone(),
-            problem: d.problem(report, o.lv),
+            problem: o
+                .lv
+                .problem()
+                .or_else(|| pool_problem.cloned())
+                .map(|p| p.message),
             from: o.tags.from.clone(),
             mutable: o.tags.mutable.clone(),
         }
@@ -110,7 +121,7 @@ impl Driver {
             from: spec.from.clone(),
         };
         let range = spec.range.as_ref();
-        let report = self.lvm.report().await?;
+        let report = self.lvm.known().await?;
         if let Some(existing) = self
             .owned(&report, lv_name)
             .map_err(|e| Error::AlreadyExists(format!("cannot create volume {name:?}: {e}")))?
@@ -364,7 +375,7 @@ impl Driver {
     ) -> Result<(u64, bool)> {
         self.detached(&id.clone(), "ControllerExpandVolume", move |d, _| async move {
             let _alloc = d.alloc.lock().await;
-            let report = d.lvm.report().await?;
+            let report = d.lvm.known().await?;
             let vol = d.must_own(&report, &id)?;
             // Block volumes need the node step too: a read-only publish is
             // a device-mapper overlay that NodeExpandVolume resizes.
@@ -419,12 +430,26 @@ impl Driver {
 
     /// ListVolumes: one page after `token` (a volume id or empty), and the
     /// next token.
+    ///
+    /// Paged on names first (thin volumes of our pool, shaped like our ids,
+    /// carrying our owner tag: string compares only); the tags are decoded
+    /// for the page alone. A volume whose other tags are damaged is left
+    /// out of its page, as [`Driver::owned`] would leave it out.
     pub async fn list_volumes(&self, token: &str, max: usize) -> Result<(Vec<VolumeInfo>, String)> {
         let report = self.lvm.report().await?;
-        let (page, next) = paginate(self.owned_volumes(&report), token, max);
+        let owner = self.owner_tag();
+        let mut named: Vec<ByName> = report
+            .thin_volumes(&self.lvm.pool)
+            .filter(|lv| naming::is_volume_id(&lv.name) && lv.tags.contains(&owner))
+            .map(ByName)
+            .collect();
+        named.sort_unstable_by(|a, b| a.0.name.cmp(&b.0.name));
+        let (page, next) = paginate(named, token, max);
+        let pool_problem = self.pool(&report).ok().and_then(Lv::problem);
         Ok((
-            page.iter()
-                .map(|o| VolumeInfo::of(self, &report, o))
+            page.into_iter()
+                .filter_map(|n| self.owned_lv(n.0))
+                .map(|o| VolumeInfo::with_pool_problem(&o, pool_problem.as_ref()))
                 .collect(),
             next,
         ))
@@ -455,7 +480,7 @@ impl Driver {
         let mut vols: Vec<Owned> = report
             .thin_volumes(&self.lvm.pool)
             .filter(|lv| naming::is_volume_id(&lv.name))
-            .filter_map(|lv| self.owned(report, &lv.name).ok().flatten())
+            .filter_map(|lv| self.owned_lv(lv))
             .collect();
         vols.sort_by(|a, b| a.lv.name.cmp(&b.lv.name));
         vols
@@ -469,6 +494,15 @@ impl Driver {
             )));
         }
         Ok(())
+    }
+}
+
+/// An LV paged by its name.
+struct ByName<'a>(&'a Lv);
+
+impl AsRef<str> for ByName<'_> {
+    fn as_ref(&self) -> &str {
+        &self.0.name
     }
 }
 

@@ -146,10 +146,17 @@ impl Driver {
         let Some(lv) = report.find(id) else {
             return Ok(None);
         };
-        match VolumeTags::decode(lv.tags.iter().map(String::as_str)) {
-            Some(tags) if self.ours(lv, &tags.owner) => Ok(Some(Owned { lv, tags })),
-            _ => Err(self.foreign(id, "thin volume")),
+        match self.owned_lv(lv) {
+            Some(o) => Ok(Some(o)),
+            None => Err(self.foreign(id, "thin volume")),
         }
+    }
+
+    /// `lv` with its decoded tags, when it is a volume of ours.
+    pub(crate) fn owned_lv<'a>(&self, lv: &'a Lv) -> Option<Owned<'a>> {
+        VolumeTags::decode(lv.tags.iter().map(String::as_str))
+            .filter(|tags| self.ours(lv, &tags.owner))
+            .map(|tags| Owned { lv, tags })
     }
 
     /// The tag every LV of this driver carries.
@@ -228,7 +235,7 @@ impl Driver {
     /// a fresh one: the pool may have been extended or space reclaimed
     /// since.
     pub(crate) async fn usable_report(&self) -> Result<Arc<Report>> {
-        let report = self.lvm.report().await?;
+        let report = self.lvm.known().await?;
         if self.check_pool_usable(&report).is_ok() {
             return Ok(report);
         }

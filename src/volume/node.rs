@@ -138,7 +138,7 @@ impl Driver {
     }
 
     async fn stage_held(&self, id: &VolumeId, staging: &NodePath, cap: &Capability) -> Result<()> {
-        let report = self.lvm.report().await?;
+        let report = self.lvm.known().await?;
         let vol = self.must_own(&report, id)?;
         access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
         let staging = self
