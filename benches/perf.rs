@@ -475,7 +475,11 @@ async fn main() {
     // writes a 64 MiB log whatever the size: 12.5 % of 512 MiB).
     for fs in ["ext4", "xfs"] {
         let v = c
-            .create_volume(create_req(&format!("pvc-keep-{fs}"), 10 << 30, cap(false, fs)))
+            .create_volume(create_req(
+                &format!("pvc-keep-{fs}"),
+                10 << 30,
+                cap(false, fs),
+            ))
             .await
             .unwrap()
             .into_inner()

@@ -19,6 +19,10 @@ pub struct Driver {
     /// Serialises "check capacity, then allocate", so two concurrent
     /// creates cannot both pass the overprovision check.
     pub alloc: tokio::sync::Mutex<()>,
+    /// Virtual sizes of new volumes whose `lvcreate` runs (checked under
+    /// `alloc`, then made outside it, so creates overlap): counted by
+    /// `Driver::capacity` until the report shows the LV.
+    pub reserved: crate::volume::Reservations,
     /// Whether thin-provisioning-tools run here (set at start-up): the
     /// SnapshotMetadata service is advertised and served only then.
     pub thin_tools: std::sync::atomic::AtomicBool,
@@ -36,6 +40,7 @@ impl Driver {
             node_id,
             inflight: InFlight::default(),
             alloc: tokio::sync::Mutex::new(()),
+            reserved: Default::default(),
             thin_tools: std::sync::atomic::AtomicBool::new(false),
             metrics: Default::default(),
         }

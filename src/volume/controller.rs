@@ -168,12 +168,18 @@ impl Driver {
         tags: &VolumeTags,
         range: Option<&SizeRange>,
     ) -> Result<VolumeInfo> {
-        let _alloc = self.alloc.lock().await;
-        let report = self.usable_report().await?;
-        let (cap, extent) = self.capacity(&report)?;
-        let size = size(range, extent, self.cfg.default_volume_size)?;
-        let size = fs_minimum(tags.access.as_ref(), size, range, extent)?;
-        self.check_headroom("a new volume", size, &cap)?;
+        // Checked and reserved under the allocation lock; made outside it,
+        // so concurrent creates overlap their `lvcreate`s (LVM serialises
+        // only their metadata commits).
+        let (size, _reserved) = {
+            let _alloc = self.alloc.lock().await;
+            let report = self.usable_report().await?;
+            let (cap, extent) = self.capacity(&report)?;
+            let size = size(range, extent, self.cfg.default_volume_size)?;
+            let size = fs_minimum(tags.access.as_ref(), size, range, extent)?;
+            self.check_headroom("a new volume", size, &cap)?;
+            (size, self.reserved.hold(lv_name, size))
+        };
         self.lvm
             .create_thin(lv_name, size, &tags.encode(), read_ahead(tags))
             .await?;

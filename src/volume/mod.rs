@@ -44,6 +44,41 @@ pub struct Owned<'a> {
     pub tags: VolumeTags,
 }
 
+/// Virtual sizes promised to creates whose `lvcreate` still runs, by LV
+/// name. A reservation counts only while the report does not show its LV,
+/// so a create is never counted twice, whichever of the report and the
+/// reservation changes first.
+#[derive(Default)]
+pub struct Reservations(std::sync::Mutex<std::collections::BTreeMap<String, u64>>);
+
+impl Reservations {
+    /// Reserves `size` for LV `name` until the returned guard is dropped.
+    pub fn hold(&self, name: &str, size: u64) -> Reserved<'_> {
+        self.0.lock().unwrap().insert(name.to_string(), size);
+        Reserved(self, name.to_string())
+    }
+
+    /// What the reservations add to `report`'s virtual sizes.
+    pub fn pending(&self, report: &Report) -> u64 {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| report.find(name).is_none())
+            .map(|(_, size)| size)
+            .sum()
+    }
+}
+
+/// One reservation; dropping it releases it.
+pub struct Reserved<'a>(&'a Reservations, String);
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.0 .0.lock().unwrap().remove(&self.1);
+    }
+}
+
 /// Set when the caller of a detached operation went away. Long scans
 /// (reclaim) stop at the next step; everything else runs to its end.
 #[derive(Debug, Clone, Default)]
@@ -198,10 +233,15 @@ impl Driver {
             })
     }
 
-    /// Capacity left in the pool, and the extent size.
+    /// Capacity left in the pool, and the extent size. Creates still
+    /// running count with their reserved size until `report` shows them.
     pub fn capacity(&self, report: &Report) -> Result<(Capacity, u64)> {
         let pool = self.pool(report)?;
-        let virtual_sum: u64 = report.thin_volumes(&self.lvm.pool).map(|lv| lv.size).sum();
+        let virtual_sum: u64 = report
+            .thin_volumes(&self.lvm.pool)
+            .map(|lv| lv.size)
+            .sum::<u64>()
+            + self.reserved.pending(report);
         let cap = Capacity::compute(
             pool.size,
             pool.data_percent.unwrap_or(0.0),
@@ -395,6 +435,42 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use std::time::Duration;
+
+    /// A reservation counts until its LV shows in the report, never twice,
+    /// and goes with its guard.
+    #[test]
+    fn reservations_count_until_the_report_shows_the_volume() {
+        let pool = r#"{"lv_name":"pool","vg_name":"vg","lv_attr":"twi-aotz--","lv_size":"1073741824","pool_lv":"","segtype":"thin-pool","data_percent":"0","metadata_percent":"0","lv_tags":"","lv_health_status":"","lv_kernel_major":"253","lv_kernel_minor":"1","vg_extent_size":"4194304","vg_size":"2147483648","vg_free":"0","chunk_size":"65536"}"#;
+        let mut report = Report::parse(&format!(r#"{{"report":[{{"lv":[{pool}]}}]}}"#)).unwrap();
+        let d = Driver::new(
+            Config {
+                volume_group: "vg".into(),
+                thin_pool: "pool".into(),
+                overprovision_ratio: 1.0,
+                ..Config::default()
+            },
+            "n".into(),
+        );
+        let headroom = |r: &Report| d.capacity(r).unwrap().0.virtual_headroom;
+        assert_eq!(headroom(&report), 1 << 30);
+        let a = d.reserved.hold("csi-a", 100 << 20);
+        let b = d.reserved.hold("csi-b", 200 << 20);
+        assert_eq!(headroom(&report), (1 << 30) - (300 << 20));
+        // csi-a is made: the report counts it, its reservation no more.
+        report.apply(&crate::lvm::report::Write::CreatedThin {
+            name: "csi-a".into(),
+            pool: "pool".into(),
+            size: 100 << 20,
+            tags: vec![],
+            read_ahead: None,
+        });
+        assert_eq!(headroom(&report), (1 << 30) - (300 << 20));
+        drop(a);
+        assert_eq!(headroom(&report), (1 << 30) - (300 << 20));
+        // csi-b failed: its reservation goes and nothing is counted.
+        drop(b);
+        assert_eq!(headroom(&report), (1 << 30) - (100 << 20));
+    }
 
     /// The caller's cancel detaches the caller only: the operation runs to
     /// its end holding the guard (a retry meanwhile is ABORTED), and sees
