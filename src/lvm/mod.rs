@@ -46,9 +46,36 @@ pub struct Lvm {
 struct Cache {
     /// The report and when the `lvs` that read it started.
     report: Option<(Instant, Arc<Report>)>,
-    /// Bumped by every write, so a report read while a write ran is not
-    /// stored as current.
+    /// Bumped when a write begins and when it ends.
     generation: u64,
+    /// Our writes that ended, with the generation they ended at: a report
+    /// read while they ran gets them applied again before it is kept
+    /// (applying is idempotent), so reads that overlap writes still land.
+    recent: std::collections::VecDeque<(u64, Write)>,
+    /// The generation of the last write whose effect is unknown (failed,
+    /// or not described): a read that overlapped it is not kept.
+    unknown_since: u64,
+    /// The generation of the last write dropped from `recent`.
+    dropped_until: u64,
+}
+
+/// How many ended writes [`Cache::recent`] keeps.
+const RECENT_WRITES: usize = 256;
+
+impl Cache {
+    /// `report`, read by an `lvs` that began at generation `from`, with
+    /// every write that ended since applied; `None` when a write whose
+    /// effect is unknown ended meanwhile, or the log no longer reaches
+    /// back that far.
+    fn catch_up(&self, mut report: Report, from: u64) -> Option<Report> {
+        if self.unknown_since > from || self.dropped_until > from {
+            return None;
+        }
+        for (_, w) in self.recent.iter().filter(|(g, _)| *g > from) {
+            report.apply(w);
+        }
+        Some(report)
+    }
 }
 
 impl Lvm {
@@ -94,9 +121,7 @@ impl Lvm {
     /// Runs an LVM command that changes state, logged. The cached report
     /// is dropped: use [`Lvm::change_with`] where the change is known.
     pub async fn change(&self, subcommand: &str, args: Vec<String>) -> Result<Output> {
-        let res = self.change_with(subcommand, args, None).await;
-        self.invalidate();
-        res
+        self.change_with(subcommand, args, None).await
     }
 
     /// Runs an LVM command that changes state, logged, and applies `write`
@@ -138,9 +163,19 @@ impl Lvm {
                 if let Some((_, r)) = &mut c.report {
                     Arc::make_mut(r).apply(&w);
                 }
+                let g = c.generation;
+                c.recent.push_back((g, w));
+                while c.recent.len() > RECENT_WRITES {
+                    if let Some((g, _)) = c.recent.pop_front() {
+                        c.dropped_until = g;
+                    }
+                }
             }
-            (Ok(()), None) => {}
-            (Err(_), _) => c.report = None,
+            _ => {
+                // Failed, or not described: what LVM did is unknown.
+                c.report = None;
+                c.unknown_since = c.generation;
+            }
         }
         drop(c);
         match res {
@@ -153,6 +188,7 @@ impl Lvm {
         let mut c = self.cache.lock().unwrap();
         c.generation += 1;
         c.report = None;
+        c.unknown_since = c.generation;
     }
 
     /// The report of our VG from the cache. A report older than
@@ -250,12 +286,18 @@ impl Lvm {
                 }
                 other => other,
             })?;
-        let report = Arc::new(Report::parse(&out.stdout)?);
+        let read = Report::parse(&out.stdout)?;
         let mut c = self.cache.lock().unwrap();
-        if c.generation == generation {
-            c.report = Some((started, report.clone()));
+        // Our writes that ended while lvs ran are applied to what it read;
+        // one whose effect is unknown makes the read a one-off.
+        match c.catch_up(read.clone(), generation) {
+            Some(current) => {
+                let current = Arc::new(current);
+                c.report = Some((started, current.clone()));
+                Ok(current)
+            }
+            None => Ok(Arc::new(read)),
         }
-        Ok(report)
     }
 
     pub fn lv_path(&self, lv: &str) -> String {
@@ -664,6 +706,52 @@ mod tests {
             "one background lvs for five stale reads"
         );
         assert_eq!(count(&calls, "lvs-done"), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_that_overlaps_our_write_is_kept_with_the_write_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 3600);
+        let hold = dir.path().join("hold");
+        std::fs::write(&hold, "").unwrap();
+        let reader = {
+            let lvm = lvm.clone();
+            tokio::spawn(async move { lvm.fresh_report().await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count(&calls, "lvs") < 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The write ends while lvs (which does not show it) still runs.
+        lvm.create_thin("csi-a", 4 << 20, &[], None).await.unwrap();
+        std::fs::remove_file(&hold).unwrap();
+        let read = reader.await.unwrap().unwrap();
+        assert!(
+            read.find("csi-a").is_some(),
+            "the write is applied to the read"
+        );
+        let r = lvm.report().await.unwrap();
+        assert!(r.find("csi-a").is_some());
+        assert_eq!(count(&calls, "lvs"), 1, "the overlapping read was kept");
+        // A write whose effect is unknown (it failed) during a read: the
+        // read is not kept.
+        std::fs::write(&hold, "").unwrap();
+        let reader = {
+            let lvm = lvm.clone();
+            tokio::spawn(async move { lvm.fresh_report().await })
+        };
+        while count(&calls, "lvs") < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(lvm.remove_owned("csi-a", "tpcsi.owner=x").await.is_err());
+        std::fs::remove_file(&hold).unwrap();
+        reader.await.unwrap().unwrap();
+        lvm.report().await.unwrap();
+        assert_eq!(
+            count(&calls, "lvs"),
+            3,
+            "the read that overlapped a failure was not kept"
+        );
     }
 
     #[tokio::test]

@@ -171,7 +171,7 @@ impl Driver {
         // Checked and reserved under the allocation lock; made outside it,
         // so concurrent creates overlap their `lvcreate`s (LVM serialises
         // only their metadata commits).
-        let (size, _reserved) = {
+        let (size, reserved) = {
             let _alloc = self.alloc.lock().await;
             let report = self.usable_report().await?;
             let (cap, extent) = self.capacity(&report)?;
@@ -183,6 +183,10 @@ impl Driver {
         self.lvm
             .create_thin(lv_name, size, &tags.encode(), read_ahead(tags))
             .await?;
+        // Released under the lock, once the cached report shows the LV: a
+        // check that runs meanwhile counts it in one or the other.
+        let _alloc = self.alloc.lock().await;
+        drop(reserved);
         tracing::info!(
             name = tags.co_name,
             lv = lv_name,
@@ -351,14 +355,21 @@ impl Driver {
             // itself checks name, pool and owner tag inside the locked
             // LVM command, so it can never remove what is not ours.
             let report = d.lvm.report().await?;
-            let mut known = d.owned(&report, &id)?.is_some();
-            if !known && d.load_record(&id).await?.is_some() {
-                // Recorded here but not in the cached view: look again.
-                known = d.owned(&*d.lvm.fresh_report().await?, &id)?.is_some();
-                if !known {
-                    tracing::info!(%id, "DeleteVolume: already gone");
-                    return d.forget_node_state(&id).await;
-                }
+            let cached = d.owned(&report, &id).map(|o| o.is_some());
+            let recorded = d.load_record(&id).await?.is_some();
+            // A refusal, or a record of a volume the cache does not show,
+            // is decided on a fresh view.
+            let known = match cached {
+                Ok(false) if !recorded => false,
+                Ok(true) => true,
+                _ => d.owned(&*d.lvm.fresh_report().await?, &id)?.is_some(),
+            };
+            if !known && recorded {
+                // The LV went behind the driver's back; the record stays,
+                // so NodeUnpublish and NodeUnstage can still undo what it
+                // names.
+                tracing::info!(%id, "DeleteVolume: already gone");
+                return Ok(());
             }
             if known {
                 d.refuse_if_in_use(&id, "DeleteVolume").await?;

@@ -88,7 +88,9 @@ impl Driver {
                 "starting_offset {start} is beyond the volume's {capacity} bytes"
             )));
         }
-        if !self.pool(&report)?.is_active() {
+        // Asked of a fresh view: the cache does not follow the pool down
+        // when LVM deactivates it with its last thin LV.
+        if !self.pool(&*self.lvm.fresh_report().await?)?.is_active() {
             // Volumes are created inactive and deactivated at unstage, so
             // the pool goes down with its last active thin LV; backing up
             // a volume nobody uses must still work.

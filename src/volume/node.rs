@@ -187,7 +187,12 @@ impl Driver {
                 true
             }
         };
-        let pool = self.stage_facts(&report, &vol);
+        let mut pool = self.stage_facts(&report, &vol);
+        if pool.problem.is_some() {
+            // A refusal to format rests on a fresh view, not the cache.
+            let fresh = self.lvm.fresh_report().await?;
+            pool = self.stage_facts(&fresh, &self.must_own(&fresh, id)?);
+        }
         let res = async {
             let (dev, activated) = self.activate(vol.lv).await?;
             let res = match (&cap.access, &cap.mount) {
