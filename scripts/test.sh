@@ -41,7 +41,7 @@ vm() {
     cargo build --bins
     cargo test --no-run --test lvm
     # --show-output prints what passing tests wrote: the benchmark and
-    # reclaim figures (BENCH, MEASURE, RECLAIM lines).
+    # reclaim figures (MEASURE and RECLAIM lines; the benchmark is scripts/bench.sh).
     local args=(--test lvm -- --test-threads="${LVM_TEST_THREADS:-2}" --show-output "${extra[@]}")
     if scripts/have-dm.sh; then
         echo "== LVM tests natively (kernel $(uname -r) has device-mapper)"

@@ -1,7 +1,6 @@
 //! Controller and Identity over the socket, against real LVM.
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use thinpool_csi::proto::csi::v1::volume_capability::{
@@ -626,65 +625,6 @@ async fn capacity_matches_lvs_and_restart_keeps_everything() {
         v.volume_id
     );
     c.delete_volume(del(&v.volume_id)).await.unwrap();
-}
-
-/// Prints CreateVolume latency against bare `lvcreate` of the same thin
-/// LV, measured in the same VM run; it asserts only that both worked.
-#[tokio::test(flavor = "multi_thread")]
-async fn bench_create_volume_vs_lvcreate() {
-    // The default report cache, as a deployment runs it.
-    let d = TestDriver::start("bench", 256 * MIB, "report_max_age_secs = 10").await;
-    let mut c = d.controller().await;
-    const N: usize = 5;
-    let mut csi = vec![];
-    for i in 0..N {
-        let t = Instant::now();
-        c.create_volume(create_req(&format!("pvc-bench-{i}"), 4 * MIB, block_cap()))
-            .await
-            .unwrap();
-        csi.push(t.elapsed().as_secs_f64());
-    }
-    let mut bare = vec![];
-    for i in 0..N {
-        let t = Instant::now();
-        lvm(&[
-            "lvcreate",
-            "--yes",
-            "--type",
-            "thin",
-            "--virtualsize",
-            "4m",
-            "--thinpool",
-            &format!("{}/pool", d.vg),
-            "--name",
-            &format!("bare{i}"),
-            "--activate",
-            "n",
-            "--addtag",
-            "bench",
-        ]);
-        bare.push(t.elapsed().as_secs_f64());
-    }
-    let mut lvs_t = vec![];
-    for _ in 0..N {
-        let t = Instant::now();
-        lvs(&d.vg);
-        lvs_t.push(t.elapsed().as_secs_f64());
-    }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        v[v.len() / 2]
-    };
-    let (m_csi, m_bare, m_lvs) = (med(&mut csi), med(&mut bare), med(&mut lvs_t));
-    eprintln!(
-        "BENCH CreateVolume median {:.3} s, bare lvcreate median {:.3} s, ratio {:.2}; bare lvs {:.3} s (n={N})",
-        m_csi,
-        m_bare,
-        m_csi / m_bare,
-        m_lvs
-    );
-    assert_eq!(thin_names(&d.vg).len(), 2 * N);
-    assert!(try_lvm(&["lvs", &d.vg]).is_ok());
 }
 
 /// README's run command: `thinpool-csi --config config/dev.toml` starts on
