@@ -40,8 +40,8 @@ native() {
 vm() {
     cargo build --bins
     cargo test --no-run --test lvm
-    # --show-output prints what passing tests wrote: the benchmark and
-    # reclaim figures (MEASURE and RECLAIM lines; the benchmark is scripts/bench.sh).
+    # --show-output prints what passing tests wrote: their MEASURE and
+    # RECLAIM lines (the benchmark is scripts/bench.sh, not a test).
     local args=(--test lvm -- --test-threads="${LVM_TEST_THREADS:-2}" --show-output "${extra[@]}")
     if scripts/have-dm.sh; then
         echo "== LVM tests natively (kernel $(uname -r) has device-mapper)"
