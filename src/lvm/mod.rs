@@ -38,6 +38,11 @@ pub struct Lvm {
     /// Held while an `lvs` for the cache runs: readers that miss the cache
     /// wait here and take the report it read (single flight).
     refresh: tokio::sync::Mutex<()>,
+    /// Bounds the LVM commands that change something and run at once.
+    /// LVM serialises their commits on the VG lock; a second one can get
+    /// through its start-up meanwhile, and more would only wait, each an
+    /// `lvm` process in memory.
+    writers: tokio::sync::Semaphore,
     /// A pool holds one metadata snapshot at a time (`thin`).
     metadata_lock: tokio::sync::Mutex<()>,
 }
@@ -58,6 +63,9 @@ struct Cache {
     /// The generation of the last write dropped from `recent`.
     dropped_until: u64,
 }
+
+/// How many LVM commands that change something run at once.
+const WRITERS: usize = 2;
 
 /// How many ended writes [`Cache::recent`] keeps.
 const RECENT_WRITES: usize = 256;
@@ -89,6 +97,7 @@ impl Lvm {
             max_age: Duration::from_secs(cfg.report_max_age_secs),
             cache: Mutex::new(Cache::default()),
             refresh: tokio::sync::Mutex::new(()),
+            writers: tokio::sync::Semaphore::new(WRITERS),
             metadata_lock: tokio::sync::Mutex::new(()),
         }
     }
@@ -134,6 +143,7 @@ impl Lvm {
         args: Vec<String>,
         write: Option<Write>,
     ) -> Result<Output> {
+        let _turn = self.writers.acquire().await;
         let started = self.change_begins();
         let res = self.query(subcommand, args.clone()).await;
         self.change_done(subcommand, &args, started, res.as_ref().map(drop), write);
@@ -422,6 +432,7 @@ impl Lvm {
             "--ignoreactivationskip",
             self.lv_path(name)
         ];
+        let _turn = self.writers.acquire().await;
         let started = self.change_begins();
         let res = self.query("lvchange", args.clone()).await;
         let kernel = match res {
