@@ -130,25 +130,38 @@ pub fn mkfs_command(fs_type: &str, dev: &Path, prezeroed: bool) -> Result<(Strin
 /// second guard behind blkid.
 async fn mkfs(tools: &Tools, fs_type: &str, dev: &Path, prezeroed: bool) -> Result<()> {
     let started = std::time::Instant::now();
+    // e2fsprogs before 1.47 does not know assume_storage_prezeroed (and
+    // rejects the whole command line): asked of its version, not guessed
+    // from a failure.
+    let prezeroed = prezeroed && (fs_type != "ext4" || ext4_knows_prezeroed(tools).await?);
     let (program, args) = mkfs_command(fs_type, dev, prezeroed)?;
-    match tools.run(&program, &args).await {
-        Err(Error::Command { stderr, .. })
-            if prezeroed && stderr.contains("assume_storage_prezeroed") =>
-        {
-            // e2fsprogs before 1.47 does not know the option; it rejects
-            // the command line before writing anything.
-            tracing::info!(
-                "mkfs.ext4 does not know assume_storage_prezeroed; using lazy init only"
-            );
-            let (program, args) = mkfs_command(fs_type, dev, false)?;
-            tools.run(&program, &args).await?;
-        }
-        other => {
-            other?;
-        }
-    }
+    tools.run(&program, &args).await?;
     tracing::info!(device = %dev.display(), fs_type, prezeroed, elapsed = ?started.elapsed(), "made filesystem");
     Ok(())
+}
+
+/// Whether this node's mkfs.ext4 knows `-E assume_storage_prezeroed`
+/// (e2fsprogs 1.47.0 and later), from `mkfs.ext4 -V`.
+async fn ext4_knows_prezeroed(tools: &Tools) -> Result<bool> {
+    let out = tools.run("mkfs.ext4", &["-V".to_string()]).await?;
+    let version = e2fsprogs_version(&out.stderr).or_else(|| e2fsprogs_version(&out.stdout));
+    if version.is_none() {
+        tracing::warn!(
+            stderr = out.stderr,
+            "cannot read mkfs.ext4's version; not using assume_storage_prezeroed"
+        );
+    }
+    Ok(version.is_some_and(|v| v >= (1, 47)))
+}
+
+/// The (major, minor) of `mke2fs 1.47.0 (5-Feb-2023)`, the first line
+/// `mkfs.ext4 -V` prints.
+fn e2fsprogs_version(text: &str) -> Option<(u32, u32)> {
+    let version = text.lines().next()?.strip_prefix("mke2fs ")?;
+    let mut parts = version.split(|c: char| c == '.' || c.is_whitespace());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// What staging needs to know that LVM knows: of the thin pool, and of the
@@ -756,5 +769,17 @@ mod tests {
             p[0].contains("read-only") && p[0].contains("/srv/s"),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn e2fsprogs_versions_are_read_from_the_first_line() {
+        let v147 = "mke2fs 1.47.0 (5-Feb-2023)\n\tUsing EXT2FS Library version 1.47.0\n";
+        assert_eq!(e2fsprogs_version(v147), Some((1, 47)));
+        assert_eq!(
+            e2fsprogs_version("mke2fs 1.46.5 (30-Dec-2021)\n"),
+            Some((1, 46))
+        );
+        assert_eq!(e2fsprogs_version("mkfs.xfs version 6.1.0"), None);
+        assert_eq!(e2fsprogs_version(""), None);
     }
 }
