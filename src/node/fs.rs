@@ -7,7 +7,7 @@ use nix::errno::Errno;
 
 use crate::error::{Error, Result};
 use crate::mountinfo::{self, MountInfo};
-use crate::node::{blkid, dm, marker, mount_table, Device, Tools};
+use crate::node::{blkid, dm, marker, mount_table, paths, Device, Tools};
 use crate::sys::{self, MsFlags};
 
 /// Mount flags as the kernel takes them: `MS_*` bits plus the
@@ -202,9 +202,10 @@ pub async fn stage(
     marker: &Path,
 ) -> Result<()> {
     let (d, st, fs) = (dev.clone(), staging.to_path_buf(), fs_type.to_string());
+    let roots = tools.roots.clone();
     let already = tools
         .blocking("stage: inspect the staging path", move || {
-            staging_in_place(&d, &st, &fs)
+            staging_in_place(&d, &st, &fs, &roots)
         })
         .await?;
     // A copy larger than its source grows once mounted; a retry after a
@@ -275,9 +276,12 @@ pub async fn stage(
         opts.flags,
         opts.data(),
     );
+    let roots = tools.roots.clone();
     tools
         .blocking("mount the staging filesystem", move || {
-            Ok(sys::mount_fs(&src, &st, &fs, flags, data.as_deref())?)
+            paths::beneath(&st, &roots, |at| {
+                sys::mount_fs_beneath(&src, at, &fs, flags, data.as_deref())
+            })
         })
         .await?;
     if grow_it && existing_fs {
@@ -290,7 +294,12 @@ pub async fn stage(
 /// The blocking first step of [`stage`]: `true` when the staging path is
 /// already a mount of this device with this fs; refuses another device, or
 /// the volume mounted elsewhere; otherwise makes sure the directory exists.
-fn staging_in_place(dev: &Device, staging: &Path, fs_type: &str) -> Result<bool> {
+fn staging_in_place(
+    dev: &Device,
+    staging: &Path,
+    fs_type: &str,
+    roots: &[PathBuf],
+) -> Result<bool> {
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(staging) {
         if m.device() != dev.numbers() {
@@ -320,14 +329,14 @@ fn staging_in_place(dev: &Device, staging: &Path, fs_type: &str) -> Result<bool>
             m.mount_point.display()
         )));
     }
-    ensure_dir(staging)?;
+    ensure_dir(staging, roots)?;
 
     Ok(false)
 }
 
 /// Creates the staging directory if the CO has not (its parent exists:
-/// the path was resolved).
-pub(crate) fn ensure_dir(path: &Path) -> Result<()> {
+/// the path was resolved), beneath its allowed root.
+pub(crate) fn ensure_dir(path: &Path, roots: &[PathBuf]) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(Error::FailedPrecondition(format!(
@@ -335,9 +344,7 @@ pub(crate) fn ensure_dir(path: &Path) -> Result<()> {
             path.display()
         ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(path)
-                .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
-            tracing::info!(path = %path.display(), "created directory");
+            paths::beneath(path, roots, |at| sys::mkdir_beneath(at, 0o750))?;
             Ok(())
         }
         Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
@@ -357,6 +364,7 @@ pub fn publish(
     readonly: bool,
     single_writer: bool,
     recorded: bool,
+    roots: &[PathBuf],
 ) -> Result<()> {
     let info = mount_table()?;
     match info.top_mount_at(staging) {
@@ -384,7 +392,7 @@ pub fn publish(
             // Our own read-only publish, cut off between its bind and its
             // read-only remount (the driver was killed): finish it.
             let want = per_mount_of(m) | MsFlags::MS_RDONLY;
-            sys::remount_flags(target, want)?;
+            paths::beneath(target, roots, |at| sys::remount_flags_beneath(at, want))?;
             tracing::warn!(volume = dev.volume_id, target = %target.display(),
                 "NodePublishVolume: finished a read-only publish left writable");
             return Ok(());
@@ -425,16 +433,27 @@ pub fn publish(
         )))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(target)
-                .map_err(|e| Error::io(format!("create {}", target.display()), e))?;
-            tracing::info!(path = %target.display(), "created target directory");
-            true
+            paths::beneath(target, roots, |at| sys::mkdir_beneath(at, 0o750))?
         }
         Err(e) => return Err(Error::io(format!("stat {}", target.display()), e)),
     };
-    if let Err(e) = sys::bind_mount(staging, target, readonly) {
+    let (staging_root, target_root) = (
+        paths::root_of(staging, roots)?,
+        paths::root_of(target, roots)?,
+    );
+    let (source, at) = (
+        sys::Under {
+            root: &staging_root,
+            path: staging,
+        },
+        sys::Under {
+            root: &target_root,
+            path: target,
+        },
+    );
+    if let Err(e) = sys::bind_mount_beneath(source, at, readonly) {
         if created {
-            let _ = std::fs::remove_dir(target);
+            let _ = sys::remove_beneath(at, true);
         }
         return Err(e.into());
     }
@@ -469,7 +488,11 @@ pub fn per_mount_of(m: &mountinfo::Mount) -> MsFlags {
 
 /// Makes the mount on top of `path` carry exactly the per-mount flags of
 /// `want`; returns what it changed, `None` when they were right already.
-pub fn ensure_per_mount_flags(path: &Path, want: MsFlags) -> Result<Option<String>> {
+pub fn ensure_per_mount_flags(
+    path: &Path,
+    want: MsFlags,
+    roots: &[PathBuf],
+) -> Result<Option<String>> {
     let want = per_mount(want);
     let info = mount_table()?;
     let have = match info.top_mount_at(path) {
@@ -484,7 +507,7 @@ pub fn ensure_per_mount_flags(path: &Path, want: MsFlags) -> Result<Option<Strin
     if have == want {
         return Ok(None);
     }
-    sys::remount_flags(path, want)?;
+    paths::beneath(path, roots, |at| sys::remount_flags_beneath(at, want))?;
     Ok(Some(format!(
         "mount at {} had flags {have:?}, not the recorded {want:?}: remounted it with them",
         path.display()

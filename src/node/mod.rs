@@ -44,6 +44,9 @@ pub struct Tools {
     /// No udevd: device-mapper tools must create /dev nodes themselves and
     /// not wait for udev (same rule as the LVM layer's).
     pub no_udev: bool,
+    /// `allowed_roots`: every staging and target path is opened beneath
+    /// one of them before the driver acts on it (`sys::beneath`).
+    pub roots: Vec<PathBuf>,
 }
 
 impl Tools {
@@ -51,6 +54,7 @@ impl Tools {
         Tools {
             timeout: cfg.command_timeout(),
             no_udev: cfg.no_udev(),
+            roots: cfg.allowed_roots.clone(),
         }
     }
 
@@ -137,10 +141,14 @@ pub async fn unpublish(
     target: &Path,
     recorded: bool,
 ) -> Result<()> {
-    let (v, t) = (volume_id.to_string(), target.to_path_buf());
+    let (v, t, roots) = (
+        volume_id.to_string(),
+        target.to_path_buf(),
+        tools.roots.clone(),
+    );
     let left = tools
         .blocking("unpublish: unmount and remove", move || {
-            unpublish_mounts(lv, &v, &t)
+            unpublish_mounts(lv, &v, &t, &roots)
         })
         .await?;
     match left {
@@ -155,6 +163,7 @@ fn unpublish_mounts(
     lv: Option<(u32, u32)>,
     volume_id: &str,
     target: &Path,
+    roots: &[PathBuf],
 ) -> Result<Option<(u32, u32)>> {
     let mut unmounted = false;
     // Stacked mounts of the volume (a publish repeated behind our back)
@@ -173,7 +182,7 @@ fn unpublish_mounts(
                 m.fs_type
             )));
         }
-        sys::unmount(target)?;
+        paths::beneath(target, roots, sys::unmount_beneath)?;
         tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: unmounted");
         unmounted = true;
     }
@@ -190,22 +199,24 @@ fn unpublish_mounts(
         return numbers_of_node(target).map(Some);
     }
     if meta.is_dir() {
-        return match std::fs::remove_dir(target) {
+        let not_empty =
+            |e: &Error| matches!(e, Error::Sys(s) if s.errno() == nix::errno::Errno::ENOTEMPTY);
+        return match paths::beneath(target, roots, |at| sys::remove_beneath(at, true)) {
             Ok(()) => {
                 tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: removed target directory");
                 Ok(None)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && unmounted => {
+            Err(e) if not_empty(&e) && unmounted => {
                 // Data written into the directory underneath the mount is
                 // not the volume's and not ours to delete.
                 tracing::warn!(target = %target.display(), "target directory is not empty after unmount; left in place");
                 Ok(None)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Err(Error::FailedPrecondition(format!(
+            Err(e) if not_empty(&e) => Err(Error::FailedPrecondition(format!(
                 "target {} is a non-empty directory that is not a mount of volume {volume_id}; it is left alone",
                 target.display()
             ))),
-            Err(e) => Err(Error::io(format!("remove {}", target.display()), e)),
+            Err(e) => Err(e),
         };
     }
     Err(Error::FailedPrecondition(format!(
@@ -234,9 +245,15 @@ pub async fn unstage(
     staging: &Path,
 ) -> Result<()> {
     let lv = dev.map(Device::numbers);
-    let (v, st) = (volume_id.to_string(), staging.to_path_buf());
+    let (v, st, roots) = (
+        volume_id.to_string(),
+        staging.to_path_buf(),
+        tools.roots.clone(),
+    );
     let was_mount = tools
-        .blocking("unstage: unmount", move || unmount_staging(lv, &v, &st))
+        .blocking("unstage: unmount", move || {
+            unmount_staging(lv, &v, &st, &roots)
+        })
         .await?;
     if was_mount {
         return Ok(());
@@ -246,7 +263,12 @@ pub async fn unstage(
 
 /// The blocking part of [`unstage`]: unmounts the staging mount of the
 /// volume; `false` when the staging path is no mount at all.
-fn unmount_staging(lv: Option<(u32, u32)>, volume_id: &str, staging: &Path) -> Result<bool> {
+fn unmount_staging(
+    lv: Option<(u32, u32)>,
+    volume_id: &str,
+    staging: &Path,
+    roots: &[PathBuf],
+) -> Result<bool> {
     let info = mount_table()?;
     let Some(m) = info.top_mount_at(staging) else {
         return Ok(false);
@@ -271,7 +293,7 @@ fn unmount_staging(lv: Option<(u32, u32)>, volume_id: &str, staging: &Path) -> R
             other.mount_point.display()
         )));
     }
-    sys::unmount(staging)?;
+    paths::beneath(staging, roots, sys::unmount_beneath)?;
     tracing::info!(volume = volume_id, staging = %staging.display(), "NodeUnstageVolume: unmounted");
     if mount_table()?.top_mount_at(staging).map(|m| m.device()) == lv {
         return Err(Error::FailedPrecondition(format!(

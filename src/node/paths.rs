@@ -109,6 +109,33 @@ pub fn resolve(path: &Path, roots: &[PathBuf]) -> Result<Resolved> {
     }
 }
 
+/// The canonical allowed root that `path` (a [`resolve`]d path) lies
+/// strictly under.
+pub fn root_of(path: &Path, roots: &[PathBuf]) -> Result<PathBuf> {
+    roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .find(|r| strictly_under(path, r))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{} is outside the allowed roots {roots:?}",
+                path.display()
+            ))
+        })
+}
+
+/// Runs `act` on `path` pinned beneath its allowed root (see
+/// `sys::beneath`): whatever it does goes through descriptors opened
+/// from the root, never through a symlink.
+pub fn beneath<T>(
+    path: &Path,
+    roots: &[PathBuf],
+    act: impl FnOnce(crate::sys::Under) -> crate::sys::Result<T>,
+) -> Result<T> {
+    let root = root_of(path, roots)?;
+    Ok(act(crate::sys::Under { root: &root, path })?)
+}
+
 /// A short, stable name for a path (hex of its hash), for names that must
 /// not carry the path itself (device-mapper names).
 pub fn digest(path: &Path) -> String {

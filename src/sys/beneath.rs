@@ -136,27 +136,135 @@ fn refuse_symlink(fd: OwnedFd, shown: &Path) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Creates the block node `path` (strictly under `root`) for
-/// `major:minor` with mode exactly `mode`: mknodat relative to its parent,
-/// opened beneath `root` through no symlink, then the mode set through an
+/// A path strictly under an allowed root, both as the kernel shows them
+/// (the root canonical).
+#[derive(Debug, Clone, Copy)]
+pub struct Under<'a> {
+    pub root: &'a Path,
+    pub path: &'a Path,
+}
+
+impl Under<'_> {
+    /// [`open_beneath`] of this path.
+    pub fn open(&self, flags: OFlag) -> Result<OwnedFd> {
+        open_beneath(self.root, self.path, flags)
+    }
+
+    /// The parent directory, opened beneath the root (the root itself
+    /// when it is the parent), and the last component.
+    fn parent(&self) -> Result<(OwnedFd, &OsStr)> {
+        let (Some(parent), Some(name)) = (self.path.parent(), self.path.file_name()) else {
+            return Err(SysError::new("open beneath", self.path, Errno::EINVAL));
+        };
+        let dirs = OFlag::O_PATH | OFlag::O_DIRECTORY;
+        let dir = if parent == self.root {
+            super::open("open(root)", self.root, dirs)?
+        } else {
+            open_beneath(self.root, parent, dirs)?
+        };
+        Ok((dir, name))
+    }
+}
+
+/// Mounts filesystem `source` on the directory `target`, opened beneath
+/// its root first: the mount lands on that directory whatever is swapped
+/// in at its path.
+pub fn mount_fs_beneath(
+    source: &Path,
+    target: Under,
+    fstype: &str,
+    flags: super::MsFlags,
+    data: Option<&str>,
+) -> Result<()> {
+    let at = target.open(OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+    super::mount_fs(source, &fd_path(&at), fstype, flags, data)
+        .map_err(|e| e.with_detail(format!("target {}", target.path.display())))
+}
+
+/// Bind-mounts the directory `source` on the directory `target`, each
+/// opened beneath its root; read-only done as [`super::bind_mount`] does,
+/// on the bind itself (opened again beneath the root: it is on top now).
+pub fn bind_mount_beneath(source: Under, target: Under, readonly: bool) -> Result<()> {
+    let dirs = OFlag::O_PATH | OFlag::O_DIRECTORY;
+    let src = source.open(dirs)?;
+    let at = target.open(dirs)?;
+    super::mount::bind(&fd_path(&src), &fd_path(&at)).map_err(|e| {
+        e.with_detail(format!(
+            "{} on {}",
+            source.path.display(),
+            target.path.display()
+        ))
+    })?;
+    if readonly {
+        let top = match target.open(dirs) {
+            Ok(top) => top,
+            Err(e) => {
+                tracing::error!(target = %target.path.display(), error = %e, "cannot open the bind just made to make it read-only; it stays writable");
+                return Err(e);
+            }
+        };
+        let via = fd_path(&top);
+        super::mount::seal_readonly(&via, target.path, || {
+            nix::mount::umount2(&via, nix::mount::MntFlags::empty())
+        })?;
+    }
+    tracing::info!(source = %source.path.display(), target = %target.path.display(), readonly, "bind-mounted");
+    Ok(())
+}
+
+/// Unmounts the mount on top of `target`, found by opening `target`
+/// beneath its root (see [`super::unmount_fd`]).
+pub fn unmount_beneath(target: Under) -> Result<()> {
+    let top = target.open(OFlag::O_PATH)?;
+    super::unmount_fd(&top, target.path)
+}
+
+/// Sets the per-mount flags of the mount on top of `target` (see
+/// [`super::remount_flags`]), found by opening `target` beneath its root.
+pub fn remount_flags_beneath(target: Under, flags: super::MsFlags) -> Result<()> {
+    let top = target.open(OFlag::O_PATH)?;
+    super::remount_flags(&fd_path(&top), flags)
+        .map_err(|e| e.with_detail(format!("target {}", target.path.display())))
+}
+
+/// Removes `target` (an empty directory when `dir`, else a file or node)
+/// with unlinkat relative to its parent, opened beneath the root.
+pub fn remove_beneath(target: Under, dir: bool) -> Result<()> {
+    let (parent, name) = target.parent()?;
+    let how = if dir {
+        nix::unistd::UnlinkatFlags::RemoveDir
+    } else {
+        nix::unistd::UnlinkatFlags::NoRemoveDir
+    };
+    nix::unistd::unlinkat(&parent, name, how)
+        .map_err(|e| SysError::new("unlinkat", target.path, e))?;
+    tracing::info!(path = %target.path.display(), dir, "removed");
+    Ok(())
+}
+
+/// Creates the directory `target` (mode `mode`) with mkdirat relative to
+/// its parent, opened beneath the root. `false` when it existed.
+pub fn mkdir_beneath(target: Under, mode: u32) -> Result<bool> {
+    let (dir, name) = target.parent()?;
+    match stat::mkdirat(&dir, name, Mode::from_bits_truncate(mode & 0o7777)) {
+        Ok(()) => {
+            tracing::info!(path = %target.path.display(), "created directory");
+            Ok(true)
+        }
+        Err(Errno::EEXIST) => Ok(false),
+        Err(e) => Err(SysError::new("mkdirat", target.path, e)),
+    }
+}
+
+/// Creates the block node `target` for `major:minor` with mode exactly
+/// `mode`: mknodat relative to its parent, opened beneath the root
+/// through no symlink, then the mode set through an
 /// `O_PATH | O_NOFOLLOW` descriptor of the node checked to be that device.
 /// A node already there for the same device is success; anything else
 /// there is `EEXIST`.
-pub fn make_block_node_beneath(
-    root: &Path,
-    path: &Path,
-    major: u32,
-    minor: u32,
-    mode: u32,
-) -> Result<()> {
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(SysError::new("mknodat", path, Errno::EINVAL));
-    };
-    let dir = if parent == root {
-        super::open("open(root)", root, OFlag::O_PATH | OFlag::O_DIRECTORY)?
-    } else {
-        open_beneath(root, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)?
-    };
+pub fn make_block_node_beneath(target: Under, major: u32, minor: u32, mode: u32) -> Result<()> {
+    let path = target.path;
+    let (dir, name) = target.parent()?;
     let perm = Mode::from_bits_truncate(mode & 0o7777);
     let dev = stat::makedev(u64::from(major), u64::from(minor));
     let made = match stat::mknodat(&dir, name, SFlag::S_IFBLK, perm, dev) {

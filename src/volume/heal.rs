@@ -171,9 +171,11 @@ impl Driver {
                 }
             }
             Kind::Block => {
-                let (d, st) = (dev.clone(), staging.clone());
+                let (d, st, roots) = (dev.clone(), staging.clone(), self.tools.roots.clone());
                 self.tools
-                    .blocking("stage a block volume", move || block::stage(&d, &st))
+                    .blocking("stage a block volume", move || {
+                        block::stage(&d, &st, &roots)
+                    })
                     .await?;
             }
         }
@@ -297,10 +299,10 @@ impl Driver {
     /// Gives the mount at `path` the per-mount flags `want`; says what it
     /// changed.
     async fn ensure_flags(&self, path: &Path, want: MsFlags) -> Result<Option<String>> {
-        let p = path.to_path_buf();
+        let (p, roots) = (path.to_path_buf(), self.tools.roots.clone());
         self.tools
             .blocking("check a mount's flags", move || {
-                fs::ensure_per_mount_flags(&p, want)
+                fs::ensure_per_mount_flags(&p, want, &roots)
             })
             .await
     }

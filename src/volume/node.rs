@@ -196,9 +196,11 @@ impl Driver {
                     fs::stage(&self.tools, &dev, &staging, fs_type, opts, &pool, &marker).await
                 }
                 _ => {
-                    let (d, st) = (dev.clone(), staging.clone());
+                    let (d, st, roots) = (dev.clone(), staging.clone(), self.tools.roots.clone());
                     self.tools
-                        .blocking("stage a block volume", move || block::stage(&d, &st))
+                        .blocking("stage a block volume", move || {
+                            block::stage(&d, &st, &roots)
+                        })
                         .await
                 }
             };
@@ -439,9 +441,10 @@ impl Driver {
                     p.readonly,
                 );
                 let single = mode == Mode::SingleNodeSingleWriter;
+                let roots = self.tools.roots.clone();
                 self.tools
                     .blocking("bind-mount a publish", move || {
-                        fs::publish(&dev, &staging, &target, ro, single, recorded)
+                        fs::publish(&dev, &staging, &target, ro, single, recorded, &roots)
                     })
                     .await
             }
