@@ -188,6 +188,7 @@ pub fn bind_mount_beneath(source: Under, target: Under, readonly: bool) -> Resul
     let dirs = OFlag::O_PATH | OFlag::O_DIRECTORY;
     let src = source.open(dirs)?;
     let at = target.open(dirs)?;
+    let (parent, name) = target.parent()?;
     super::mount::bind(&fd_path(&src), &fd_path(&at)).map_err(|e| {
         e.with_detail(format!(
             "{} on {}",
@@ -204,19 +205,35 @@ pub fn bind_mount_beneath(source: Under, target: Under, readonly: bool) -> Resul
             }
         };
         let via = fd_path(&top);
-        super::mount::seal_readonly(&via, target.path, || {
-            nix::mount::umount2(&via, nix::mount::MntFlags::empty())
-        })?;
+        let sealed = super::mount::seal_readonly(&via, target.path, || Ok(()));
+        if let Err(e) = sealed {
+            // Undone through the parent: the descriptor of the bind
+            // itself would keep it busy.
+            drop(top);
+            if let Err(undo) = unmount_at(&parent, name, target.path) {
+                tracing::error!(target = %target.path.display(), error = %undo, "could not undo writable bind mount after failed read-only remount");
+            }
+            return Err(e);
+        }
     }
     tracing::info!(source = %source.path.display(), target = %target.path.display(), readonly, "bind-mounted");
     Ok(())
 }
 
-/// Unmounts the mount on top of `target`, found by opening `target`
-/// beneath its root (see [`super::unmount_fd`]).
+/// Unmounts the mount on top of `target`: umount2(UMOUNT_NOFOLLOW) of the
+/// last component relative to its parent, opened beneath the root (a
+/// descriptor of the mount itself would keep it busy). A symlink at
+/// `target` is refused first (ELOOP), and never followed.
 pub fn unmount_beneath(target: Under) -> Result<()> {
-    let top = target.open(OFlag::O_PATH)?;
-    super::unmount_fd(&top, target.path)
+    drop(target.open(OFlag::O_PATH)?);
+    let (dir, name) = target.parent()?;
+    unmount_at(&dir, name, target.path)
+}
+
+/// umount2(UMOUNT_NOFOLLOW) of `name` in the directory `dir` holds.
+fn unmount_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<()> {
+    super::unmount(&fd_path(dir).join(name))
+        .map_err(|e| e.with_detail(format!("target {}", shown.display())))
 }
 
 /// Sets the per-mount flags of the mount on top of `target` (see

@@ -104,23 +104,6 @@ pub(super) fn seal_readonly(
     Ok(())
 }
 
-/// Unmounts the mount whose root `fd` (an `O_PATH` descriptor) holds:
-/// umount2 of its `/proc/self/fd` link, which the kernel resolves to
-/// exactly that mount, never to a path swapped in since. `shown` names
-/// it in errors and the log. Kinds as for [`unmount`].
-pub fn unmount_fd(fd: &impl std::os::fd::AsFd, shown: &Path) -> Result<()> {
-    nix_mount::umount2(&super::fd_path(fd), MntFlags::empty()).map_err(|e| {
-        let err = SysError::new("umount2", shown, e);
-        if e == Errno::EINVAL {
-            err.with_kind(SysErrorKind::NotMounted)
-        } else {
-            err
-        }
-    })?;
-    tracing::info!(target = %shown.display(), "unmounted");
-    Ok(())
-}
-
 /// Sets the per-mount flags of the mount on top of `target` to `flags`
 /// (`MS_RDONLY`, `MS_NOSUID`, `MS_NODEV`, `MS_NOEXEC`), with
 /// `MS_REMOUNT | MS_BIND`: only this mount changes, not its filesystem or
