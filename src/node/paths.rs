@@ -12,6 +12,11 @@
 //!    canonicalized, so a symlink planted in a parent cannot carry a mount
 //!    out of the allowed roots, and the last component itself must not be a
 //!    symlink. The result is the path the kernel will show in mountinfo.
+//! 3. [`beneath`] (at the act): what the node layer does to a path
+//!    (mount, bind, umount, mkdir, mknod, unlink, remount) goes through
+//!    descriptors opened from its allowed root by `sys::beneath`
+//!    (openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so a symlink
+//!    swapped in after step 2 is refused, never followed out of the root.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};

@@ -50,7 +50,9 @@ fn open_at(dir: &OwnedFd, rel: &Path, shown: &Path, flags: OFlag) -> Result<Owne
     );
     match fcntl::openat2(dir, rel, how) {
         Ok(fd) => refuse_symlink(fd, shown),
-        Err(Errno::ENOSYS) => walk(dir, rel, shown, flags),
+        // ENOSYS: a kernel before 5.6; EPERM: a seccomp profile that
+        // predates openat2 (older container runtimes answer so).
+        Err(Errno::ENOSYS | Errno::EPERM) => walk(dir, rel, shown, flags),
         Err(e) => Err(SysError::new(
             "openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)",
             shown,
