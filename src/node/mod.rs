@@ -338,7 +338,12 @@ pub struct Stats {
 /// NodeGetVolumeStats for an active volume. NOT_FOUND when `path` does
 /// not exist or holds something that is not this volume. `block_staging`
 /// is the staging directory the record names for a block volume.
-pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<Stats> {
+pub fn stats(
+    dev: &Device,
+    path: &Path,
+    block_staging: Option<&Path>,
+    roots: &[PathBuf],
+) -> Result<Stats> {
     let not_here = |what: String| {
         Error::NotFound(format!(
             "volume {} is not at {}: {what}",
@@ -346,13 +351,20 @@ pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<
             path.display()
         ))
     };
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    // One open beneath the allowed root: what is there, and a descriptor
+    // to measure it through, never a path looked up again.
+    let (fd, st) = match paths::beneath(path, roots, sys::stat_beneath) {
+        Ok(found) => found,
+        Err(Error::Sys(e)) if e.is_not_found() => {
             return Err(not_here("the path does not exist".into()))
         }
-        Err(e) => return Err(Error::io(format!("stat {}", path.display()), e)),
+        Err(Error::Sys(e)) if e.errno() == nix::errno::Errno::ELOOP => {
+            return Err(not_here("it is a symbolic link".into()))
+        }
+        Err(e) => return Err(e),
     };
+    let kind =
+        nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(path) {
         if m.device() != dev.numbers() {
@@ -362,7 +374,7 @@ pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<
             )));
         }
         let mut problems = fs::problems(&info, dev);
-        let usage = match fs::usage(path) {
+        let usage = match fs::usage(&sys::fd_path(&fd)) {
             Ok(u) => Usage::Filesystem(u),
             Err(nix::errno::Errno::EIO) => {
                 problems.push(format!(
@@ -376,9 +388,8 @@ pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<
         };
         return Ok(Stats { usage, problems });
     }
-    use std::os::unix::fs::FileTypeExt;
-    if meta.file_type().is_block_device() {
-        let node = numbers_of_node(path)?;
+    if kind == nix::sys::stat::SFlag::S_IFBLK {
+        let node = sys::split_dev(st.st_rdev);
         return match block::classify(node, Some(dev.numbers())) {
             block::NodeKind::Lv | block::NodeKind::Overlay(_) => Ok(Stats {
                 usage: Usage::Block(sys::block_size_bytes(&dev.path)?),
@@ -390,7 +401,7 @@ pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<
             ))),
         };
     }
-    if meta.is_dir() {
+    if kind == nix::sys::stat::SFlag::S_IFDIR {
         if block_staging == Some(path) {
             return Ok(Stats {
                 usage: Usage::Block(sys::block_size_bytes(&dev.path)?),

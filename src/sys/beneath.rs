@@ -238,6 +238,15 @@ fn unmount_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<()> {
         .map_err(|e| e.with_detail(format!("target {}", shown.display())))
 }
 
+/// What `target` is (kind, device numbers: `lstat`, never through a
+/// symlink), and an `O_PATH` descriptor of it (of the mount on top, when
+/// one is), both from one open beneath the root.
+pub fn stat_beneath(target: Under) -> Result<(OwnedFd, stat::FileStat)> {
+    let fd = target.open(OFlag::O_PATH)?;
+    let st = stat::fstat(&fd).map_err(|e| SysError::new("fstat", target.path, e))?;
+    Ok((fd, st))
+}
+
 /// Sets the per-mount flags of the mount on top of `target` (see
 /// [`super::remount_flags`]), found by opening `target` beneath its root.
 pub fn remount_flags_beneath(target: Under, flags: super::MsFlags) -> Result<()> {

@@ -208,13 +208,13 @@ impl Driver {
             .filter(|t| only.is_none_or(|o| t == o))
             .chain(std::iter::once(staging.clone()))
             .collect();
-        let d2 = dev.clone();
+        let (d2, roots) = (dev.clone(), self.tools.roots.clone());
         let problems = self
             .tools
             .blocking("check the volume's filesystem", move || {
                 let mut out = Vec::new();
                 for p in &paths {
-                    out.extend(node::stats(&d2, p, block_staging.as_deref())?.problems);
+                    out.extend(node::stats(&d2, p, block_staging.as_deref(), &roots)?.problems);
                 }
                 Ok(out)
             })

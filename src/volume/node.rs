@@ -529,7 +529,7 @@ impl Driver {
         let real = self.resolve(path).await?.ok_or_else(missing)?;
         let mut problems: Vec<String> = self.problem(&report, vol.lv).into_iter().collect();
         let dev = self.current_device(vol.lv);
-        let records = self.records.clone();
+        let (records, roots) = (self.records.clone(), self.tools.roots.clone());
         let vid = id.to_string();
         let (exists, stats) = self
             .tools
@@ -542,7 +542,7 @@ impl Driver {
                 };
                 let record = records.load(&vid)?;
                 let block_staging = record.filter(|r| r.kind == Kind::Block).map(|r| r.staging);
-                node::stats(&dev, &real, block_staging.as_deref()).map(|s| (true, Some(s)))
+                node::stats(&dev, &real, block_staging.as_deref(), &roots).map(|s| (true, Some(s)))
             })
             .await?;
         if !exists {
