@@ -114,8 +114,10 @@ impl Lvm {
         let res = self.query(subcommand, args.clone()).await;
         self.change_done(subcommand, &args, started, res.as_ref().map(drop), write);
         match res {
-            Ok(out) => Ok(out),
-            Err(e) => Err(self.explain(e, lv.as_deref()).await),
+            // Writes to LVs are explained by the VG's state; a write that
+            // makes the VG itself (pvcreate, vgcreate) has none to read.
+            Err(e) if subcommand.starts_with("lv") => Err(self.explain(e, lv.as_deref()).await),
+            other => other,
         }
     }
 
