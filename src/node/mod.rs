@@ -353,15 +353,14 @@ pub fn stats(
     };
     // One open beneath the allowed root: what is there, and a descriptor
     // to measure it through, never a path looked up again.
-    let (fd, st) = match paths::beneath(path, roots, sys::stat_beneath) {
+    let root = paths::root_of(path, roots)?;
+    let (fd, st) = match sys::stat_beneath(sys::Under { root: &root, path }) {
         Ok(found) => found,
-        Err(Error::Sys(e)) if e.is_not_found() => {
-            return Err(not_here("the path does not exist".into()))
-        }
-        Err(Error::Sys(e)) if e.errno() == nix::errno::Errno::ELOOP => {
+        Err(e) if e.is_not_found() => return Err(not_here("the path does not exist".into())),
+        Err(e) if e.errno() == nix::errno::Errno::ELOOP => {
             return Err(not_here("it is a symbolic link".into()))
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     let kind =
         nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;

@@ -138,7 +138,17 @@ pub fn beneath<T>(
     act: impl FnOnce(crate::sys::Under) -> crate::sys::Result<T>,
 ) -> Result<T> {
     let root = root_of(path, roots)?;
-    Ok(act(crate::sys::Under { root: &root, path })?)
+    act(crate::sys::Under { root: &root, path }).map_err(|e| match e.errno() {
+        // The kernel refused a symlink, or a way out of the root: the
+        // path changed after it was checked.
+        nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV => Error::FailedPrecondition(format!(
+            "{} (or a directory above it) is a symbolic link or leads out of {} since it was checked; \
+             the driver follows no link there: replace it with a plain directory and retry ({e})",
+            path.display(),
+            root.display()
+        )),
+        _ => e.into(),
+    })
 }
 
 /// A short, stable name for a path (hex of its hash), for names that must
@@ -233,5 +243,31 @@ mod tests {
         assert_eq!(a.len(), 16);
         assert_eq!(a, digest(Path::new("/a")));
         assert_ne!(a, digest(Path::new("/b")));
+    }
+
+    /// A symlink met at the act (after the check) is FAILED_PRECONDITION
+    /// saying what to do; other errors keep their own kind.
+    #[test]
+    fn a_symlink_met_at_the_act_says_what_to_do() {
+        let root = tempfile::tempdir().unwrap();
+        let r = std::fs::canonicalize(root.path()).unwrap();
+        std::os::unix::fs::symlink("/etc", r.join("l")).unwrap();
+        let roots = vec![r.clone()];
+        let e = beneath(&r.join("l"), &roots, |at| {
+            at.open(nix::fcntl::OFlag::O_PATH).map(drop)
+        })
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(
+            e.to_string().contains("replace it with a plain directory"),
+            "{e}"
+        );
+        let e = beneath(&r.join("missing"), &roots, |at| {
+            at.open(nix::fcntl::OFlag::O_PATH).map(drop)
+        })
+        .unwrap_err();
+        assert!(matches!(&e, Error::Sys(s) if s.is_not_found()), "{e}");
+        let e = beneath(Path::new("/etc/passwd"), &roots, |_| Ok(())).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     }
 }
