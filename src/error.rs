@@ -143,9 +143,19 @@ fn ended(code: Option<i32>, signal: Option<i32>) -> String {
     }
 }
 
+/// What to do about a failure the driver could not name: said once, here,
+/// for every INTERNAL answer.
+const INTERNAL_HINT: &str = "the driver could not tell why; retry, and if it persists read the driver's log on this node (it has the full command line and context)";
+
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
-        Status::new(e.code(), e.to_string())
+        let code = e.code();
+        let message = if code == Code::Internal {
+            format!("{e} ({INTERNAL_HINT})")
+        } else {
+            e.to_string()
+        };
+        Status::new(code, message)
     }
 }
 
@@ -186,7 +196,12 @@ mod tests {
         for (err, code) in cases {
             let status: Status = err.into();
             assert_eq!(status.code(), code);
-            assert_eq!(status.message(), "x");
+            if code == Code::Internal {
+                // An unexplained failure still says what to do.
+                assert!(status.message().starts_with("x (") && status.message().contains("retry"));
+            } else {
+                assert_eq!(status.message(), "x");
+            }
         }
     }
 
