@@ -30,6 +30,9 @@ fi
 
 native() {
     echo "== native tests"
+    # The pinned venv first: a native test calls the driver with Python's
+    # grpcio from it (scripts/grpcio_call.py).
+    scripts/check-packaging.sh --setup
     # --test deploy: static checks of the Dockerfile and deploy/kubernetes;
     # --test docs: README's configuration reference and commands.
     cargo test --lib --bins --test deploy --test docs

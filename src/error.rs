@@ -37,14 +37,22 @@ pub enum Error {
     /// A required piece of the system (the VG, the thin pool) is not usable.
     #[error("{0}")]
     Unavailable(String),
-    /// An external command exited non-zero.
-    #[error("{program} failed ({status}): {stderr}")]
+    /// An external command exited non-zero (`code`) or was killed by a
+    /// signal (`signal`). What it means is decided by its caller, from the
+    /// code or from state read again, never from `stderr`, which is kept
+    /// for the person reading the message.
+    #[error("{} failed ({}): {stderr}", command_name(program, argv), ended(*code, *signal))]
     Command {
         program: String,
         argv: Vec<String>,
-        status: String,
+        code: Option<i32>,
+        signal: Option<i32>,
         stderr: String,
     },
+    /// A program the driver needs is not installed (spawning it gave
+    /// ENOENT): FAILED_PRECONDITION, naming the package that brings it.
+    #[error("{program} is not installed on this node (not found in PATH): install the {package} package in the driver's image (or on the node), then retry")]
+    MissingTool { program: String, package: String },
     /// An external command ran past its timeout and was stopped (see `exec::Stop`).
     #[error("{program} timed out after {after:?} and was stopped")]
     Timeout {
@@ -95,14 +103,18 @@ impl Error {
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Timeout { .. } | Error::Stalled { .. } => Code::DeadlineExceeded,
-            Error::Command { stderr, .. } => command_code(stderr),
+            // A failed command the layer that ran it did not explain
+            // (see `Lvm::explain`): the driver does not know why.
+            Error::Command { .. } => Code::Internal,
+            Error::MissingTool { .. } => Code::FailedPrecondition,
+            // A file or path the driver itself uses is missing: not the
+            // volume, snapshot or path the request named (those are
+            // `Error::NotFound`, decided where they are looked up).
             Error::Io { source, .. } => match source.kind() {
-                std::io::ErrorKind::NotFound => Code::NotFound,
                 std::io::ErrorKind::PermissionDenied => Code::PermissionDenied,
                 _ => Code::Internal,
             },
             Error::Sys(e) => match e.kind() {
-                SysErrorKind::NotFound => Code::NotFound,
                 SysErrorKind::Busy => Code::FailedPrecondition,
                 _ => Code::Internal,
             },
@@ -111,28 +123,39 @@ impl Error {
     }
 }
 
-/// Classifies a failed command by what it printed. LVM has no structured
-/// error codes, so the few conditions a CO must react to differently are
-/// recognised here, and nowhere else.
-fn command_code(stderr: &str) -> Code {
-    let s = stderr.to_ascii_lowercase();
-    if s.contains("insufficient free space")
-        || s.contains("insufficient suitable")
-        || s.contains("out of data space")
-        || s.contains("thin pool") && s.contains("full")
-    {
-        Code::ResourceExhausted
-    } else if s.contains("in use") || s.contains("is open") || s.contains("device or resource busy")
-    {
-        Code::FailedPrecondition
-    } else {
-        Code::Internal
+/// `lvm lvcreate` for LVM (whose first argument is the subcommand), the
+/// program alone for the rest.
+fn command_name(program: &str, argv: &[String]) -> String {
+    match argv.first() {
+        Some(sub) if !sub.starts_with('-') && program.ends_with("lvm") => {
+            format!("{program} {sub}")
+        }
+        _ => program.to_string(),
     }
 }
 
+/// How a command ended, for its message.
+fn ended(code: Option<i32>, signal: Option<i32>) -> String {
+    match (code, signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        (None, None) => "no exit code".into(),
+    }
+}
+
+/// What to do about a failure the driver could not name: said once, here,
+/// for every INTERNAL answer.
+const INTERNAL_HINT: &str = "the driver could not tell why; retry, and if it persists read the driver's log on this node (it has the full command line and context)";
+
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
-        Status::new(e.code(), e.to_string())
+        let code = e.code();
+        let message = if code == Code::Internal {
+            format!("{e} ({INTERNAL_HINT})")
+        } else {
+            e.to_string()
+        };
+        Status::new(code, message)
     }
 }
 
@@ -144,7 +167,8 @@ mod tests {
         Error::Command {
             program: "lvm".into(),
             argv: vec!["lvcreate".into()],
-            status: "exit status: 5".into(),
+            code: Some(5),
+            signal: None,
             stderr: stderr.into(),
         }
     }
@@ -172,30 +196,66 @@ mod tests {
         for (err, code) in cases {
             let status: Status = err.into();
             assert_eq!(status.code(), code);
-            assert_eq!(status.message(), "x");
+            if code == Code::Internal {
+                // An unexplained failure still says what to do.
+                assert!(status.message().starts_with("x (") && status.message().contains("retry"));
+            } else {
+                assert_eq!(status.message(), "x");
+            }
         }
     }
 
+    /// What a command printed decides nothing: an unexplained failure is
+    /// INTERNAL whatever its text (the LVM layer explains the ones a CO
+    /// must tell apart, from state; see `lvm::explain`).
     #[test]
-    fn lvm_stderr_is_classified() {
-        assert_eq!(
-            cmd("  Insufficient free space: 100 extents needed, but only 3 available").code(),
-            Code::ResourceExhausted
+    fn a_command_failure_is_internal_whatever_it_printed() {
+        for text in [
+            "  Insufficient free space: 100 extents needed, but only 3 available",
+            "  Logical volume vg/lv contains a filesystem in use.",
+            "  Volume group \"x\" not found",
+        ] {
+            assert_eq!(cmd(text).code(), Code::Internal, "{text}");
+        }
+        let killed = Error::Command {
+            program: "blkid".into(),
+            argv: vec!["-p".into()],
+            code: None,
+            signal: Some(9),
+            stderr: String::new(),
+        };
+        assert_eq!(killed.code(), Code::Internal);
+        assert!(
+            killed
+                .to_string()
+                .starts_with("blkid failed (killed by signal 9)"),
+            "{killed}"
         );
-        assert_eq!(
-            cmd("  Logical volume vg/lv contains a filesystem in use.").code(),
-            Code::FailedPrecondition
-        );
-        assert_eq!(
-            cmd("  Volume group \"x\" has insufficient metadata").code(),
-            Code::Internal
+        assert!(cmd("x")
+            .to_string()
+            .starts_with("lvm lvcreate failed (exit code 5): x"));
+    }
+
+    #[test]
+    fn a_missing_tool_is_failed_precondition_and_names_its_package() {
+        let s: Status = Error::MissingTool {
+            program: "mkfs.xfs".into(),
+            package: "xfsprogs".into(),
+        }
+        .into();
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(
+            s.message().contains("mkfs.xfs")
+                && s.message().contains("install the xfsprogs package"),
+            "{}",
+            s.message()
         );
     }
 
     #[test]
     fn command_errors_keep_stderr_and_timeouts_are_deadline_exceeded() {
         let s: Status = cmd("boom").into();
-        assert!(s.message().contains("lvm failed"));
+        assert!(s.message().contains("lvm lvcreate failed"));
         assert!(s.message().contains("boom"));
         let t: Status = Error::Timeout {
             program: "mkfs.ext4".into(),
@@ -207,13 +267,34 @@ mod tests {
         assert!(t.message().contains("mkfs.ext4 timed out"));
     }
 
+    /// ENOENT of a file the driver uses is not the NOT_FOUND of a
+    /// volume: that one is decided where the volume or path is looked up.
     #[test]
-    fn io_not_found_is_not_found() {
+    fn a_missing_file_of_the_drivers_own_is_not_not_found() {
         let e = Error::io(
             "open /x",
             std::io::Error::from(std::io::ErrorKind::NotFound),
         );
-        assert_eq!(e.code(), Code::NotFound);
+        assert_eq!(e.code(), Code::Internal);
         assert!(e.to_string().starts_with("open /x: "));
+        let denied = Error::io(
+            "open /y",
+            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        assert_eq!(denied.code(), Code::PermissionDenied);
+        let sys: Error = crate::sys::SysError::new(
+            "umount2",
+            std::path::Path::new("/t"),
+            nix::errno::Errno::ENOENT,
+        )
+        .into();
+        assert_eq!(sys.code(), Code::Internal);
+        let busy: Error = crate::sys::SysError::new(
+            "umount2",
+            std::path::Path::new("/t"),
+            nix::errno::Errno::EBUSY,
+        )
+        .into();
+        assert_eq!(busy.code(), Code::FailedPrecondition);
     }
 }

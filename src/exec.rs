@@ -58,9 +58,7 @@ pub async fn run_with(
 ) -> Result<Output> {
     let mut cmd = command(program, args, env, stop);
     let started = Instant::now();
-    let child = cmd
-        .spawn()
-        .map_err(|e| Error::io(format!("cannot start {program}"), e))?;
+    let child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
     let pid = child.id();
     let mut waiting = Box::pin(child.wait_with_output());
     let out = match tokio::time::timeout(timeout, &mut waiting).await {
@@ -112,14 +110,57 @@ pub async fn run_with(
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     tracing::debug!(program, ?args, status = %out.status, elapsed = ?started.elapsed(), "command finished");
     if !out.status.success() {
-        return Err(Error::Command {
-            program: program.to_string(),
-            argv: args.to_vec(),
-            status: out.status.to_string(),
-            stderr: stderr.trim().to_string(),
-        });
+        return Err(failed(program, args, out.status, &stderr));
     }
     Ok(Output { stdout, stderr })
+}
+
+/// The error of a command that ended with `status` (not a success): its
+/// exit code or signal stay numbers.
+fn failed(program: &str, args: &[String], status: std::process::ExitStatus, stderr: &str) -> Error {
+    use std::os::unix::process::ExitStatusExt;
+    Error::Command {
+        program: program.to_string(),
+        argv: args.to_vec(),
+        code: status.code(),
+        signal: status.signal(),
+        stderr: stderr.trim().to_string(),
+    }
+}
+
+/// Why `program` did not start. ENOENT here means the program itself is
+/// missing (the command has no other path): FAILED_PRECONDITION, with the
+/// package that brings it.
+fn spawn_error(program: &str, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        return Error::MissingTool {
+            program: program.to_string(),
+            package: package_of(program).to_string(),
+        };
+    }
+    Error::io(format!("cannot start {program}"), e)
+}
+
+/// The Debian package (the same name on most distributions) that installs
+/// a program the driver runs.
+pub fn package_of(program: &str) -> &'static str {
+    let name = program.rsplit('/').next().unwrap_or(program);
+    match name {
+        "lvm" => "lvm2",
+        "dmsetup" => "dmsetup",
+        "blkid" | "losetup" | "wipefs" | "blkdiscard" | "fstrim" => "util-linux",
+        "thin_dump" | "thin_delta" | "thin_check" | "thin_repair" | "pdata_tools" => {
+            "thin-provisioning-tools"
+        }
+        n if n.starts_with("mkfs.ext")
+            || n.starts_with("fsck.ext")
+            || ["mke2fs", "e2fsck", "resize2fs", "tune2fs", "dumpe2fs"].contains(&n) =>
+        {
+            "e2fsprogs"
+        }
+        n if n.starts_with("xfs_") || n == "mkfs.xfs" || n == "fsck.xfs" => "xfsprogs",
+        _ => "that provides it",
+    }
 }
 
 /// The command for `program args...`: `env` added, stdin closed, stdout
@@ -180,9 +221,7 @@ impl Lines {
         use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
         let mut cmd = command(program, args, &[], Stop::Kill);
         cmd.kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| Error::io(format!("cannot start {program}"), e))?;
+        let mut child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
         let mut stderr = child.stderr.take().expect("stderr is piped");
         let errors = tokio::spawn(async move {
             let mut text = String::new();
@@ -237,12 +276,7 @@ impl Lines {
             .map_err(|e| Error::io(format!("waiting for {}", self.program), e))?;
         let stderr = (&mut self.errors).await.unwrap_or_default();
         if self.ended && !status.success() {
-            return Err(Error::Command {
-                program: self.program.clone(),
-                argv: self.args.clone(),
-                status: status.to_string(),
-                stderr: stderr.trim().to_string(),
-            });
+            return Err(failed(&self.program, &self.args, status, &stderr));
         }
         Ok(())
     }
@@ -314,8 +348,13 @@ mod tests {
         .await
         .unwrap_err();
         match err {
-            Error::Command { status, stderr, .. } => {
-                assert!(status.contains('3'), "{status}");
+            Error::Command {
+                code,
+                signal,
+                stderr,
+                ..
+            } => {
+                assert_eq!((code, signal), (Some(3), None));
                 assert_eq!(stderr, "nope");
             }
             other => panic!("unexpected {other:?}"),
@@ -389,11 +428,56 @@ mod tests {
         assert_eq!(out.stdout, "42");
     }
 
+    /// ENOENT from spawn is a missing tool, named with its package;
+    /// another spawn failure stays an I/O error.
     #[tokio::test]
-    async fn missing_program_is_an_io_error() {
-        let err = run("/nonexistent/prog", &[], &[], Duration::from_secs(1))
+    async fn a_missing_program_is_a_missing_tool_with_its_package() {
+        let err = run("/nonexistent/mkfs.xfs", &[], &[], Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::MissingTool { program, package }
+                if program == "/nonexistent/mkfs.xfs" && package == "xfsprogs"),
+            "{err:?}"
+        );
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        let lines = Lines::spawn("no-such-tool-here", &[], Duration::from_secs(1));
+        assert!(matches!(lines, Err(Error::MissingTool { .. })));
+        // A file that is not executable: not a missing tool.
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "x").unwrap();
+        let err = run(plain.to_str().unwrap(), &[], &[], Duration::from_secs(1))
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Io { .. }), "{err:?}");
+        assert_eq!(package_of("/usr/sbin/lvm"), "lvm2");
+        assert_eq!(package_of("mkfs.ext4"), "e2fsprogs");
+        assert_eq!(package_of("thin_delta"), "thin-provisioning-tools");
+        assert_eq!(package_of("blkid"), "util-linux");
+    }
+
+    /// A command killed by a signal has a signal and no exit code.
+    #[tokio::test]
+    async fn a_killed_command_keeps_its_signal() {
+        let err = run(
+            "sh",
+            &argv!["-c", "kill -9 $$"],
+            &[],
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Command {
+                    code: None,
+                    signal: Some(9),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 }

@@ -145,9 +145,51 @@ impl Lvm {
     ) -> Result<Output> {
         let _turn = self.writers.acquire().await;
         let started = self.change_begins();
+        let lv = write.as_ref().map(|w| w.name().to_string());
         let res = self.query(subcommand, args.clone()).await;
         self.change_done(subcommand, &args, started, res.as_ref().map(drop), write);
-        res
+        match res {
+            // Writes to LVs are explained by the VG's state; a write that
+            // makes the VG itself (pvcreate, vgcreate) has none to read.
+            Err(e) if subcommand.starts_with("lv") => Err(self.explain(e, lv.as_deref()).await),
+            other => other,
+        }
+    }
+
+    /// Why an LVM write failed. LVM's exit code says only that it failed
+    /// (5 for nearly everything), and its text is for people: the cause a
+    /// CO must act on is read from LVM's state, read again right after
+    /// (see [`explain`]). A read that fails says itself what is wrong
+    /// when the VG is gone; otherwise the command's own error stands.
+    async fn explain(&self, err: Error, lv: Option<&str>) -> Error {
+        if !matches!(err, Error::Command { .. }) {
+            return err;
+        }
+        match self.fresh_report().await {
+            Ok(report) => explain(&report, &self.vg, &self.pool, lv, err),
+            Err(gone @ Error::Unavailable(_)) => gone,
+            Err(read) => {
+                tracing::warn!(error = %read, "cannot read LVM's state after a failed write");
+                err
+            }
+        }
+    }
+
+    /// Whether our volume group exists, from a list of every VG (which
+    /// succeeds when there is none), never from a failure's text.
+    pub async fn vg_exists(&self) -> Result<bool> {
+        let out = self
+            .query(
+                "vgs",
+                crate::argv!["--reportformat", "json", "-o", "vg_name"],
+            )
+            .await?;
+        for row in report::rows(&out.stdout, "vg")? {
+            if report::text(&row, "vg_name")? == self.vg {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Marks a change as running: reads that started before are not kept.
@@ -287,15 +329,17 @@ impl Lvm {
     /// one of our writes ran meanwhile.
     async fn read_locked(&self) -> Result<Arc<Report>> {
         let (generation, started) = (self.cache.lock().unwrap().generation, Instant::now());
-        let out = self
-            .query("lvs", report::lvs_args(&self.vg))
-            .await
-            .map_err(|e| match e {
-                Error::Command { stderr, .. } if stderr.contains("not found") => {
-                    Error::Unavailable(format!("volume group {} not found: {stderr}", self.vg))
-                }
-                other => other,
-            })?;
+        let out = match self.query("lvs", report::lvs_args(&self.vg)).await {
+            Ok(out) => out,
+            // Whether the VG is there is asked, not read from the text.
+            Err(e @ Error::Command { .. }) => {
+                return Err(match self.vg_exists().await {
+                    Ok(false) => vg_missing(&self.vg, &e),
+                    _ => e,
+                })
+            }
+            Err(e) => return Err(e),
+        };
         let read = Report::parse(&out.stdout)?;
         let mut c = self.cache.lock().unwrap();
         // Our writes that ended while lvs ran are applied to what it read;
@@ -445,7 +489,10 @@ impl Lvm {
         });
         // Logged and applied like every change; on failure the cache goes.
         self.change_done("lvchange", &args, started, kernel.as_ref().map(drop), write);
-        kernel
+        match kernel {
+            Ok(k) => Ok(k),
+            Err(e) => Err(self.explain(e, Some(name)).await),
+        }
     }
 
     /// The device numbers of the active LV `name`.
@@ -511,6 +558,45 @@ impl Lvm {
         .await
         .map(drop)
     }
+}
+
+/// UNAVAILABLE: the configured volume group is not there.
+fn vg_missing(vg: &str, e: &Error) -> Error {
+    Error::Unavailable(format!(
+        "volume group {vg} does not exist on this node: create it (vgcreate), configure [loop_pool] to let the driver build one, or fix volume_group in the config ({e})"
+    ))
+}
+
+/// The error of a failed write to LV `lv` (`None`: a write that names
+/// none), given the report read right after it: a pool that cannot
+/// allocate (out of data or metadata space: RESOURCE_EXHAUSTED; failed or
+/// read-only: FAILED_PRECONDITION), a missing pool (UNAVAILABLE), or the LV
+/// held open (FAILED_PRECONDITION); anything else keeps `err`.
+pub fn explain(report: &Report, vg: &str, pool: &str, lv: Option<&str>, err: Error) -> Error {
+    let Some(p) = report.find(pool).filter(|p| p.is_thin_pool()) else {
+        return Error::Unavailable(format!(
+            "thin pool {vg}/{pool} does not exist: create it, or fix thin_pool in the config ({err})"
+        ));
+    };
+    if let Some(problem) = p.problem() {
+        return if problem.is_out_of_space() {
+            Error::ResourceExhausted(format!("{problem} ({err})"))
+        } else {
+            Error::FailedPrecondition(format!("{problem} ({err})"))
+        };
+    }
+    if let Some(l) = lv.and_then(|n| report.find(n)) {
+        if let Some(problem) = l.problem() {
+            return Error::FailedPrecondition(format!("{problem} ({err})"));
+        }
+        if l.is_open() {
+            return Error::FailedPrecondition(format!(
+                "LV {vg}/{} is open (mounted, or held by a process or a device-mapper table): unmount or close it, then retry ({err})",
+                l.name
+            ));
+        }
+    }
+    err
 }
 
 /// `--addtag T` for each tag: tags are written by the command that makes
@@ -744,24 +830,51 @@ mod tests {
         let r = lvm.report().await.unwrap();
         assert!(r.find("csi-a").is_some());
         assert_eq!(count(&calls, "lvs"), 1, "the overlapping read was kept");
-        // A write whose effect is unknown (it failed) during a read: the
-        // read is not kept.
-        std::fs::write(&hold, "").unwrap();
-        let reader = {
-            let lvm = lvm.clone();
-            tokio::spawn(async move { lvm.fresh_report().await })
+    }
+
+    /// What a read that began at generation `from` becomes: our writes
+    /// that ended since are applied; a write of unknown effect, or a log
+    /// that lost writes, makes it a one-off.
+    #[test]
+    fn a_read_catches_up_only_with_writes_it_can_replay() {
+        let created = |n: &str| Write::CreatedThin {
+            name: n.into(),
+            pool: "pool".into(),
+            size: 1 << 20,
+            tags: vec![],
+            read_ahead: None,
         };
-        while count(&calls, "lvs") < 2 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(lvm.remove_owned("csi-a", "tpcsi.owner=x").await.is_err());
-        std::fs::remove_file(&hold).unwrap();
-        reader.await.unwrap().unwrap();
-        lvm.report().await.unwrap();
-        assert_eq!(
-            count(&calls, "lvs"),
-            3,
-            "the read that overlapped a failure was not kept"
+        let pool = r#"{"lv_name":"pool","vg_name":"vg1","lv_attr":"twi-aotz--","lv_size":"8388608","pool_lv":"","segtype":"thin-pool","data_percent":"1.00","metadata_percent":"1.00","lv_tags":"","lv_health_status":"","lv_kernel_major":"253","lv_kernel_minor":"1","vg_extent_size":"4194304","vg_size":"16777216","vg_free":"0","chunk_size":"65536"}"#;
+        let read = Report::parse(&format!(r#"{{"report":[{{"lv":[{pool}]}}]}}"#)).unwrap();
+        let mut c = Cache {
+            generation: 4,
+            ..Cache::default()
+        };
+        c.recent.push_back((2, created("before")));
+        c.recent.push_back((4, created("during")));
+        let r = c.catch_up(read.clone(), 3).unwrap();
+        assert!(
+            r.find("during").is_some(),
+            "a write that ended after the read began"
+        );
+        assert!(
+            r.find("before").is_none(),
+            "the read itself shows what ended before it"
+        );
+        c.unknown_since = 4;
+        assert!(
+            c.catch_up(read.clone(), 3).is_none(),
+            "a failure during the read"
+        );
+        assert!(
+            c.catch_up(read.clone(), 4).is_some(),
+            "a failure before the read"
+        );
+        c.unknown_since = 0;
+        c.dropped_until = 4;
+        assert!(
+            c.catch_up(read, 3).is_none(),
+            "writes the log no longer holds"
         );
     }
 
@@ -785,5 +898,129 @@ mod tests {
         assert!(remove_selection("a\"b", "pool", "t").is_err());
         assert!(remove_selection("a", "pool", "t} || lv_name=x").is_err());
         assert!(remove_selection("", "pool", "t").is_err());
+    }
+
+    fn row(name: &str, attr: &str, pool: &str, health: &str, data: &str) -> String {
+        format!(
+            r#"{{"lv_name":"{name}","vg_name":"vg1","lv_attr":"{attr}","lv_size":"8388608","pool_lv":"{pool}","segtype":"x","data_percent":"{data}","metadata_percent":"1.00","lv_tags":"","lv_health_status":"{health}","lv_kernel_major":"-1","lv_kernel_minor":"-1","vg_extent_size":"4194304","vg_size":"16777216","vg_free":"0","chunk_size":"65536"}}"#
+        )
+    }
+
+    fn report_of(rows: &[String]) -> Report {
+        Report::parse(&format!(r#"{{"report":[{{"lv":[{}]}}]}}"#, rows.join(","))).unwrap()
+    }
+
+    fn failed(sub: &str) -> Error {
+        Error::Command {
+            program: "lvm".into(),
+            argv: crate::argv![sub],
+            code: Some(5),
+            signal: None,
+            stderr: "text that decides nothing".into(),
+        }
+    }
+
+    /// A failed write is explained by the state read after it, and each
+    /// cause gets its code; the command's own error is kept in the message.
+    #[test]
+    fn a_failed_write_is_explained_by_the_state_after_it() {
+        use tonic::Code;
+        let code = |r: &Report, lv: Option<&str>| {
+            let e = explain(r, "vg1", "pool", lv, failed("lvcreate"));
+            assert!(e.to_string().contains("lvm lvcreate failed"), "{e}");
+            e.code()
+        };
+        let vol = |attr: &str| row("csi-a", attr, "pool", "", "1.00");
+        let healthy = report_of(&[
+            row("pool", "twi-aotz--", "", "", "10.00"),
+            vol("Vwi-a-tz--"),
+        ]);
+        assert_eq!(code(&healthy, Some("csi-a")), Code::Internal);
+        assert_eq!(code(&healthy, None), Code::Internal);
+        let full = report_of(&[row("pool", "twi-aotzD-", "", "out_of_data", "100.00")]);
+        assert_eq!(code(&full, Some("csi-new")), Code::ResourceExhausted);
+        let e = explain(&full, "vg1", "pool", None, failed("lvcreate"));
+        assert!(e.to_string().contains("extend it"), "says what to do: {e}");
+        let meta_ro = report_of(&[row("pool", "twi-aotzM-", "", "metadata_read_only", "5.00")]);
+        assert_eq!(code(&meta_ro, None), Code::FailedPrecondition);
+        let failed_pool = report_of(&[row("pool", "twi-aotzF-", "", "failed", "5.00")]);
+        assert_eq!(code(&failed_pool, None), Code::FailedPrecondition);
+        let no_pool = report_of(&[row("other", "-wi-a-----", "", "", "")]);
+        assert_eq!(code(&no_pool, None), Code::Unavailable);
+        let open = report_of(&[
+            row("pool", "twi-aotz--", "", "", "10.00"),
+            vol("Vwi-aotz--"),
+        ]);
+        let e = explain(&open, "vg1", "pool", Some("csi-a"), failed("lvremove"));
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.to_string().contains("unmount or close it"), "{e}");
+        // Another error than a command's is never re-read.
+        let timeout = Error::Timeout {
+            program: "lvm".into(),
+            argv: vec![],
+            after: Duration::from_secs(1),
+        };
+        assert!(matches!(
+            explain(&healthy, "vg1", "pool", None, timeout),
+            Error::Timeout { .. }
+        ));
+    }
+
+    /// A fake lvm whose `lvs` fails, and whose `vgs` lists the VGs named in
+    /// the file `vgs` (one per line).
+    fn fake_lvm_without_vg(dir: &Path, vgs: &[&str]) -> Arc<Lvm> {
+        let script = dir.join("lvm");
+        let rows: Vec<String> = vgs
+            .iter()
+            .map(|v| format!(r#"{{"vg_name":"{v}"}}"#))
+            .collect();
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\ncase $1 in\n lvs) echo 'any words' >&2; exit 5 ;;\n vgs) echo '{{\"report\":[{{\"vg\":[{}]}}]}}' ;;\nesac\n",
+                rows.join(",")
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cfg = Config {
+            lvm_binary: script.display().to_string(),
+            udev: UdevMode::On,
+            volume_group: "vg1".into(),
+            ..Config::default()
+        };
+        Arc::new(Lvm::new(&cfg))
+    }
+
+    /// "VG not found" is decided by the list of VGs, not by lvs's words.
+    #[tokio::test]
+    async fn a_missing_vg_is_unavailable_and_an_lvs_failure_beside_it_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = fake_lvm_without_vg(dir.path(), &["other"]);
+        assert!(!gone.vg_exists().await.unwrap());
+        let e = gone.fresh_report().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+        assert!(
+            e.to_string().contains("volume group vg1 does not exist"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let there = fake_lvm_without_vg(dir.path(), &["other", "vg1"]);
+        assert!(there.vg_exists().await.unwrap());
+        let e = there.fresh_report().await.unwrap_err();
+        assert!(matches!(e, Error::Command { code: Some(5), .. }), "{e:?}");
+    }
+
+    /// lvm itself missing: FAILED_PRECONDITION naming lvm2.
+    #[tokio::test]
+    async fn a_missing_lvm_binary_names_its_package() {
+        let cfg = Config {
+            lvm_binary: "/nonexistent/lvm".into(),
+            ..Config::default()
+        };
+        let e = Arc::new(Lvm::new(&cfg)).fresh_report().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.to_string().contains("lvm2"), "{e}");
     }
 }

@@ -248,6 +248,19 @@ pub enum Write {
     },
 }
 
+impl Write {
+    /// The LV the write is to.
+    pub fn name(&self) -> &str {
+        match self {
+            Write::CreatedThin { name, .. }
+            | Write::Resized { name, .. }
+            | Write::Activated { name, .. }
+            | Write::Retagged { name, .. } => name,
+            Write::Removed(name) | Write::Deactivated(name) => name,
+        }
+    }
+}
+
 impl Report {
     /// Applies one of our writes. Idempotent: a report read after the
     /// write already shows it, and applying it again changes nothing.

@@ -60,22 +60,22 @@ pub fn parse(export: &str) -> Signature {
     }
 }
 
-/// The numeric exit code in an `ExitStatus` as the standard library prints
-/// it (`exit status: 2`); `None` for a death by signal.
-pub fn exit_code(status: &str) -> Option<i32> {
-    status.strip_prefix("exit status: ")?.trim().parse().ok()
-}
-
 /// Probes `dev` with blkid.
 pub async fn probe(tools: &Tools, dev: &Path) -> Result<Signature> {
     let args = crate::argv!["-p", "-o", "export", dev.to_string_lossy()];
     match tools.run("blkid", &args).await {
         Ok(out) => Ok(parse(&out.stdout)),
-        Err(Error::Command { status, .. }) if exit_code(&status) == Some(2) => Ok(Signature::None),
-        Err(Error::Command { status, .. }) if exit_code(&status) == Some(8) => {
-            Ok(Signature::Ambivalent)
-        }
-        Err(e) => Err(e),
+        Err(e) => signature_of_exit(e),
+    }
+}
+
+/// What a non-zero exit of `blkid -p` says: 2 is nothing found, 8 is
+/// contradicting signatures; anything else is a failure.
+fn signature_of_exit(e: Error) -> Result<Signature> {
+    match e {
+        Error::Command { code: Some(2), .. } => Ok(Signature::None),
+        Error::Command { code: Some(8), .. } => Ok(Signature::Ambivalent),
+        e => Err(e),
     }
 }
 
@@ -136,15 +136,34 @@ mod tests {
         assert_eq!(parse("TYPE=ext4\n"), Signature::Filesystem("ext4".into()));
     }
 
+    /// blkid's exit code, kept a number, decides; its text never does.
     #[test]
-    fn exit_codes_come_from_std_formatting() {
-        use std::os::unix::process::ExitStatusExt;
-        let two = std::process::ExitStatus::from_raw(2 << 8).to_string();
-        assert_eq!(exit_code(&two), Some(2));
-        let eight = std::process::ExitStatus::from_raw(8 << 8).to_string();
-        assert_eq!(exit_code(&eight), Some(8));
-        let killed = std::process::ExitStatus::from_raw(9).to_string();
-        assert_eq!(exit_code(&killed), None);
+    fn blkid_exit_codes_decide_the_signature() {
+        let exit = |code: Option<i32>, signal: Option<i32>| Error::Command {
+            program: "blkid".into(),
+            argv: vec![],
+            code,
+            signal,
+            stderr: "whatever it printed".into(),
+        };
+        assert_eq!(
+            signature_of_exit(exit(Some(2), None)).unwrap(),
+            Signature::None
+        );
+        assert_eq!(
+            signature_of_exit(exit(Some(8), None)).unwrap(),
+            Signature::Ambivalent
+        );
+        assert!(signature_of_exit(exit(Some(4), None)).is_err());
+        assert!(signature_of_exit(exit(None, Some(2))).is_err());
+        let missing = Error::MissingTool {
+            program: "blkid".into(),
+            package: "util-linux".into(),
+        };
+        assert!(matches!(
+            signature_of_exit(missing),
+            Err(Error::MissingTool { .. })
+        ));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::node::record::Publish as Published;
-use crate::node::{dm, fs, mount_table, Device, Tools};
+use crate::node::{dm, fs, mount_table, paths, Device, Tools};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::sys;
 
@@ -67,7 +67,7 @@ fn node_at(path: &Path) -> Result<Option<(u32, u32)>> {
 
 /// NodeStageVolume for block access: the staging directory exists and is
 /// not a mount (the record, written by the volume layer, says the rest).
-pub fn stage(dev: &Device, staging: &Path) -> Result<()> {
+pub fn stage(dev: &Device, staging: &Path, roots: &[std::path::PathBuf]) -> Result<()> {
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(staging) {
         return Err(if m.device() == dev.numbers() {
@@ -86,7 +86,7 @@ pub fn stage(dev: &Device, staging: &Path) -> Result<()> {
             ))
         });
     }
-    fs::ensure_dir(staging)?;
+    fs::ensure_dir(staging, roots)?;
     tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: staged (block)");
     Ok(())
 }
@@ -122,6 +122,7 @@ fn inspect_target(
     target: &Path,
     readonly: bool,
     recorded: bool,
+    roots: &[std::path::PathBuf],
 ) -> Result<AtTarget> {
     if mount_table()?.is_mount_point(target) {
         return Err(Error::FailedPrecondition(format!(
@@ -155,7 +156,7 @@ fn inspect_target(
             // Ours by the record, but its numbers are old (a reboot, a
             // re-activation) and now name another device, possibly this
             // LV or an overlay of another publish: never opened, replaced.
-            remove_node(target)?;
+            remove_node(target, roots)?;
             tracing::warn!(volume = volume_id, target = %target.display(), stale = ?n, current = ?lv,
                 "removed a stale device node of ours that carried old device numbers");
             Ok(AtTarget::Free)
@@ -166,7 +167,7 @@ fn inspect_target(
             !readonly
         ))),
         NodeKind::Dangling => {
-            remove_node(target)?;
+            remove_node(target, roots)?;
             tracing::info!(target = %target.display(), "removed a stale device node that led to no device");
             Ok(AtTarget::Free)
         }
@@ -192,10 +193,14 @@ pub async fn publish(
     recorded: bool,
 ) -> Result<()> {
     let lv = dev.numbers();
-    let (v, t) = (dev.volume_id.clone(), target.to_path_buf());
+    let (v, t, roots) = (
+        dev.volume_id.clone(),
+        target.to_path_buf(),
+        tools.roots.clone(),
+    );
     let at = tools
         .blocking("publish: inspect the target", move || {
-            inspect_target(&v, lv, &t, readonly, recorded)
+            inspect_target(&v, lv, &t, readonly, recorded, &roots)
         })
         .await?;
     if let AtTarget::Published = at {
@@ -214,7 +219,7 @@ pub async fn publish(
         )));
     }
 
-    let t = target.to_path_buf();
+    let (t, roots) = (target.to_path_buf(), tools.roots.clone());
     if readonly {
         let name = dm::overlay_name(&dev.volume_id, target);
         let path = dev.path.clone();
@@ -227,7 +232,9 @@ pub async fn publish(
         let n = dm::ensure_overlay(tools, &name, lv, sectors).await?;
         let made = tools
             .blocking("make a device node", move || {
-                Ok(sys::make_block_node(&t, n.0, n.1, 0o400)?)
+                paths::beneath(&t, &roots, |at| {
+                    sys::make_block_node_beneath(at, n.0, n.1, 0o400)
+                })
             })
             .await;
         if let Err(e) = made {
@@ -237,7 +244,9 @@ pub async fn publish(
     } else {
         tools
             .blocking("make a device node", move || {
-                Ok(sys::make_block_node(&t, lv.0, lv.1, 0o600)?)
+                paths::beneath(&t, &roots, |at| {
+                    sys::make_block_node_beneath(at, lv.0, lv.1, 0o600)
+                })
             })
             .await?;
     }
@@ -262,8 +271,9 @@ pub async fn drop_own_overlay(tools: &Tools, volume_id: &str, target: &Path) -> 
     Ok(())
 }
 
-fn remove_node(target: &Path) -> Result<()> {
-    std::fs::remove_file(target).map_err(|e| Error::io(format!("remove {}", target.display()), e))
+/// Removes the node at `target` with unlinkat beneath its allowed root.
+fn remove_node(target: &Path, roots: &[std::path::PathBuf]) -> Result<()> {
+    paths::beneath(target, roots, |at| sys::remove_beneath(at, false))
 }
 
 /// NodeUnpublishVolume for a block node at `target` with numbers `node`:
@@ -306,9 +316,9 @@ pub async fn unpublish_node(
             }
         }
     }
-    let t = target.to_path_buf();
+    let (t, roots) = (target.to_path_buf(), tools.roots.clone());
     tools
-        .blocking("remove a device node", move || remove_node(&t))
+        .blocking("remove a device node", move || remove_node(&t, &roots))
         .await?;
     tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: removed device node");
     Ok(())

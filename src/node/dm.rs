@@ -326,7 +326,13 @@ pub async fn remove_overlay(tools: &Tools, name: &str) -> Result<()> {
             .ok()
             .flatten();
         tracing::warn!(name, ?open_count, error = %e, "could not remove read-only overlay");
-        return Err(e);
+        // Why is read from the device, not from dmsetup's words.
+        return Err(match open_count {
+            Some(n) if n > 0 => Error::FailedPrecondition(format!(
+                "read-only overlay {name} is held open {n} time(s) (a process or mount uses the published device): close it, then retry ({e})"
+            )),
+            _ => e,
+        });
     }
     tracing::info!(name, "removed read-only overlay");
     Ok(())

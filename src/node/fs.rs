@@ -7,7 +7,7 @@ use nix::errno::Errno;
 
 use crate::error::{Error, Result};
 use crate::mountinfo::{self, MountInfo};
-use crate::node::{blkid, dm, marker, mount_table, Device, Tools};
+use crate::node::{blkid, dm, marker, mount_table, paths, Device, Tools};
 use crate::sys::{self, MsFlags};
 
 /// Mount flags as the kernel takes them: `MS_*` bits plus the
@@ -130,25 +130,38 @@ pub fn mkfs_command(fs_type: &str, dev: &Path, prezeroed: bool) -> Result<(Strin
 /// second guard behind blkid.
 async fn mkfs(tools: &Tools, fs_type: &str, dev: &Path, prezeroed: bool) -> Result<()> {
     let started = std::time::Instant::now();
+    // e2fsprogs before 1.47 does not know assume_storage_prezeroed (and
+    // rejects the whole command line): asked of its version, not guessed
+    // from a failure.
+    let prezeroed = prezeroed && (fs_type != "ext4" || ext4_knows_prezeroed(tools).await?);
     let (program, args) = mkfs_command(fs_type, dev, prezeroed)?;
-    match tools.run(&program, &args).await {
-        Err(Error::Command { stderr, .. })
-            if prezeroed && stderr.contains("assume_storage_prezeroed") =>
-        {
-            // e2fsprogs before 1.47 does not know the option; it rejects
-            // the command line before writing anything.
-            tracing::info!(
-                "mkfs.ext4 does not know assume_storage_prezeroed; using lazy init only"
-            );
-            let (program, args) = mkfs_command(fs_type, dev, false)?;
-            tools.run(&program, &args).await?;
-        }
-        other => {
-            other?;
-        }
-    }
+    tools.run(&program, &args).await?;
     tracing::info!(device = %dev.display(), fs_type, prezeroed, elapsed = ?started.elapsed(), "made filesystem");
     Ok(())
+}
+
+/// Whether this node's mkfs.ext4 knows `-E assume_storage_prezeroed`
+/// (e2fsprogs 1.47.0 and later), from `mkfs.ext4 -V`.
+async fn ext4_knows_prezeroed(tools: &Tools) -> Result<bool> {
+    let out = tools.run("mkfs.ext4", &["-V".to_string()]).await?;
+    let version = e2fsprogs_version(&out.stderr).or_else(|| e2fsprogs_version(&out.stdout));
+    if version.is_none() {
+        tracing::warn!(
+            stderr = out.stderr,
+            "cannot read mkfs.ext4's version; not using assume_storage_prezeroed"
+        );
+    }
+    Ok(version.is_some_and(|v| v >= (1, 47)))
+}
+
+/// The (major, minor) of `mke2fs 1.47.0 (5-Feb-2023)`, the first line
+/// `mkfs.ext4 -V` prints.
+fn e2fsprogs_version(text: &str) -> Option<(u32, u32)> {
+    let version = text.lines().next()?.strip_prefix("mke2fs ")?;
+    let mut parts = version.split(|c: char| c == '.' || c.is_whitespace());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// What staging needs to know that LVM knows: of the thin pool, and of the
@@ -189,9 +202,10 @@ pub async fn stage(
     marker: &Path,
 ) -> Result<()> {
     let (d, st, fs) = (dev.clone(), staging.to_path_buf(), fs_type.to_string());
+    let roots = tools.roots.clone();
     let already = tools
         .blocking("stage: inspect the staging path", move || {
-            staging_in_place(&d, &st, &fs)
+            staging_in_place(&d, &st, &fs, &roots)
         })
         .await?;
     // A copy larger than its source grows once mounted; a retry after a
@@ -262,9 +276,12 @@ pub async fn stage(
         opts.flags,
         opts.data(),
     );
+    let roots = tools.roots.clone();
     tools
         .blocking("mount the staging filesystem", move || {
-            Ok(sys::mount_fs(&src, &st, &fs, flags, data.as_deref())?)
+            paths::beneath(&st, &roots, |at| {
+                sys::mount_fs_beneath(&src, at, &fs, flags, data.as_deref())
+            })
         })
         .await?;
     if grow_it && existing_fs {
@@ -277,7 +294,12 @@ pub async fn stage(
 /// The blocking first step of [`stage`]: `true` when the staging path is
 /// already a mount of this device with this fs; refuses another device, or
 /// the volume mounted elsewhere; otherwise makes sure the directory exists.
-fn staging_in_place(dev: &Device, staging: &Path, fs_type: &str) -> Result<bool> {
+fn staging_in_place(
+    dev: &Device,
+    staging: &Path,
+    fs_type: &str,
+    roots: &[PathBuf],
+) -> Result<bool> {
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(staging) {
         if m.device() != dev.numbers() {
@@ -307,14 +329,14 @@ fn staging_in_place(dev: &Device, staging: &Path, fs_type: &str) -> Result<bool>
             m.mount_point.display()
         )));
     }
-    ensure_dir(staging)?;
+    ensure_dir(staging, roots)?;
 
     Ok(false)
 }
 
 /// Creates the staging directory if the CO has not (its parent exists:
-/// the path was resolved).
-pub(crate) fn ensure_dir(path: &Path) -> Result<()> {
+/// the path was resolved), beneath its allowed root.
+pub(crate) fn ensure_dir(path: &Path, roots: &[PathBuf]) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(Error::FailedPrecondition(format!(
@@ -322,9 +344,7 @@ pub(crate) fn ensure_dir(path: &Path) -> Result<()> {
             path.display()
         ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(path)
-                .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
-            tracing::info!(path = %path.display(), "created directory");
+            paths::beneath(path, roots, |at| sys::mkdir_beneath(at, 0o750))?;
             Ok(())
         }
         Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
@@ -344,6 +364,7 @@ pub fn publish(
     readonly: bool,
     single_writer: bool,
     recorded: bool,
+    roots: &[PathBuf],
 ) -> Result<()> {
     let info = mount_table()?;
     match info.top_mount_at(staging) {
@@ -371,7 +392,7 @@ pub fn publish(
             // Our own read-only publish, cut off between its bind and its
             // read-only remount (the driver was killed): finish it.
             let want = per_mount_of(m) | MsFlags::MS_RDONLY;
-            sys::remount_flags(target, want)?;
+            paths::beneath(target, roots, |at| sys::remount_flags_beneath(at, want))?;
             tracing::warn!(volume = dev.volume_id, target = %target.display(),
                 "NodePublishVolume: finished a read-only publish left writable");
             return Ok(());
@@ -412,16 +433,27 @@ pub fn publish(
         )))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(target)
-                .map_err(|e| Error::io(format!("create {}", target.display()), e))?;
-            tracing::info!(path = %target.display(), "created target directory");
-            true
+            paths::beneath(target, roots, |at| sys::mkdir_beneath(at, 0o750))?
         }
         Err(e) => return Err(Error::io(format!("stat {}", target.display()), e)),
     };
-    if let Err(e) = sys::bind_mount(staging, target, readonly) {
+    let (staging_root, target_root) = (
+        paths::root_of(staging, roots)?,
+        paths::root_of(target, roots)?,
+    );
+    let (source, at) = (
+        sys::Under {
+            root: &staging_root,
+            path: staging,
+        },
+        sys::Under {
+            root: &target_root,
+            path: target,
+        },
+    );
+    if let Err(e) = sys::bind_mount_beneath(source, at, readonly) {
         if created {
-            let _ = std::fs::remove_dir(target);
+            let _ = sys::remove_beneath(at, true);
         }
         return Err(e.into());
     }
@@ -456,7 +488,11 @@ pub fn per_mount_of(m: &mountinfo::Mount) -> MsFlags {
 
 /// Makes the mount on top of `path` carry exactly the per-mount flags of
 /// `want`; returns what it changed, `None` when they were right already.
-pub fn ensure_per_mount_flags(path: &Path, want: MsFlags) -> Result<Option<String>> {
+pub fn ensure_per_mount_flags(
+    path: &Path,
+    want: MsFlags,
+    roots: &[PathBuf],
+) -> Result<Option<String>> {
     let want = per_mount(want);
     let info = mount_table()?;
     let have = match info.top_mount_at(path) {
@@ -471,7 +507,7 @@ pub fn ensure_per_mount_flags(path: &Path, want: MsFlags) -> Result<Option<Strin
     if have == want {
         return Ok(None);
     }
-    sys::remount_flags(path, want)?;
+    paths::beneath(path, roots, |at| sys::remount_flags_beneath(at, want))?;
     Ok(Some(format!(
         "mount at {} had flags {have:?}, not the recorded {want:?}: remounted it with them",
         path.display()
@@ -756,5 +792,17 @@ mod tests {
             p[0].contains("read-only") && p[0].contains("/srv/s"),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn e2fsprogs_versions_are_read_from_the_first_line() {
+        let v147 = "mke2fs 1.47.0 (5-Feb-2023)\n\tUsing EXT2FS Library version 1.47.0\n";
+        assert_eq!(e2fsprogs_version(v147), Some((1, 47)));
+        assert_eq!(
+            e2fsprogs_version("mke2fs 1.46.5 (30-Dec-2021)\n"),
+            Some((1, 46))
+        );
+        assert_eq!(e2fsprogs_version("mkfs.xfs version 6.1.0"), None);
+        assert_eq!(e2fsprogs_version(""), None);
     }
 }

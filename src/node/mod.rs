@@ -44,6 +44,9 @@ pub struct Tools {
     /// No udevd: device-mapper tools must create /dev nodes themselves and
     /// not wait for udev (same rule as the LVM layer's).
     pub no_udev: bool,
+    /// `allowed_roots`: every staging and target path is opened beneath
+    /// one of them before the driver acts on it (`sys::beneath`).
+    pub roots: Vec<PathBuf>,
 }
 
 impl Tools {
@@ -51,6 +54,7 @@ impl Tools {
         Tools {
             timeout: cfg.command_timeout(),
             no_udev: cfg.no_udev(),
+            roots: cfg.allowed_roots.clone(),
         }
     }
 
@@ -137,10 +141,14 @@ pub async fn unpublish(
     target: &Path,
     recorded: bool,
 ) -> Result<()> {
-    let (v, t) = (volume_id.to_string(), target.to_path_buf());
+    let (v, t, roots) = (
+        volume_id.to_string(),
+        target.to_path_buf(),
+        tools.roots.clone(),
+    );
     let left = tools
         .blocking("unpublish: unmount and remove", move || {
-            unpublish_mounts(lv, &v, &t)
+            unpublish_mounts(lv, &v, &t, &roots)
         })
         .await?;
     match left {
@@ -155,6 +163,7 @@ fn unpublish_mounts(
     lv: Option<(u32, u32)>,
     volume_id: &str,
     target: &Path,
+    roots: &[PathBuf],
 ) -> Result<Option<(u32, u32)>> {
     let mut unmounted = false;
     // Stacked mounts of the volume (a publish repeated behind our back)
@@ -173,7 +182,7 @@ fn unpublish_mounts(
                 m.fs_type
             )));
         }
-        sys::unmount(target)?;
+        paths::beneath(target, roots, sys::unmount_beneath)?;
         tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: unmounted");
         unmounted = true;
     }
@@ -190,22 +199,24 @@ fn unpublish_mounts(
         return numbers_of_node(target).map(Some);
     }
     if meta.is_dir() {
-        return match std::fs::remove_dir(target) {
+        let not_empty =
+            |e: &Error| matches!(e, Error::Sys(s) if s.errno() == nix::errno::Errno::ENOTEMPTY);
+        return match paths::beneath(target, roots, |at| sys::remove_beneath(at, true)) {
             Ok(()) => {
                 tracing::info!(volume = volume_id, target = %target.display(), "NodeUnpublishVolume: removed target directory");
                 Ok(None)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && unmounted => {
+            Err(e) if not_empty(&e) && unmounted => {
                 // Data written into the directory underneath the mount is
                 // not the volume's and not ours to delete.
                 tracing::warn!(target = %target.display(), "target directory is not empty after unmount; left in place");
                 Ok(None)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Err(Error::FailedPrecondition(format!(
+            Err(e) if not_empty(&e) => Err(Error::FailedPrecondition(format!(
                 "target {} is a non-empty directory that is not a mount of volume {volume_id}; it is left alone",
                 target.display()
             ))),
-            Err(e) => Err(Error::io(format!("remove {}", target.display()), e)),
+            Err(e) => Err(e),
         };
     }
     Err(Error::FailedPrecondition(format!(
@@ -234,9 +245,15 @@ pub async fn unstage(
     staging: &Path,
 ) -> Result<()> {
     let lv = dev.map(Device::numbers);
-    let (v, st) = (volume_id.to_string(), staging.to_path_buf());
+    let (v, st, roots) = (
+        volume_id.to_string(),
+        staging.to_path_buf(),
+        tools.roots.clone(),
+    );
     let was_mount = tools
-        .blocking("unstage: unmount", move || unmount_staging(lv, &v, &st))
+        .blocking("unstage: unmount", move || {
+            unmount_staging(lv, &v, &st, &roots)
+        })
         .await?;
     if was_mount {
         return Ok(());
@@ -246,7 +263,12 @@ pub async fn unstage(
 
 /// The blocking part of [`unstage`]: unmounts the staging mount of the
 /// volume; `false` when the staging path is no mount at all.
-fn unmount_staging(lv: Option<(u32, u32)>, volume_id: &str, staging: &Path) -> Result<bool> {
+fn unmount_staging(
+    lv: Option<(u32, u32)>,
+    volume_id: &str,
+    staging: &Path,
+    roots: &[PathBuf],
+) -> Result<bool> {
     let info = mount_table()?;
     let Some(m) = info.top_mount_at(staging) else {
         return Ok(false);
@@ -271,7 +293,7 @@ fn unmount_staging(lv: Option<(u32, u32)>, volume_id: &str, staging: &Path) -> R
             other.mount_point.display()
         )));
     }
-    sys::unmount(staging)?;
+    paths::beneath(staging, roots, sys::unmount_beneath)?;
     tracing::info!(volume = volume_id, staging = %staging.display(), "NodeUnstageVolume: unmounted");
     if mount_table()?.top_mount_at(staging).map(|m| m.device()) == lv {
         return Err(Error::FailedPrecondition(format!(
@@ -316,7 +338,12 @@ pub struct Stats {
 /// NodeGetVolumeStats for an active volume. NOT_FOUND when `path` does
 /// not exist or holds something that is not this volume. `block_staging`
 /// is the staging directory the record names for a block volume.
-pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<Stats> {
+pub fn stats(
+    dev: &Device,
+    path: &Path,
+    block_staging: Option<&Path>,
+    roots: &[PathBuf],
+) -> Result<Stats> {
     let not_here = |what: String| {
         Error::NotFound(format!(
             "volume {} is not at {}: {what}",
@@ -324,13 +351,19 @@ pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<
             path.display()
         ))
     };
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(not_here("the path does not exist".into()))
+    // One open beneath the allowed root: what is there, and a descriptor
+    // to measure it through, never a path looked up again.
+    let root = paths::root_of(path, roots)?;
+    let (fd, st) = match sys::stat_beneath(sys::Under { root: &root, path }) {
+        Ok(found) => found,
+        Err(e) if e.is_not_found() => return Err(not_here("the path does not exist".into())),
+        Err(e) if e.errno() == nix::errno::Errno::ELOOP => {
+            return Err(not_here("it is a symbolic link".into()))
         }
-        Err(e) => return Err(Error::io(format!("stat {}", path.display()), e)),
+        Err(e) => return Err(e.into()),
     };
+    let kind =
+        nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(path) {
         if m.device() != dev.numbers() {
@@ -340,7 +373,7 @@ pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<
             )));
         }
         let mut problems = fs::problems(&info, dev);
-        let usage = match fs::usage(path) {
+        let usage = match fs::usage(&sys::fd_path(&fd)) {
             Ok(u) => Usage::Filesystem(u),
             Err(nix::errno::Errno::EIO) => {
                 problems.push(format!(
@@ -354,9 +387,8 @@ pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<
         };
         return Ok(Stats { usage, problems });
     }
-    use std::os::unix::fs::FileTypeExt;
-    if meta.file_type().is_block_device() {
-        let node = numbers_of_node(path)?;
+    if kind == nix::sys::stat::SFlag::S_IFBLK {
+        let node = sys::split_dev(st.st_rdev);
         return match block::classify(node, Some(dev.numbers())) {
             block::NodeKind::Lv | block::NodeKind::Overlay(_) => Ok(Stats {
                 usage: Usage::Block(sys::block_size_bytes(&dev.path)?),
@@ -368,7 +400,7 @@ pub fn stats(dev: &Device, path: &Path, block_staging: Option<&Path>) -> Result<
             ))),
         };
     }
-    if meta.is_dir() {
+    if kind == nix::sys::stat::SFlag::S_IFDIR {
         if block_staging == Some(path) {
             return Ok(Stats {
                 usage: Usage::Block(sys::block_size_bytes(&dev.path)?),

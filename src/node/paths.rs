@@ -12,6 +12,11 @@
 //!    canonicalized, so a symlink planted in a parent cannot carry a mount
 //!    out of the allowed roots, and the last component itself must not be a
 //!    symlink. The result is the path the kernel will show in mountinfo.
+//! 3. [`beneath`] (at the act): what the node layer does to a path
+//!    (mount, bind, umount, mkdir, mknod, unlink, remount) goes through
+//!    descriptors opened from its allowed root by `sys::beneath`
+//!    (openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so a symlink
+//!    swapped in after step 2 is refused, never followed out of the root.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
@@ -109,6 +114,43 @@ pub fn resolve(path: &Path, roots: &[PathBuf]) -> Result<Resolved> {
     }
 }
 
+/// The canonical allowed root that `path` (a [`resolve`]d path) lies
+/// strictly under.
+pub fn root_of(path: &Path, roots: &[PathBuf]) -> Result<PathBuf> {
+    roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .find(|r| strictly_under(path, r))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{} is outside the allowed roots {roots:?}",
+                path.display()
+            ))
+        })
+}
+
+/// Runs `act` on `path` pinned beneath its allowed root (see
+/// `sys::beneath`): whatever it does goes through descriptors opened
+/// from the root, never through a symlink.
+pub fn beneath<T>(
+    path: &Path,
+    roots: &[PathBuf],
+    act: impl FnOnce(crate::sys::Under) -> crate::sys::Result<T>,
+) -> Result<T> {
+    let root = root_of(path, roots)?;
+    act(crate::sys::Under { root: &root, path }).map_err(|e| match e.errno() {
+        // The kernel refused a symlink, or a way out of the root: the
+        // path changed after it was checked.
+        nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV => Error::FailedPrecondition(format!(
+            "{} (or a directory above it) is a symbolic link or leads out of {} since it was checked; \
+             the driver follows no link there: replace it with a plain directory and retry ({e})",
+            path.display(),
+            root.display()
+        )),
+        _ => e.into(),
+    })
+}
+
 /// A short, stable name for a path (hex of its hash), for names that must
 /// not carry the path itself (device-mapper names).
 pub fn digest(path: &Path) -> String {
@@ -201,5 +243,31 @@ mod tests {
         assert_eq!(a.len(), 16);
         assert_eq!(a, digest(Path::new("/a")));
         assert_ne!(a, digest(Path::new("/b")));
+    }
+
+    /// A symlink met at the act (after the check) is FAILED_PRECONDITION
+    /// saying what to do; other errors keep their own kind.
+    #[test]
+    fn a_symlink_met_at_the_act_says_what_to_do() {
+        let root = tempfile::tempdir().unwrap();
+        let r = std::fs::canonicalize(root.path()).unwrap();
+        std::os::unix::fs::symlink("/etc", r.join("l")).unwrap();
+        let roots = vec![r.clone()];
+        let e = beneath(&r.join("l"), &roots, |at| {
+            at.open(nix::fcntl::OFlag::O_PATH).map(drop)
+        })
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(
+            e.to_string().contains("replace it with a plain directory"),
+            "{e}"
+        );
+        let e = beneath(&r.join("missing"), &roots, |at| {
+            at.open(nix::fcntl::OFlag::O_PATH).map(drop)
+        })
+        .unwrap_err();
+        assert!(matches!(&e, Error::Sys(s) if s.is_not_found()), "{e}");
+        let e = beneath(Path::new("/etc/passwd"), &roots, |_| Ok(())).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     }
 }

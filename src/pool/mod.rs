@@ -19,7 +19,7 @@ use crate::sys::{self, SparseFile};
 /// Makes sure the configured VG and thin pool exist and the pool is active.
 pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
     let owner_tag = format!("{TAG_OWNER}{}", cfg.driver_name);
-    if !vg_exists(lvm).await? {
+    if !lvm.vg_exists().await? {
         let Some(lp) = &cfg.loop_pool else {
             return Err(Error::Unavailable(format!(
                 "volume group {} does not exist and no [loop_pool] is configured to build it",
@@ -155,20 +155,6 @@ fn half_active_components(pool: &str, lvs: &[(String, String)]) -> Option<Vec<St
     )
 }
 
-async fn vg_exists(lvm: &Lvm) -> Result<bool> {
-    match lvm
-        .query(
-            "vgs",
-            crate::argv!["--reportformat", "json", "-o", "vg_name", lvm.vg.as_str()],
-        )
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(Error::Command { stderr, .. }) if stderr.contains("not found") => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
 async fn vg_tags(lvm: &Lvm) -> Result<Vec<String>> {
     let out = lvm
         .query(
@@ -214,33 +200,29 @@ fn loop_device(lp: &LoopPool) -> Result<(std::path::PathBuf, bool)> {
 }
 
 /// The VG a device belongs to: `None` when it is not a PV, `Some("")` for
-/// a PV in no VG.
+/// a PV in no VG. Every PV is listed (a list succeeds when there is none)
+/// and compared by device number, so a device that is no PV is never told
+/// from a failure's text.
 async fn pv_vg(lvm: &Lvm, dev: &Path) -> Result<Option<String>> {
-    let dev = dev.display().to_string();
-    match lvm
+    let out = lvm
         .query(
             "pvs",
-            crate::argv![
-                "--reportformat",
-                "json",
-                "-o",
-                "pv_name,vg_name",
-                dev.as_str()
-            ],
+            crate::argv!["--reportformat", "json", "-o", "pv_name,vg_name"],
         )
-        .await
-    {
-        Ok(out) => match rows(&out.stdout, "pv")?.first() {
-            Some(row) => Ok(Some(text(row, "vg_name")?)),
-            None => Ok(None),
-        },
-        Err(Error::Command { stderr, .. })
-            if stderr.contains("Failed to find") || stderr.contains("not found") =>
-        {
-            Ok(None)
+        .await?;
+    let rdev = |p: &Path| std::fs::metadata(p).ok().map(|m| m.rdev());
+    let Some(want) = rdev(dev) else {
+        return Err(Error::Internal(format!(
+            "cannot stat {}, the loop device just attached",
+            dev.display()
+        )));
+    };
+    for row in rows(&out.stdout, "pv")? {
+        if rdev(Path::new(&text(&row, "pv_name")?)) == Some(want) {
+            return Ok(Some(text(&row, "vg_name")?));
         }
-        Err(e) => Err(e),
     }
+    Ok(None)
 }
 
 async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str) -> Result<()> {

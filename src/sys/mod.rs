@@ -1,5 +1,6 @@
 //! Privileged syscalls, wrapped once, in one module per subject: block
-//! devices ([`block`]: size, exclusive opens, discard, FITRIM), device
+//! devices ([`block`]: size, exclusive opens, discard, FITRIM), paths
+//! opened beneath a root through no symlink ([`beneath`]), device
 //! nodes ([`devnode`]), device-mapper status ([`dm`]), files that must be
 //! created once or locked ([`file`]), filesystem freezes ([`freeze`]), and
 //! mounts ([`mount`]). Loop devices
@@ -23,6 +24,7 @@
 //! not see plain (non-exclusive) openers such as a running `dd`. Destructive
 //! operations here ([`discard_range`], [`detach_loop`]) take that claim first.
 
+pub mod beneath;
 pub mod block;
 pub mod devnode;
 pub mod dm;
@@ -30,6 +32,7 @@ pub mod file;
 pub mod freeze;
 pub mod mount;
 
+pub use beneath::*;
 pub use block::*;
 pub use devnode::*;
 pub use dm::*;

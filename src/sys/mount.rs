@@ -46,6 +46,18 @@ pub fn statvfs(path: &Path) -> std::result::Result<statvfs::Statvfs, nix::errno:
 /// statvfs and passed again (atime flags the kernel keeps by itself). If the
 /// remount fails, the writable bind is unmounted again before returning.
 pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<()> {
+    bind(source, target)?;
+    if readonly {
+        seal_readonly(target, target, || {
+            nix_mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW)
+        })?;
+    }
+    tracing::info!(source = %source.display(), target = %target.display(), readonly, "bind-mounted");
+    Ok(())
+}
+
+/// `mount(source, target, MS_BIND)`: a writable bind, non-recursive.
+pub(super) fn bind(source: &Path, target: &Path) -> Result<()> {
     nix_mount::mount(
         Some(source),
         target,
@@ -56,32 +68,39 @@ pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<()> {
     .map_err(|e| {
         SysError::new("mount(MS_BIND)", target, e)
             .with_detail(format!("source {}", source.display()))
-    })?;
-    if readonly {
-        let remount = || -> Result<()> {
-            let kept = self::statvfs(target)
-                .map_err(|e| SysError::new("statvfs", target, e))?
-                .flags();
-            let mut flags = MsFlags::MS_RDONLY;
-            for (st, ms) in [
-                (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
-                (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
-                (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
-            ] {
-                if kept.contains(st) {
-                    flags |= ms;
-                }
+    })
+}
+
+/// Makes the bind mount on top of `top` read-only, keeping the
+/// `nosuid`/`nodev`/`noexec` it inherited (see [`bind_mount`]); on failure
+/// the bind is undone with `undo`. `shown` names the target in errors.
+pub(super) fn seal_readonly(
+    top: &Path,
+    shown: &Path,
+    undo: impl FnOnce() -> nix::Result<()>,
+) -> Result<()> {
+    let remount = || -> Result<()> {
+        let kept = self::statvfs(top)
+            .map_err(|e| SysError::new("statvfs", shown, e))?
+            .flags();
+        let mut flags = MsFlags::MS_RDONLY;
+        for (st, ms) in [
+            (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+            (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+            (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        ] {
+            if kept.contains(st) {
+                flags |= ms;
             }
-            remount_flags(target, flags)
-        };
-        if let Err(e) = remount() {
-            if let Err(undo) = nix_mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
-                tracing::error!(target = %target.display(), error = %undo, "could not undo writable bind mount after failed read-only remount");
-            }
-            return Err(e);
         }
+        remount_flags(top, flags)
+    };
+    if let Err(e) = remount() {
+        if let Err(failed) = undo() {
+            tracing::error!(target = %shown.display(), error = %failed, "could not undo writable bind mount after failed read-only remount");
+        }
+        return Err(e);
     }
-    tracing::info!(source = %source.display(), target = %target.display(), readonly, "bind-mounted");
     Ok(())
 }
 

@@ -555,3 +555,202 @@ fn missing_loop_nodes_are_created() {
     let node = ensure_loop_node(sys_block, &dev_dir, 4000).unwrap();
     assert_eq!(device_numbers(&node).unwrap(), Some((LOOP_MAJOR, 4000)));
 }
+
+/// What a tree holds, as (relative path, kind, device numbers): compared
+/// before and after to show nothing outside the root was touched.
+fn tree(dir: &Path) -> Vec<(PathBuf, String, u64)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let kind = format!("{:?}", m.file_type());
+            if m.is_dir() {
+                todo.push(p.clone());
+            }
+            out.push((p.strip_prefix(dir).unwrap().to_path_buf(), kind, m.rdev()));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    MountInfo::read()
+        .unwrap()
+        .mounts()
+        .iter()
+        .map(|m| m.mount_point.clone())
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// A path checked while it was plain, then swapped for a symlink before
+/// the driver acts (a parent, or the path itself): every act through
+/// `beneath` is refused, and outside the root nothing is mounted, made,
+/// unmounted or removed.
+#[test]
+fn a_symlink_swapped_in_after_the_check_is_refused() {
+    require_root();
+    let root_dir = tempfile::tempdir().unwrap();
+    let outside_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let outside = std::fs::canonicalize(outside_dir.path()).unwrap();
+    let roots = vec![root.clone()];
+    let mut cleanup = Cleanup::new();
+
+    // Outside: a directory and a node an attacker wants reached, and a
+    // mount the driver must never unmount.
+    std::fs::create_dir_all(outside.join("t")).unwrap();
+    std::fs::write(outside.join("t/keep"), "keep").unwrap();
+    std::fs::create_dir(outside.join("m")).unwrap();
+    mount_fs(
+        Path::new("tmpfs"),
+        &outside.join("m"),
+        "tmpfs",
+        MsFlags::empty(),
+        None,
+    )
+    .unwrap();
+    cleanup.unmount_later(&outside.join("m"));
+
+    // Inside: the staging source, a plain pod directory.
+    let staging = root.join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    mount_fs(
+        Path::new("tmpfs"),
+        &staging,
+        "tmpfs",
+        MsFlags::empty(),
+        None,
+    )
+    .unwrap();
+    cleanup.unmount_later(&staging);
+    std::fs::create_dir_all(root.join("pod/t")).unwrap();
+    let target = root.join("pod/t");
+
+    // The check passes while the path is plain.
+    assert_eq!(
+        crate::node::paths::resolve(&target, &roots).unwrap(),
+        crate::node::paths::Resolved::At(target.clone())
+    );
+    let before = tree(&outside);
+    let mounts_before = mounts_under(&outside);
+
+    // Swap: the parent becomes a symlink to the outside.
+    std::fs::rename(root.join("pod"), root.join("pod.old")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("pod")).unwrap();
+    let at = Under {
+        root: &root,
+        path: &target,
+    };
+    let source = Under {
+        root: &root,
+        path: &staging,
+    };
+    let refused = |what: &str, r: Result<()>| {
+        let e = r.expect_err(what);
+        assert!(
+            [Errno::ELOOP, Errno::EXDEV, Errno::ENOTDIR].contains(&e.errno()),
+            "{what}: {e}"
+        );
+    };
+    refused("bind", bind_mount_beneath(source, at, false));
+    refused("read-only bind", bind_mount_beneath(source, at, true));
+    refused(
+        "mount",
+        mount_fs_beneath(Path::new("tmpfs"), at, "tmpfs", MsFlags::empty(), None),
+    );
+    refused("mknod", make_block_node_beneath(at, 7, 0, 0o600));
+    let node = root.join("pod/keep");
+    refused(
+        "unlink",
+        remove_beneath(
+            Under {
+                root: &root,
+                path: &node,
+            },
+            false,
+        ),
+    );
+    refused(
+        "mkdir",
+        mkdir_beneath(
+            Under {
+                root: &root,
+                path: &root.join("pod/new"),
+            },
+            0o750,
+        )
+        .map(drop),
+    );
+    let m = root.join("pod/m");
+    refused(
+        "umount",
+        unmount_beneath(Under {
+            root: &root,
+            path: &m,
+        }),
+    );
+    refused(
+        "remount",
+        remount_flags_beneath(
+            Under {
+                root: &root,
+                path: &m,
+            },
+            MsFlags::MS_RDONLY,
+        ),
+    );
+
+    // Swap: the path itself becomes a symlink to a directory and to a
+    // mount outside.
+    std::fs::remove_file(root.join("pod")).unwrap();
+    std::fs::rename(root.join("pod.old"), root.join("pod")).unwrap();
+    std::fs::remove_dir(&target).unwrap();
+    std::os::unix::fs::symlink(outside.join("t"), &target).unwrap();
+    refused("bind onto a symlink", bind_mount_beneath(source, at, false));
+    refused(
+        "mount onto a symlink",
+        mount_fs_beneath(Path::new("tmpfs"), at, "tmpfs", MsFlags::empty(), None),
+    );
+    std::fs::remove_file(&target).unwrap();
+    std::os::unix::fs::symlink(outside.join("m"), &target).unwrap();
+    refused("umount through a symlink", unmount_beneath(at));
+
+    assert_eq!(tree(&outside), before, "nothing outside the root changed");
+    assert_eq!(
+        mounts_under(&outside),
+        mounts_before,
+        "no mount outside came or went"
+    );
+
+    // The same acts on plain paths work: a bind lands, read-only, and goes.
+    std::fs::remove_file(&target).unwrap();
+    assert!(mkdir_beneath(at, 0o750).unwrap());
+    bind_mount_beneath(source, at, true).unwrap();
+    let info = MountInfo::read().unwrap();
+    let top = info.top_mount_at(&target).expect("bound");
+    assert!(top.mount_option("ro").is_some(), "read-only bind");
+    unmount_beneath(at).unwrap();
+    assert!(MountInfo::read().unwrap().top_mount_at(&target).is_none());
+    remove_beneath(at, true).unwrap();
+    assert!(!target.exists());
+    // A node made beneath the root, with exactly the mode asked.
+    let dev = root.join("pod/dev");
+    make_block_node_beneath(
+        Under {
+            root: &root,
+            path: &dev,
+        },
+        7,
+        0,
+        0o640,
+    )
+    .unwrap();
+    let meta = std::fs::symlink_metadata(&dev).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    assert_eq!(split_dev(meta.rdev()), (7, 0));
+    drop(cleanup);
+}

@@ -171,9 +171,11 @@ impl Driver {
                 }
             }
             Kind::Block => {
-                let (d, st) = (dev.clone(), staging.clone());
+                let (d, st, roots) = (dev.clone(), staging.clone(), self.tools.roots.clone());
                 self.tools
-                    .blocking("stage a block volume", move || block::stage(&d, &st))
+                    .blocking("stage a block volume", move || {
+                        block::stage(&d, &st, &roots)
+                    })
                     .await?;
             }
         }
@@ -206,13 +208,13 @@ impl Driver {
             .filter(|t| only.is_none_or(|o| t == o))
             .chain(std::iter::once(staging.clone()))
             .collect();
-        let d2 = dev.clone();
+        let (d2, roots) = (dev.clone(), self.tools.roots.clone());
         let problems = self
             .tools
             .blocking("check the volume's filesystem", move || {
                 let mut out = Vec::new();
                 for p in &paths {
-                    out.extend(node::stats(&d2, p, block_staging.as_deref())?.problems);
+                    out.extend(node::stats(&d2, p, block_staging.as_deref(), &roots)?.problems);
                 }
                 Ok(out)
             })
@@ -297,10 +299,10 @@ impl Driver {
     /// Gives the mount at `path` the per-mount flags `want`; says what it
     /// changed.
     async fn ensure_flags(&self, path: &Path, want: MsFlags) -> Result<Option<String>> {
-        let p = path.to_path_buf();
+        let (p, roots) = (path.to_path_buf(), self.tools.roots.clone());
         self.tools
             .blocking("check a mount's flags", move || {
-                fs::ensure_per_mount_flags(&p, want)
+                fs::ensure_per_mount_flags(&p, want, &roots)
             })
             .await
     }

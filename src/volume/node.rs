@@ -201,9 +201,11 @@ impl Driver {
                     fs::stage(&self.tools, &dev, &staging, fs_type, opts, &pool, &marker).await
                 }
                 _ => {
-                    let (d, st) = (dev.clone(), staging.clone());
+                    let (d, st, roots) = (dev.clone(), staging.clone(), self.tools.roots.clone());
                     self.tools
-                        .blocking("stage a block volume", move || block::stage(&d, &st))
+                        .blocking("stage a block volume", move || {
+                            block::stage(&d, &st, &roots)
+                        })
                         .await
                 }
             };
@@ -444,9 +446,10 @@ impl Driver {
                     p.readonly,
                 );
                 let single = mode == Mode::SingleNodeSingleWriter;
+                let roots = self.tools.roots.clone();
                 self.tools
                     .blocking("bind-mount a publish", move || {
-                        fs::publish(&dev, &staging, &target, ro, single, recorded)
+                        fs::publish(&dev, &staging, &target, ro, single, recorded, &roots)
                     })
                     .await
             }
@@ -531,7 +534,7 @@ impl Driver {
         let real = self.resolve(path).await?.ok_or_else(missing)?;
         let mut problems: Vec<String> = self.problem(&report, vol.lv).into_iter().collect();
         let dev = self.current_device(vol.lv);
-        let records = self.records.clone();
+        let (records, roots) = (self.records.clone(), self.tools.roots.clone());
         let vid = id.to_string();
         let (exists, stats) = self
             .tools
@@ -544,7 +547,7 @@ impl Driver {
                 };
                 let record = records.load(&vid)?;
                 let block_staging = record.filter(|r| r.kind == Kind::Block).map(|r| r.staging);
-                node::stats(&dev, &real, block_staging.as_deref()).map(|s| (true, Some(s)))
+                node::stats(&dev, &real, block_staging.as_deref(), &roots).map(|s| (true, Some(s)))
             })
             .await?;
         if !exists {

@@ -716,3 +716,57 @@ async fn an_unzeroed_pool_is_refused_unless_accepted() {
         d.log_tail(20)
     );
 }
+
+/// A failed LVM write gets its code from LVM's state read after it, never
+/// from LVM's words: an LV held open is FAILED_PRECONDITION and says what
+/// to do; a VG that `vgs` does not list is UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread")]
+async fn lvm_failures_get_their_codes_from_state() {
+    use std::sync::Arc;
+    use thinpool_csi::config::{Config, UdevMode};
+    use thinpool_csi::lvm::Lvm;
+    let d = TestDriver::start("lvmerr", 256 * MIB, "").await;
+    let cfg = |vg: &str| Config {
+        volume_group: vg.into(),
+        thin_pool: "pool".into(),
+        udev: UdevMode::Off,
+        report_max_age_secs: 0,
+        ..Config::default()
+    };
+    let lvm = Arc::new(Lvm::new(&cfg(&d.vg)));
+    assert!(lvm.vg_exists().await.unwrap());
+    let name = "csi-lvmerr-held-open";
+    lvm.create_thin(name, 8 * MIB, &["tpcsi.owner=someone.else".into()], None)
+        .await
+        .unwrap();
+    lvm.activate(name).await.unwrap();
+    let held = std::fs::File::open(lvm.dev_path(name)).unwrap();
+    let e = lvm.remove(name).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(
+        e.to_string().contains("is open") && e.to_string().contains("unmount or close it"),
+        "{e}"
+    );
+    assert!(
+        lvs(&d.vg).find(name).is_some(),
+        "the open LV is still there"
+    );
+    drop(held);
+    lvm.remove(name).await.unwrap();
+    assert!(lvs(&d.vg).find(name).is_none());
+
+    let missing = Arc::new(Lvm::new(&cfg("tpt-no-such-vg")));
+    assert!(!missing.vg_exists().await.unwrap());
+    let e = missing.fresh_report().await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(
+        e.to_string()
+            .contains("volume group tpt-no-such-vg does not exist"),
+        "{e}"
+    );
+    let e = missing
+        .create_thin("csi-x", 8 * MIB, &[], None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+}
