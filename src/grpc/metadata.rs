@@ -122,10 +122,14 @@ impl SnapshotMetadata for MetadataService {
         r: Request<GetMetadataDeltaRequest>,
     ) -> std::result::Result<Response<Self::GetMetadataDeltaStream>, Status> {
         let req = r.into_inner();
-        let ask = snapshot("base_snapshot_id", &req.base_snapshot_id).and_then(|base| {
-            let target = snapshot("target_snapshot_id", &req.target_snapshot_id)?;
-            Ok(Ask::Delta { base, target })
-        });
+        // Both ids are checked as given before either is looked up.
+        let ask = validate::snapshot_id("base_snapshot_id", &req.base_snapshot_id)
+            .and_then(|_| validate::snapshot_id("target_snapshot_id", &req.target_snapshot_id))
+            .and_then(|_| {
+                let base = snapshot("base_snapshot_id", &req.base_snapshot_id)?;
+                let target = snapshot("target_snapshot_id", &req.target_snapshot_id)?;
+                Ok(Ask::Delta { base, target })
+            });
         self.stream(
             ask,
             req.starting_offset,

@@ -438,7 +438,11 @@ impl Driver {
                     p.target.clone(),
                     p.readonly,
                 );
-                let single = mode == Mode::SingleNodeSingleWriter;
+                // SINGLE_NODE_SINGLE_WRITER on either side refuses a
+                // second target (the spec's publish table).
+                let single_name = Mode::SingleNodeSingleWriter.as_str_name();
+                let single = mode == Mode::SingleNodeSingleWriter
+                    || others.iter().any(|o| o.mode == single_name);
                 self.tools
                     .blocking("bind-mount a publish", move || {
                         fs::publish(&dev, &staging, &target, ro, single, recorded)

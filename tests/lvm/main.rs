@@ -5,6 +5,7 @@ mod harness;
 
 mod addons;
 mod cli;
+mod conformance;
 mod controller;
 mod group;
 mod metadata;
