@@ -7,6 +7,7 @@ mod addons;
 mod cli;
 mod conformance;
 mod controller;
+mod full_pool;
 mod group;
 mod metadata;
 mod node;

@@ -300,7 +300,7 @@ pub(crate) fn mkfs_runs(d: &TestDriver) -> usize {
     d.log().matches("made filesystem").count()
 }
 
-fn pool_data_percent(vg: &str) -> f64 {
+pub(crate) fn pool_data_percent(vg: &str) -> f64 {
     lvs(vg).find("pool").unwrap().data_percent.unwrap_or(0.0)
 }
 
