@@ -19,7 +19,7 @@ use tonic::Code;
 use crate::addons::node_reclaim;
 use crate::controller::{create_req, del, mount_cap};
 use crate::harness::{lvm, lvs, TestDriver, MIB};
-use crate::node::{pool_data_percent, stage_req, unstage_req, Kubelet};
+use crate::node::{create, pool_data_percent, stage_req, unstage_req, Kubelet};
 
 /// Writes files of random data under `dir` with O_DIRECT until a write
 /// fails; returns dd's stderr of the failing write.
@@ -177,16 +177,7 @@ async fn full_pool_refuses_claims_then_recovers_after_extend_and_after_reclaim()
     let vg = d.vg.clone();
     lvm(&["lvchange", "--errorwhenfull", "y", &format!("{vg}/pool")]);
     let pool_size = lvs(&vg).find("pool").unwrap().size;
-    let id = d
-        .controller()
-        .await
-        .create_volume(create_req("big", 2 * pool_size, mount_cap("ext4")))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = create(&d, "big", 2 * pool_size, mount_cap("ext4")).await;
     let staging: PathBuf = k.staging("big");
     d.node()
         .await

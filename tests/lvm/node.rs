@@ -152,7 +152,12 @@ fn expect<T>(r: Result<Response<T>, Status>, want: Code) -> String {
     msg
 }
 
-async fn create(d: &TestDriver, name: &str, bytes: u64, cap: VolumeCapability) -> String {
+pub(crate) async fn create(
+    d: &TestDriver,
+    name: &str,
+    bytes: u64,
+    cap: VolumeCapability,
+) -> String {
     d.controller()
         .await
         .create_volume(create_req(name, bytes, cap))

@@ -9,8 +9,9 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
 use super::{required, Rules, SIZE};
-use crate::controller::{block_cap, create_req};
+use crate::controller::block_cap;
 use crate::harness::{lvs, TestDriver, MIB};
+use crate::node::create;
 
 fn group_req(name: &str, ids: &[String]) -> CreateVolumeGroupSnapshotRequest {
     CreateVolumeGroupSnapshotRequest {
@@ -24,19 +25,10 @@ fn group_req(name: &str, ids: &[String]) -> CreateVolumeGroupSnapshotRequest {
 async fn group_controller_rules() {
     let d = TestDriver::start("cfgrp", 128 * MIB, "").await;
     let mut r = Rules::new("GroupController");
-    let mut c = d.controller().await;
     let mut g = GroupControllerClient::connect(d.uri()).await.unwrap();
     let mut vols = Vec::new();
     for i in 0..3 {
-        vols.push(
-            c.create_volume(create_req(&format!("cf-grp-{i}"), MIB, block_cap()))
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id,
-        );
+        vols.push(create(&d, &format!("cf-grp-{i}"), MIB, block_cap()).await);
     }
     let unknown = [
         naming::lv_name_for("never-created"),

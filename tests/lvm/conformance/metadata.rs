@@ -7,8 +7,10 @@ use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
 use super::{required, Rules};
-use crate::controller::{block_cap, create_req};
+use crate::controller::block_cap;
 use crate::harness::{TestDriver, MIB};
+use crate::metadata::snapshot;
+use crate::node::create;
 
 /// The number of ranges a whole stream carried, or the status that ended
 /// it (at the call or in the stream).
@@ -62,29 +64,10 @@ async fn snapshot_metadata_rules() {
     let mut r = Rules::new("SnapshotMetadata");
     let mut c = d.controller().await;
     let mut m = SnapshotMetadataClient::connect(d.uri()).await.unwrap();
-    let vol = c
-        .create_volume(create_req("cf-meta", 4 * MIB, block_cap()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let vol = create(&d, "cf-meta", 4 * MIB, block_cap()).await;
     let mut snaps = Vec::new();
     for name in ["cf-meta-a", "cf-meta-b"] {
-        snaps.push(
-            c.create_snapshot(CreateSnapshotRequest {
-                name: name.into(),
-                source_volume_id: vol.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap()
-            .snapshot_id,
-        );
+        snaps.push(snapshot(&mut c, name, &vol).await);
     }
     let unknown = [
         naming::snapshot_lv_name_for("never"),

@@ -12,9 +12,11 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{required, Rules, PATH_MIN, SIZE};
-use crate::controller::{block_cap, create_req, mount_cap};
+use crate::controller::{block_cap, mount_cap};
 use crate::harness::{TestDriver, MIB};
-use crate::node::{mount_flags, publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
+use crate::node::{
+    create, mount_flags, publish_req, stage_req, unpublish_req, unstage_req, Kubelet,
+};
 
 fn s(p: &Path) -> String {
     p.to_str().unwrap().to_string()
@@ -187,22 +189,8 @@ async fn node_rules() {
         n.node_get_capabilities(NodeGetCapabilitiesRequest {}).await,
     );
 
-    let fs_id = c
-        .create_volume(create_req("cf-node-fs", 16 * MIB, mount_cap("ext4")))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
-    let blk_id = c
-        .create_volume(create_req("cf-node-blk", 8 * MIB, block_cap()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let fs_id = create(&d, "cf-node-fs", 16 * MIB, mount_cap("ext4")).await;
+    let blk_id = create(&d, "cf-node-blk", 8 * MIB, block_cap()).await;
     let staging = long_dir(&k, "staging", "fs");
     let blk_staging = long_dir(&k, "staging", "blk");
     let target = k.target("req");
