@@ -532,22 +532,36 @@ impl Driver {
         let dev = self.current_device(vol.lv);
         let records = self.records.clone();
         let vid = id.to_string();
-        let (exists, stats) = self
+        let (exists, here, stats) = self
             .tools
             .blocking("read volume stats", move || {
                 if std::fs::symlink_metadata(&real).is_err() {
-                    return Ok((false, None));
+                    return Ok((false, false, None));
+                }
+                // The volume is where this node staged or published it
+                // (its record), and nowhere else.
+                let record = records.load(&vid)?;
+                if !record
+                    .as_ref()
+                    .is_some_and(|r| r.staging == real || r.publish(&real).is_some())
+                {
+                    return Ok((true, false, None));
                 }
                 let Some(dev) = dev else {
-                    return Ok((true, None));
+                    return Ok((true, true, None));
                 };
-                let record = records.load(&vid)?;
                 let block_staging = record.filter(|r| r.kind == Kind::Block).map(|r| r.staging);
-                node::stats(&dev, &real, block_staging.as_deref()).map(|s| (true, Some(s)))
+                node::stats(&dev, &real, block_staging.as_deref()).map(|s| (true, true, Some(s)))
             })
             .await?;
         if !exists {
             return Err(missing());
+        }
+        if !here {
+            return Err(Error::NotFound(format!(
+                "volume {id} is not at {}: it is neither staged nor published there on this node",
+                path.display()
+            )));
         }
         let usage = match stats {
             Some(s) => {

@@ -5,6 +5,7 @@ mod harness;
 
 mod addons;
 mod cli;
+mod concurrency;
 mod conformance;
 mod controller;
 mod full_pool;
