@@ -12,6 +12,7 @@ mod full_pool;
 mod group;
 mod metadata;
 mod node;
+mod properties;
 mod resilience;
 mod snapshot;
 
