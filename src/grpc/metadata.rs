@@ -64,7 +64,10 @@ where
     let (tx, rx) = mpsc::channel(2);
     let capacity = r.capacity as i64;
     tokio::spawn(async move {
-        let mut got = Vec::with_capacity(batch);
+        // A client's max_results sizes no allocation: the buffer grows
+        // with what arrives (a request for 2^31 ranges once aborted the
+        // driver on a failed allocation).
+        let mut got = Vec::with_capacity(batch.min(DEFAULT_BATCH));
         while r.ranges.recv_many(&mut got, batch).await > 0 {
             let mut block_metadata = Vec::with_capacity(got.len());
             let mut failed = None;
@@ -233,5 +236,24 @@ mod tests {
             "{sizes:?}"
         );
         assert_eq!(err.unwrap().code(), tonic::Code::Internal);
+    }
+
+    #[tokio::test]
+    async fn a_huge_max_results_allocates_nothing_up_front() {
+        use tokio_stream::StreamExt;
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(Ok((0, 10))).await.unwrap();
+        drop(tx);
+        let (_, batch) = window(0, i32::MAX).unwrap();
+        let s = respond(
+            Ranges {
+                capacity: 100,
+                ranges: rx,
+            },
+            batch,
+            |_, b| b.len(),
+        );
+        let got: Vec<usize> = s.map(|r| r.unwrap()).collect().await;
+        assert_eq!(got, vec![1]);
     }
 }
