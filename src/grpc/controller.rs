@@ -128,12 +128,13 @@ impl ControllerService {
         req: ValidateVolumeCapabilitiesRequest,
     ) -> Result<ValidateVolumeCapabilitiesResponse> {
         let d = &self.driver;
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id)?;
         if req.volume_capabilities.is_empty() {
             return Err(Error::InvalidArgument(
                 "volume_capabilities is required".into(),
             ));
         }
+        let id = validate::known_volume(id, &req.volume_id)?;
         let wanted = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)
             .and_then(|a| validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool).map(|_| a))
             .and_then(|a| validate::mutable_parameters(&req.mutable_parameters).map(|_| a));
@@ -324,8 +325,14 @@ impl ControllerService {
         &self,
         req: ControllerModifyVolumeRequest,
     ) -> Result<ControllerModifyVolumeResponse> {
+        let id = validate::volume_id(&req.volume_id)?;
+        if req.mutable_parameters.is_empty() {
+            return Err(Error::InvalidArgument(
+                "mutable_parameters is required: name at least one parameter to modify".into(),
+            ));
+        }
         let mutable = validate::mutable_parameters(&req.mutable_parameters)?;
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::known_volume(id, &req.volume_id)?;
         self.driver.modify_volume(id, mutable).await?;
         Ok(ControllerModifyVolumeResponse {})
     }

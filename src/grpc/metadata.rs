@@ -64,7 +64,10 @@ where
     let (tx, rx) = mpsc::channel(2);
     let capacity = r.capacity as i64;
     tokio::spawn(async move {
-        let mut got = Vec::with_capacity(batch);
+        // A client's max_results sizes no allocation: the buffer grows
+        // with what arrives (a request for 2^31 ranges once aborted the
+        // driver on a failed allocation).
+        let mut got = Vec::with_capacity(batch.min(DEFAULT_BATCH));
         while r.ranges.recv_many(&mut got, batch).await > 0 {
             let mut block_metadata = Vec::with_capacity(got.len());
             let mut failed = None;
@@ -122,10 +125,14 @@ impl SnapshotMetadata for MetadataService {
         r: Request<GetMetadataDeltaRequest>,
     ) -> std::result::Result<Response<Self::GetMetadataDeltaStream>, Status> {
         let req = r.into_inner();
-        let ask = snapshot("base_snapshot_id", &req.base_snapshot_id).and_then(|base| {
-            let target = snapshot("target_snapshot_id", &req.target_snapshot_id)?;
-            Ok(Ask::Delta { base, target })
-        });
+        // Both ids are checked as given before either is looked up.
+        let ask = validate::snapshot_id("base_snapshot_id", &req.base_snapshot_id)
+            .and_then(|_| validate::snapshot_id("target_snapshot_id", &req.target_snapshot_id))
+            .and_then(|_| {
+                let base = snapshot("base_snapshot_id", &req.base_snapshot_id)?;
+                let target = snapshot("target_snapshot_id", &req.target_snapshot_id)?;
+                Ok(Ask::Delta { base, target })
+            });
         self.stream(
             ask,
             req.starting_offset,
@@ -229,5 +236,24 @@ mod tests {
             "{sizes:?}"
         );
         assert_eq!(err.unwrap().code(), tonic::Code::Internal);
+    }
+
+    #[tokio::test]
+    async fn a_huge_max_results_allocates_nothing_up_front() {
+        use tokio_stream::StreamExt;
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(Ok((0, 10))).await.unwrap();
+        drop(tx);
+        let (_, batch) = window(0, i32::MAX).unwrap();
+        let s = respond(
+            Ranges {
+                capacity: 100,
+                ranges: rx,
+            },
+            batch,
+            |_, b| b.len(),
+        );
+        let got: Vec<usize> = s.map(|r| r.unwrap()).collect().await;
+        assert_eq!(got, vec![1]);
     }
 }

@@ -98,7 +98,7 @@ impl NodeService {
 
     async fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
         let id = validate::volume_id(&req.volume_id)?;
-        validate::required_string("volume_path", &req.volume_path)?;
+        validate::required_path("volume_path", &req.volume_path)?;
         self.optional_path("staging_target_path", &req.staging_target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
         // A relative path names no place a volume can be (the spec's
@@ -127,7 +127,7 @@ impl NodeService {
     async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
         let d = &self.driver;
         let id = validate::volume_id(&req.volume_id)?;
-        validate::required_string("volume_path", &req.volume_path)?;
+        validate::required_path("volume_path", &req.volume_path)?;
         // An unknown volume is NOT_FOUND whatever path came with it.
         let id = validate::known_volume(id, &req.volume_id)?;
         let path = self.path("volume_path", &req.volume_path)?;

@@ -42,6 +42,23 @@ pub fn bounded_string<'a>(field: &str, value: &'a str) -> Result<&'a str> {
     Ok(value)
 }
 
+/// A path field that must be present. Paths override CSI's 128-byte
+/// string limit ("SP MUST accept a max path length of at least 128
+/// bytes"): they are bounded by the OS's PATH_MAX instead.
+pub fn required_path<'a>(field: &str, value: &'a str) -> Result<&'a str> {
+    if value.is_empty() {
+        return invalid(format!("{field} is required"));
+    }
+    if value.len() > paths::MAX_PATH {
+        return invalid(format!(
+            "{field} is {} bytes; the limit is {}",
+            value.len(),
+            paths::MAX_PATH
+        ));
+    }
+    Ok(value)
+}
+
 /// CSI-Addons paths override CSI's 128-byte limit: as long as the OS
 /// allows, within this bound.
 pub const MAX_ADDONS_PATH: usize = 4096;

@@ -371,11 +371,16 @@ impl Driver {
                 tracing::info!(%id, "DeleteVolume: already gone");
                 return Ok(());
             }
-            if known {
-                d.refuse_if_in_use(&id, "DeleteVolume").await?;
+            if !known {
+                // The view is kept current by the driver's own writes: a
+                // volume missing from it is gone (a retried delete), and
+                // earns no lvremove.
+                tracing::info!(%id, "DeleteVolume: already gone");
+                return d.forget_node_state(&id).await;
             }
+            d.refuse_if_in_use(&id, "DeleteVolume").await?;
             d.lvm.remove_owned(&id, &d.owner_tag()).await?;
-            tracing::info!(%id, known, "DeleteVolume: removed (if it existed)");
+            tracing::info!(%id, "DeleteVolume: removed");
             // Nothing of a deleted volume can be staged here any more.
             d.forget_node_state(&id).await
         })

@@ -445,7 +445,11 @@ impl Driver {
                     p.target.clone(),
                     p.readonly,
                 );
-                let single = mode == Mode::SingleNodeSingleWriter;
+                // SINGLE_NODE_SINGLE_WRITER on either side refuses a
+                // second target (the spec's publish table).
+                let single_name = Mode::SingleNodeSingleWriter.as_str_name();
+                let single = mode == Mode::SingleNodeSingleWriter
+                    || others.iter().any(|o| o.mode == single_name);
                 let roots = self.tools.roots.clone();
                 self.tools
                     .blocking("bind-mount a publish", move || {
@@ -533,25 +537,40 @@ impl Driver {
         };
         let real = self.resolve(path).await?.ok_or_else(missing)?;
         let mut problems: Vec<String> = self.problem(&report, vol.lv).into_iter().collect();
-        let dev = self.current_device(vol.lv);
+        let dev = self.live_device(id).await?;
         let (records, roots) = (self.records.clone(), self.tools.roots.clone());
         let vid = id.to_string();
-        let (exists, stats) = self
+        let (exists, here, stats) = self
             .tools
             .blocking("read volume stats", move || {
                 if std::fs::symlink_metadata(&real).is_err() {
-                    return Ok((false, None));
+                    return Ok((false, false, None));
+                }
+                // The volume is where this node staged or published it
+                // (its record), and nowhere else.
+                let record = records.load(&vid)?;
+                if !record
+                    .as_ref()
+                    .is_some_and(|r| r.staging == real || r.publish(&real).is_some())
+                {
+                    return Ok((true, false, None));
                 }
                 let Some(dev) = dev else {
-                    return Ok((true, None));
+                    return Ok((true, true, None));
                 };
-                let record = records.load(&vid)?;
                 let block_staging = record.filter(|r| r.kind == Kind::Block).map(|r| r.staging);
-                node::stats(&dev, &real, block_staging.as_deref(), &roots).map(|s| (true, Some(s)))
+                node::stats(&dev, &real, block_staging.as_deref(), &roots)
+                    .map(|s| (true, true, Some(s)))
             })
             .await?;
         if !exists {
             return Err(missing());
+        }
+        if !here {
+            return Err(Error::NotFound(format!(
+                "volume {id} is not at {}: it is neither staged nor published there on this node",
+                path.display()
+            )));
         }
         let usage = match stats {
             Some(s) => {

@@ -78,7 +78,7 @@ fn write_random(path: &Path, mib: u64) {
     );
 }
 
-async fn node_reclaim(d: &TestDriver, id: &str, staging: &Path) -> (u64, u64) {
+pub(crate) async fn node_reclaim(d: &TestDriver, id: &str, staging: &Path) -> (u64, u64) {
     let mut n = ReclaimSpaceNodeClient::connect(d.addons_uri())
         .await
         .unwrap();

@@ -5,11 +5,15 @@ mod harness;
 
 mod addons;
 mod cli;
+mod concurrency;
+mod conformance;
 mod controller;
+mod full_pool;
 mod group;
 mod metadata;
 mod metrics;
 mod node;
+mod properties;
 mod resilience;
 mod snapshot;
 

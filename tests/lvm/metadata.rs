@@ -16,7 +16,11 @@ use crate::controller::{block_cap, create_req, del};
 use crate::harness::{dm_name, dmsetup, lvm, lvs, sh, TestDriver, MIB};
 use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, write_at, Kubelet};
 
-async fn snapshot(c: &mut ControllerClient<Channel>, name: &str, source: &str) -> String {
+pub(crate) async fn snapshot(
+    c: &mut ControllerClient<Channel>,
+    name: &str,
+    source: &str,
+) -> String {
     c.create_snapshot(CreateSnapshotRequest {
         name: name.into(),
         source_volume_id: source.into(),
