@@ -24,7 +24,7 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 
 /// How many samples each serial figure takes.
-const N: usize = 10;
+const N: usize = 20;
 /// Rounds of the 32-client figure.
 const ROUNDS: usize = 3;
 const CLIENTS: usize = 32;
