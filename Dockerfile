@@ -1,4 +1,4 @@
-# thinpool-csi node image: the driver plus the tools it runs (lvm2 with
+# thinpool-csi node image: the driver, its CLI client (tpcsi), plus the tools it runs (lvm2 with
 # dmsetup, thin_dump/thin_delta, mkfs.ext4/resize2fs, mkfs.xfs/xfs_growfs,
 # blkid/losetup). It runs privileged, with the host's /dev, the kubelet
 # directory and the host's LVM run/lock directories mounted (see
@@ -13,7 +13,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto/ proto/
 COPY src/ src/
-RUN cargo build --release --locked --bin thinpool-csi
+RUN cargo build --release --locked --bin thinpool-csi --bin tpcsi
 
 FROM debian:bookworm-slim
 # kmod: LVM loads dm-thin-pool with modprobe when the kernel has not loaded
@@ -28,6 +28,8 @@ COPY deploy/lvm/lvmlocal.conf /etc/lvm/lvmlocal.conf
 # ConfigMap with --config.
 COPY config/defaults.toml /etc/thinpool-csi/config.toml
 COPY --from=build /src/target/release/thinpool-csi /usr/local/bin/thinpool-csi
+# The CLI client, for `kubectl exec ... -- tpcsi probe` and the like.
+COPY --from=build /src/target/release/tpcsi /usr/local/bin/tpcsi
 ENV CSI_ENDPOINT=unix:///csi/csi.sock
 ENTRYPOINT ["/usr/local/bin/thinpool-csi"]
 CMD ["--config", "/etc/thinpool-csi/config.toml"]

@@ -266,15 +266,22 @@ def _():
         if build is None:
             p.append(f"stage {frm} runs no cargo build")
             continue
-        for want in ("--release", "--locked", "--bin thinpool-csi"):
+        # Each binary copied from the builder is one its cargo build makes
+        # (the driver, and the tpcsi client).
+        name = c.value[0].rsplit("/", 1)[-1] if len(c.value) == 2 else None
+        if name not in ("thinpool-csi", "tpcsi"):
+            p.append(f"Dockerfile:{c.start_line}: copies {list(c.value[:-1])}, not one built binary")
+            continue
+        for want in ("--release", "--locked", f"--bin {name}"):
             if want not in build:
                 p.append(f"stage {frm}: cargo build needs {want}")
         if "--target" in build.split() or any("CARGO_TARGET_DIR" in " ".join(bc.value) for bc in b["cmds"]):
             p.append(f"stage {frm}: the binary's path below assumes cargo's default target dir")
-        built = workdir.rstrip("/") + "/target/release/thinpool-csi"
+        built = workdir.rstrip("/") + f"/target/release/{name}"
         if list(c.value[:-1]) != [built]:
             p.append(f"Dockerfile:{c.start_line}: copies {list(c.value[:-1])}, cargo leaves the binary at {built}")
-        binary = c.value[-1]
+        if name == "thinpool-csi":
+            binary = c.value[-1]
     if binary is None:
         p.append("the runtime stage copies no binary from a builder stage")
     runs = " ".join(c.value[0] for c in rt["cmds"] if c.cmd == "RUN")
