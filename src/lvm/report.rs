@@ -118,9 +118,13 @@ impl Lv {
             );
         }
         if self.is_thin_pool() {
-            if h == 'D'
-                || self.health == "out_of_data"
-                || self.data_percent.is_some_and(|p| p >= 100.0)
+            // The kernel enters out-of-data-space when an allocation
+            // finds no free chunk, and leaves it by itself at its next
+            // pass once chunks are free again (discards, a reclaim): with
+            // free chunks the pool is recovering, not full.
+            let out_of_data = h == 'D' || self.health == "out_of_data";
+            if self.data_percent.is_some_and(|p| p >= 100.0)
+                || (out_of_data && self.data_percent.is_none_or(|p| p >= 99.99))
             {
                 return found(
                     Condition::Full,
@@ -601,6 +605,16 @@ mod tests {
         assert!(full.is_out_of_space());
         assert_eq!(
             cond(pool("twi-aotz--", "", 100.0, 1.0)),
+            Some(Condition::Full)
+        );
+        // Still flagged out of data right after a reclaim freed chunks:
+        // the kernel leaves that mode by itself, so it is not full.
+        assert_eq!(
+            pool("twi-aotzD-", "out_of_data", 2.11, 10.0).problem(),
+            None
+        );
+        assert_eq!(
+            cond(pool("twi-aotzD-", "out_of_data", 99.99, 10.0)),
             Some(Condition::Full)
         );
         assert_eq!(
