@@ -135,8 +135,9 @@ impl Lvm {
 
     /// Runs an LVM command that changes state, logged, and applies `write`
     /// to the cached report once it succeeded; a failure drops the cache
-    /// (what LVM did is then unknown). Reads that started before the
-    /// write ended are not kept.
+    /// (what LVM did is then unknown). A read that overlapped the write is
+    /// kept with the write applied again ([`Cache::catch_up`]), unless the
+    /// write failed.
     async fn change_with(
         &self,
         subcommand: &str,
@@ -325,8 +326,9 @@ impl Lvm {
         self.read_locked().await
     }
 
-    /// Runs `lvs` (the caller holds `refresh`) and keeps the report unless
-    /// one of our writes ran meanwhile.
+    /// Runs `lvs` (the caller holds `refresh`) and keeps the report, with
+    /// our writes that ended meanwhile applied again; not when one of
+    /// unknown effect ended meanwhile.
     async fn read_locked(&self) -> Result<Arc<Report>> {
         let (generation, started) = (self.cache.lock().unwrap().generation, Instant::now());
         let out = match self.query("lvs", report::lvs_args(&self.vg)).await {
