@@ -227,9 +227,12 @@ async fn cli_drives_a_volume_lifecycle() {
         u(&r["reclaimed_bytes"]),
         u(&r["pre_usage_bytes"]) - u(&r["post_usage_bytes"])
     );
+    // lvs read after the reclaim: the filesystem may have written since
+    // (a journal commit touches a few chunks), never given back more.
     let lv_used = lvs(&d.vg).find(&id).unwrap().allocated_bytes().unwrap();
+    let post = u(&r["post_usage_bytes"]);
     assert!(
-        lv_used.abs_diff(u(&r["post_usage_bytes"])) <= MIB,
+        lv_used + 64 * 1024 >= post && lv_used <= post + 4 * MIB,
         "lvs {lv_used} vs {r}"
     );
     let err = String::from_utf8_lossy(&out.stderr);
