@@ -351,10 +351,12 @@ impl Driver {
     /// DeleteVolume: removes the LV when it is ours; gone is success.
     pub async fn delete_volume(self: &Arc<Self>, id: VolumeId) -> Result<()> {
         self.detached(&id.clone(), "DeleteVolume", move |d, _| async move {
-            // The cached view refuses a foreign LV early; the removal
-            // itself checks name, pool and owner tag inside the locked
-            // LVM command, so it can never remove what is not ours.
-            let report = d.lvm.report().await?;
+            // The view as known refuses a foreign LV early (a delete starts
+            // no background refresh, whose lvs would hold the VG lock its
+            // lvremove needs); the removal itself checks name, pool and
+            // owner tag inside the locked LVM command, so it can never
+            // remove what is not ours.
+            let report = d.lvm.known().await?;
             let cached = d.owned(&report, &id).map(|o| o.is_some());
             let recorded = d.load_record(&id).await?.is_some();
             // A refusal, or a record of a volume the cache does not show,
