@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use thinpool_csi::config::{parse_endpoint, Config};
+use thinpool_csi::metrics::code_name;
 use thinpool_csi::proto::csi::v1 as csi;
 use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
 use thinpool_csi::proto::healer::NodeHealerRequest;
@@ -22,7 +23,7 @@ use thinpool_csi::proto::reclaimspace::reclaim_space_controller_client::ReclaimS
 use thinpool_csi::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
 use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeReclaimSpaceRequest};
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
+use tonic::Status;
 
 use args::{AccessArgs, Cli, Command, Global, SnapshotCommand};
 use csi::controller_client::ControllerClient;
@@ -99,29 +100,6 @@ impl Failure {
 impl From<Status> for Failure {
     fn from(s: Status) -> Failure {
         Failure::Grpc(s)
-    }
-}
-
-/// gRPC's canonical names of its codes.
-fn code_name(c: Code) -> &'static str {
-    match c {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
@@ -914,6 +892,7 @@ async fn reclaim(c: &mut Ctx, a: args::ReclaimArgs) -> Result<()> {
 mod tests {
     use super::*;
     use std::path::PathBuf;
+    use tonic::Code;
 
     fn global(config: Option<PathBuf>, endpoint: Option<&str>) -> Global {
         Global {
