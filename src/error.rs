@@ -72,9 +72,23 @@ pub enum Error {
     },
     /// A privileged syscall failed (see `crate::sys`).
     #[error(transparent)]
-    Sys(#[from] crate::sys::SysError),
+    Sys(crate::sys::SysError),
+    /// A mount point was, once opened, not the root of a mount of the
+    /// volume's device (`sys::mountroot`): nothing was done through it.
+    /// The detail says what was found there and what to do.
+    #[error("{}: {}", .0.path().display(), .0.detail().unwrap_or("not the mount of the volume's device"))]
+    NotTheMount(crate::sys::SysError),
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<crate::sys::SysError> for Error {
+    fn from(e: crate::sys::SysError) -> Self {
+        match e.kind() {
+            SysErrorKind::NotTheMount => Error::NotTheMount(e),
+            _ => Error::Sys(e),
+        }
+    }
 }
 
 impl Error {
@@ -106,7 +120,7 @@ impl Error {
             // A failed command the layer that ran it did not explain
             // (see `Lvm::explain`): the driver does not know why.
             Error::Command { .. } => Code::Internal,
-            Error::MissingTool { .. } => Code::FailedPrecondition,
+            Error::MissingTool { .. } | Error::NotTheMount(_) => Code::FailedPrecondition,
             // A file or path the driver itself uses is missing: not the
             // volume, snapshot or path the request named (those are
             // `Error::NotFound`, decided where they are looked up).
@@ -296,5 +310,26 @@ mod tests {
         )
         .into();
         assert_eq!(busy.code(), Code::FailedPrecondition);
+    }
+
+    /// A mount point that is not the volume's mount is a precondition the
+    /// CO or an admin must restore; the message says what was found.
+    #[test]
+    fn a_path_that_is_not_the_volumes_mount_is_failed_precondition() {
+        let sys = crate::sys::SysError::new(
+            "open mount root",
+            std::path::Path::new("/k/globalmount"),
+            nix::errno::Errno::EXDEV,
+        )
+        .with_kind(SysErrorKind::NotTheMount)
+        .with_detail("found a filesystem of device 7:3 there, not of 253:4: unmount it");
+        let e: Error = sys.into();
+        assert!(matches!(e, Error::NotTheMount(_)), "{e:?}");
+        let s: Status = e.into();
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(
+            s.message(),
+            "/k/globalmount: found a filesystem of device 7:3 there, not of 253:4: unmount it"
+        );
     }
 }

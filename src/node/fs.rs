@@ -213,7 +213,7 @@ pub async fn stage(
     let grow_it = pool.made_from_source && !opts.flags.contains(MsFlags::MS_RDONLY);
     if already {
         if grow_it {
-            grow(tools, fs_type, &dev.path, staging).await?;
+            grow(tools, fs_type, dev, staging).await?;
         }
         return Ok(());
     }
@@ -285,7 +285,7 @@ pub async fn stage(
         })
         .await?;
     if grow_it && existing_fs {
-        grow(tools, fs_type, &dev.path, staging).await?;
+        grow(tools, fs_type, dev, staging).await?;
     }
     tracing::info!(volume = dev.volume_id, staging = %staging.display(), fs_type, "NodeStageVolume: mounted");
     Ok(())
@@ -514,24 +514,38 @@ pub fn ensure_per_mount_flags(
     )))
 }
 
+/// A mount point and the block device whose filesystem must be the one
+/// mounted there: what is done through the path (freeze, thaw, grow) is
+/// done only if, once opened, it is the root of a mount of that device.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MountOf {
+    pub path: PathBuf,
+    /// (major, minor).
+    pub device: (u32, u32),
+}
+
 /// Where the filesystem of device `dev` is mounted on this node (its
 /// staging mount), if anywhere.
-pub fn mounted_at(dev: (u32, u32)) -> Result<Option<std::path::PathBuf>> {
+pub fn mounted_at(dev: (u32, u32)) -> Result<Option<MountOf>> {
     Ok(mount_table()?
         .mounts_of_device(dev.0, dev.1)
         .first()
-        .map(|m| m.mount_point.clone()))
+        .map(|m| MountOf {
+            path: m.mount_point.clone(),
+            device: dev,
+        }))
 }
 
-/// Freezes the filesystem at `mountpoint` (FIFREEZE).
-pub fn freeze(mountpoint: &Path) -> Result<()> {
-    Ok(sys::freeze::freeze(mountpoint)?)
+/// Freezes the filesystem of `at.device` at `at.path` (FIFREEZE).
+pub fn freeze(at: &MountOf) -> Result<()> {
+    Ok(sys::freeze::freeze(&at.path, at.device)?)
 }
 
-/// Freezes every mount point, after writing them durably to `record`, so
-/// a driver killed while they are frozen thaws them when it starts again
-/// ([`thaw_left_frozen`]). On failure, thaws what it froze.
-pub fn freeze_recorded(record: &Path, points: &[PathBuf]) -> Result<()> {
+/// Freezes every mount point, after writing them (with their devices)
+/// durably to `record`, so a driver killed while they are frozen thaws
+/// them when it starts again ([`thaw_left_frozen`]). On failure, thaws
+/// what it froze.
+pub fn freeze_recorded(record: &Path, points: &[MountOf]) -> Result<()> {
     let json = serde_json::to_vec(points)
         .map_err(|e| Error::Internal(format!("encode the frozen mount points: {e}")))?;
     crate::node::durable::write_atomic(record, &json)?;
@@ -546,12 +560,12 @@ pub fn freeze_recorded(record: &Path, points: &[PathBuf]) -> Result<()> {
 
 /// Thaws every mount point (one not frozen is fine), then drops `record`
 /// if every thaw worked; a record left behind is tried again at start-up.
-pub fn thaw_recorded(record: &Path, points: &[PathBuf]) {
+pub fn thaw_recorded(record: &Path, points: &[MountOf]) {
     let mut all = true;
     for p in points {
         if let Err(e) = thaw(p) {
             all = false;
-            tracing::error!(mountpoint = %p.display(), error = %e, "could not thaw a filesystem");
+            tracing::error!(mountpoint = %p.path.display(), error = %e, "could not thaw a filesystem");
         }
     }
     if !all {
@@ -562,10 +576,36 @@ pub fn thaw_recorded(record: &Path, points: &[PathBuf]) {
     }
 }
 
+/// One entry of a freeze record: a mount point with its device, or (as
+/// versions before the device was recorded wrote them) a bare path.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Recorded {
+    At(MountOf),
+    Path(PathBuf),
+}
+
+impl Recorded {
+    /// Where to thaw: the recorded path if it is still a mount of the
+    /// recorded device (a bare path: of the device mounted there now).
+    /// After a reboot a recorded path is a plain directory again, or
+    /// another filesystem's: a thaw there would reach the wrong one.
+    fn still_mounted(self, table: &MountInfo) -> Result<MountOf, PathBuf> {
+        let (path, want) = match self {
+            Recorded::At(m) => (m.path, Some(m.device)),
+            Recorded::Path(p) => (p, None),
+        };
+        match table.top_mount_at(&path).map(|m| m.device()) {
+            Some(device) if want.is_none_or(|w| w == device) => Ok(MountOf { path, device }),
+            _ => Err(path),
+        }
+    }
+}
+
 /// Start-up: thaws what the freeze records in `dir` name (a driver killed
 /// while filesystems were frozen for it) and removes the records. Returns
 /// the mount points it went through.
-pub fn thaw_left_frozen(dir: &Path) -> Result<Vec<PathBuf>> {
+pub fn thaw_left_frozen(dir: &Path) -> Result<Vec<MountOf>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -573,7 +613,7 @@ pub fn thaw_left_frozen(dir: &Path) -> Result<Vec<PathBuf>> {
     };
     let mut all = Vec::new();
     for record in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
-        let points: Vec<PathBuf> = match std::fs::read(&record)
+        let points: Vec<Recorded> = match std::fs::read(&record)
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
         {
@@ -583,11 +623,13 @@ pub fn thaw_left_frozen(dir: &Path) -> Result<Vec<PathBuf>> {
                 continue;
             }
         };
-        // After a reboot a recorded path is a plain directory again: a
-        // thaw there would reach the filesystem holding it.
         let table = mount_table()?;
-        let (mounted, gone): (Vec<PathBuf>, Vec<PathBuf>) =
-            points.into_iter().partition(|p| table.is_mount_point(p));
+        let (mounted, gone): (Vec<_>, Vec<_>) = points
+            .into_iter()
+            .map(|p| p.still_mounted(&table))
+            .partition(|r| r.is_ok());
+        let mounted: Vec<MountOf> = mounted.into_iter().filter_map(|r| r.ok()).collect();
+        let gone: Vec<PathBuf> = gone.into_iter().filter_map(|r| r.err()).collect();
         tracing::warn!(record = %record.display(), ?mounted, not_mounted = ?gone,
             "start-up: thawing filesystems a killed driver froze");
         thaw_recorded(&record, &mounted);
@@ -602,26 +644,82 @@ pub fn freezes_nest() -> bool {
     sys::freeze::kernel_freeze_nests()
 }
 
-/// Thaws the filesystem at `mountpoint` (FITHAW); whether it was frozen.
-pub fn thaw(mountpoint: &Path) -> Result<bool> {
-    Ok(sys::freeze::thaw(mountpoint)?)
+/// Thaws the filesystem of `at.device` at `at.path` (FITHAW); whether it
+/// was frozen.
+pub fn thaw(at: &MountOf) -> Result<bool> {
+    Ok(sys::freeze::thaw(&at.path, at.device)?)
 }
 
-/// Grows the filesystem mounted at `mountpoint` from `dev` to the size of
-/// the device, online. Already full size is a no-op for both tools.
-pub async fn grow(tools: &Tools, fs_type: &str, dev: &Path, mountpoint: &Path) -> Result<()> {
-    let (program, args) = match fs_type {
-        "ext4" => ("resize2fs", crate::argv![dev.to_string_lossy()]),
-        "xfs" => ("xfs_growfs", crate::argv![mountpoint.to_string_lossy()]),
-        other => {
-            return Err(Error::InvalidArgument(format!(
-                "cannot grow a {other} filesystem"
-            )))
+/// Grows the filesystem of `dev` mounted at `mountpoint` to the size of
+/// the device, online. Already full size is a no-op.
+///
+/// ext4: `resize2fs <device>`. xfs: the grow ioctls on a descriptor of
+/// `mountpoint` checked to be the root of a mount of `dev`
+/// ([`sys::open_mount_root`]), not `xfs_growfs <mountpoint>`, which would
+/// look the path up again and grow whatever filesystem is there by then.
+pub async fn grow(tools: &Tools, fs_type: &str, dev: &Device, mountpoint: &Path) -> Result<()> {
+    match fs_type {
+        "ext4" => {
+            tools
+                .run("resize2fs", &[dev.path.to_string_lossy().into_owned()])
+                .await?;
+            tracing::info!(device = %dev.path.display(), mountpoint = %mountpoint.display(), fs_type, "grew filesystem");
+            Ok(())
         }
+        "xfs" => {
+            let (d, at) = (dev.clone(), mountpoint.to_path_buf());
+            tools
+                .blocking("grow the xfs filesystem", move || grow_xfs(&d, &at))
+                .await
+        }
+        other => Err(Error::InvalidArgument(format!(
+            "cannot grow a {other} filesystem"
+        ))),
+    }
+}
+
+/// The xfs half of [`grow`], blocking.
+pub fn grow_xfs(dev: &Device, mountpoint: &Path) -> Result<()> {
+    let root = sys::open_mount_root(mountpoint, dev.numbers())?;
+    let bytes = sys::block_size_bytes(&dev.path)?;
+    let before = sys::xfs::geometry(&root, mountpoint)?;
+    let Some(newblocks) = xfs_grow_to(&before, bytes).map_err(|why| {
+        Error::FailedPrecondition(format!(
+            "cannot grow the xfs filesystem of volume {} at {}: {why}",
+            dev.volume_id,
+            mountpoint.display()
+        ))
+    })?
+    else {
+        tracing::info!(volume = dev.volume_id, mountpoint = %mountpoint.display(),
+            blocks = before.datablocks, "xfs filesystem already spans its device");
+        return Ok(());
     };
-    tools.run(program, &args).await?;
-    tracing::info!(device = %dev.display(), mountpoint = %mountpoint.display(), fs_type, "grew filesystem");
+    sys::xfs::grow_data(&root, mountpoint, newblocks, before.imaxpct)?;
+    let after = sys::xfs::geometry(&root, mountpoint)?;
+    tracing::info!(volume = dev.volume_id, device = %dev.path.display(), mountpoint = %mountpoint.display(),
+        blocksize = before.blocksize, old_blocks = before.datablocks, new_blocks = after.datablocks,
+        "grew xfs filesystem");
     Ok(())
+}
+
+/// The block count to grow an xfs filesystem of geometry `geo` to on a
+/// device of `device_bytes`: `None` when it spans the device already
+/// (whole blocks), an error when the device is smaller than the
+/// filesystem (growing to that would ask the kernel to shrink it).
+pub fn xfs_grow_to(geo: &sys::xfs::Geometry, device_bytes: u64) -> Result<Option<u64>, String> {
+    if geo.blocksize == 0 {
+        return Err("the kernel reported a block size of 0".into());
+    }
+    let fits = device_bytes / u64::from(geo.blocksize);
+    match fits.cmp(&geo.datablocks) {
+        std::cmp::Ordering::Equal => Ok(None),
+        std::cmp::Ordering::Greater => Ok(Some(fits)),
+        std::cmp::Ordering::Less => Err(format!(
+            "the device holds {fits} blocks of {} bytes, fewer than the filesystem's {}",
+            geo.blocksize, geo.datablocks
+        )),
+    }
 }
 
 /// Bytes and inodes of a mounted filesystem.
@@ -804,5 +902,71 @@ mod tests {
         );
         assert_eq!(e2fsprogs_version("mkfs.xfs version 6.1.0"), None);
         assert_eq!(e2fsprogs_version(""), None);
+    }
+
+    #[test]
+    fn xfs_grows_to_whole_blocks_of_the_device_and_never_shrinks() {
+        let geo = sys::xfs::Geometry {
+            blocksize: 4096,
+            datablocks: 1000,
+            imaxpct: 25,
+        };
+        assert_eq!(xfs_grow_to(&geo, 1000 * 4096), Ok(None));
+        // A tail shorter than a block is not a block.
+        assert_eq!(xfs_grow_to(&geo, 1000 * 4096 + 4095), Ok(None));
+        assert_eq!(xfs_grow_to(&geo, 2000 * 4096 + 512), Ok(Some(2000)));
+        let e = xfs_grow_to(&geo, 999 * 4096).unwrap_err();
+        assert!(e.contains("999") && e.contains("1000"), "{e}");
+        let zero = sys::xfs::Geometry {
+            blocksize: 0,
+            ..geo
+        };
+        assert!(xfs_grow_to(&zero, 1 << 30).is_err());
+    }
+
+    /// Freeze records name each mount point with its device; records of
+    /// versions that wrote bare paths are still read.
+    #[test]
+    fn freeze_records_keep_the_device_and_read_bare_paths() {
+        let at = MountOf {
+            path: "/k/a".into(),
+            device: (253, 4),
+        };
+        let json = serde_json::to_string(&[&at]).unwrap();
+        assert_eq!(json, r#"[{"path":"/k/a","device":[253,4]}]"#);
+        let read: Vec<Recorded> = serde_json::from_str(&json).unwrap();
+        assert!(matches!(&read[..], [Recorded::At(m)] if *m == at));
+        let old: Vec<Recorded> = serde_json::from_str(r#"["/k/b"]"#).unwrap();
+        assert!(matches!(&old[..], [Recorded::Path(p)] if p == Path::new("/k/b")));
+
+        // Thawed only where the recorded device is still mounted; a bare
+        // path takes the device mounted there now.
+        let table = MountInfo::parse(
+            "30 1 253:4 / /k/a rw - xfs /dev/dm-4 rw\n\
+             31 1 7:3 / /k/b rw - ext4 /dev/loop3 rw\n",
+        )
+        .unwrap();
+        let at_a = |device| {
+            Recorded::At(MountOf {
+                path: "/k/a".into(),
+                device,
+            })
+        };
+        assert_eq!(at_a((253, 4)).still_mounted(&table), Ok(at.clone()));
+        assert_eq!(
+            at_a((253, 5)).still_mounted(&table),
+            Err(PathBuf::from("/k/a"))
+        );
+        assert_eq!(
+            Recorded::Path("/k/b".into()).still_mounted(&table),
+            Ok(MountOf {
+                path: "/k/b".into(),
+                device: (7, 3)
+            })
+        );
+        assert_eq!(
+            Recorded::Path("/k/c".into()).still_mounted(&table),
+            Err(PathBuf::from("/k/c"))
+        );
     }
 }

@@ -466,7 +466,7 @@ pub async fn expand(
             dev.volume_id
         ))
     })?;
-    fs::grow(tools, &mount.fs_type, &dev.path, &mount.mount_point).await?;
+    fs::grow(tools, &mount.fs_type, dev, &mount.mount_point).await?;
     tracing::info!(
         volume = dev.volume_id,
         size,

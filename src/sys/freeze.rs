@@ -1,14 +1,15 @@
 //! Filesystem freeze and thaw (FIFREEZE, FITHAW on the mount point): a
 //! frozen filesystem has flushed everything and blocks new writes until
-//! it is thawed.
+//! it is thawed. Both act on a descriptor [`open_mount_root`] proved to be
+//! the root of a mount of the expected device, never on whatever the path
+//! leads to by then.
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
 
-use super::{open, Result, SysError};
+use super::{open_mount_root, Result, SysError};
 
 pub(crate) mod ioctl {
     use crate::sys::Request;
@@ -21,25 +22,27 @@ pub(crate) mod ioctl {
     nix::ioctl_write_int_bad!(fithaw, FITHAW);
 }
 
-/// Freezes the filesystem mounted at `mountpoint`. A filesystem frozen
-/// already (by anyone) is `EBUSY`.
-pub fn freeze(mountpoint: &Path) -> Result<()> {
-    let fd = open("open", mountpoint, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+/// Freezes the filesystem of block device `device` (major, minor) mounted
+/// at `mountpoint`. A filesystem frozen already (by anyone) is `EBUSY`;
+/// another one at the path is [`super::SysErrorKind::NotTheMount`].
+pub fn freeze(mountpoint: &Path, device: (u32, u32)) -> Result<()> {
+    let fd = open_mount_root(mountpoint, device)?;
     // SAFETY: the fd is open; FIFREEZE takes no argument worth reading.
     unsafe { ioctl::fifreeze(fd.as_raw_fd(), 0) }
         .map_err(|e| SysError::new("FIFREEZE", mountpoint, e))?;
-    tracing::info!(mountpoint = %mountpoint.display(), "froze filesystem");
+    tracing::info!(mountpoint = %mountpoint.display(), major = device.0, minor = device.1, "froze filesystem");
     Ok(())
 }
 
-/// Thaws the filesystem mounted at `mountpoint`; one that is not frozen
-/// (`EINVAL`) is fine. Returns whether it was frozen.
-pub fn thaw(mountpoint: &Path) -> Result<bool> {
-    let fd = open("open", mountpoint, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+/// Thaws the filesystem of `device` mounted at `mountpoint` (checked as
+/// for [`freeze`]); one that is not frozen (`EINVAL`) is fine. Returns
+/// whether it was frozen.
+pub fn thaw(mountpoint: &Path, device: (u32, u32)) -> Result<bool> {
+    let fd = open_mount_root(mountpoint, device)?;
     // SAFETY: as for `freeze`.
     match unsafe { ioctl::fithaw(fd.as_raw_fd(), 0) } {
         Ok(_) => {
-            tracing::info!(mountpoint = %mountpoint.display(), "thawed filesystem");
+            tracing::info!(mountpoint = %mountpoint.display(), major = device.0, minor = device.1, "thawed filesystem");
             Ok(true)
         }
         Err(Errno::EINVAL) => Ok(false),

@@ -2,8 +2,10 @@
 //! devices ([`block`]: size, exclusive opens, discard, FITRIM), paths
 //! opened beneath a root through no symlink ([`beneath`]), device
 //! nodes ([`devnode`]), device-mapper status ([`dm`]), files that must be
-//! created once or locked ([`file`]), filesystem freezes ([`freeze`]), and
-//! mounts ([`mount`]). Loop devices
+//! created once or locked ([`file`]), filesystem freezes ([`freeze`]),
+//! mounts ([`mount`]), a mount point opened as the proven root of a
+//! device's mount ([`mountroot`]), and XFS geometry and growth ([`xfs`]).
+//! Loop devices
 //! are the pool's business: `crate::pool::loopdev`.
 //!
 //! Everything in the driver that needs root and talks to the kernel
@@ -31,6 +33,8 @@ pub mod dm;
 pub mod file;
 pub mod freeze;
 pub mod mount;
+pub mod mountroot;
+pub mod xfs;
 
 pub use beneath::*;
 pub use block::*;
@@ -38,6 +42,7 @@ pub use devnode::*;
 pub use dm::*;
 pub use file::*;
 pub use mount::*;
+pub use mountroot::open_mount_root;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -64,6 +69,9 @@ pub enum SysErrorKind {
     Busy,
     /// A loop device operation found the device unattached (`ENXIO`).
     NotAttached,
+    /// A mount point was, once opened, not the root of a mount of the
+    /// expected device ([`mountroot`]); the detail says what was there.
+    NotTheMount,
     /// Anything else; look at [`SysError::errno`].
     Other,
 }

@@ -105,19 +105,33 @@ impl Drop for Cleanup {
 }
 
 fn mkfs_ext4(dev: &Path) {
+    mkfs("mkfs.ext4", "e2fsprogs", &["-q", "-F"], dev);
+}
+
+/// mkfs.xfs of `size` bytes (less than the device), no discard.
+fn mkfs_xfs(dev: &Path, size: u64) {
+    mkfs(
+        "mkfs.xfs",
+        "xfsprogs",
+        &["-q", "-f", "-K", "-d", &format!("size={size}")],
+        dev,
+    );
+}
+
+fn mkfs(program: &str, package: &str, args: &[&str], dev: &Path) {
     let path = format!(
         "{}:/usr/sbin:/sbin",
         std::env::var("PATH").unwrap_or_default()
     );
-    let status = Command::new("mkfs.ext4")
+    let status = Command::new(program)
         .env("PATH", path)
-        .args(["-q", "-F"])
+        .args(args)
         .arg(dev)
         .status()
-        .expect("mkfs.ext4 must be installed (e2fsprogs)");
+        .unwrap_or_else(|e| panic!("{program} must be installed ({package}): {e}"));
     assert!(
         status.success(),
-        "mkfs.ext4 {} failed: {status}",
+        "{program} {} failed: {status}",
         dev.display()
     );
 }
@@ -237,8 +251,9 @@ fn loop_ext4_lifecycle() {
 
     // Freeze: a second freeze is EBUSY; a write waits for the thaw;
     // a second thaw reports the filesystem was not frozen.
-    freeze::freeze(&mnt).expect("FIFREEZE");
-    assert!(freeze::freeze(&mnt).is_err(), "frozen twice");
+    let numbers = (major, minor);
+    freeze::freeze(&mnt, numbers).expect("FIFREEZE");
+    assert!(freeze::freeze(&mnt, numbers).is_err(), "frozen twice");
     let (tx, rx) = std::sync::mpsc::channel();
     let path = mnt.join("during-freeze");
     let writer = std::thread::spawn(move || {
@@ -250,43 +265,101 @@ fn loop_ext4_lifecycle() {
             .is_err(),
         "a write went through a frozen filesystem"
     );
-    assert!(freeze::thaw(&mnt).unwrap(), "it was frozen");
+    assert!(freeze::thaw(&mnt, numbers).unwrap(), "it was frozen");
     rx.recv_timeout(std::time::Duration::from_secs(10))
         .expect("the write finishes after the thaw");
     writer.join().unwrap();
-    assert!(!freeze::thaw(&mnt).unwrap(), "not frozen any more");
+    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "not frozen any more");
+
+    // A freeze acts only on the root of a mount of the expected device:
+    // another device's numbers, a directory inside the filesystem, a
+    // symlink to the mount and another filesystem mounted over the path
+    // are refused, and nothing is frozen.
+    std::fs::create_dir(mnt.join("inside")).unwrap();
+    let link = dir.join("link-to-mnt");
+    std::os::unix::fs::symlink(&mnt, &link).unwrap();
+    for (path, device, found) in [
+        (&mnt, (major, minor + 1), "found a filesystem of device"),
+        (&mnt.join("inside"), numbers, "not the root of a mount"),
+        (&link, numbers, "symbolic link"),
+    ] {
+        let e = freeze::freeze(path, device).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            SysErrorKind::NotTheMount,
+            "{}: {e}",
+            path.display()
+        );
+        let status: tonic::Status = crate::error::Error::from(e).into();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(status.message().contains(found), "{status:?}");
+    }
+    mount_fs(Path::new("none"), &mnt, "tmpfs", MsFlags::empty(), None).expect("tmpfs over mnt");
+    let e = freeze::freeze(&mnt, numbers).unwrap_err();
+    assert_eq!(e.kind(), SysErrorKind::NotTheMount, "{e}");
+    assert!(
+        e.to_string().contains("found a filesystem of device"),
+        "{e}"
+    );
+    unmount(&mnt).expect("unmount the tmpfs");
+    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "nothing was frozen");
 
     // A symlink at an unmount's target is never followed to the mount it
     // points at.
-    let link = dir.join("link-to-mnt");
-    std::os::unix::fs::symlink(&mnt, &link).unwrap();
     assert!(unmount(&link).unwrap_err().is_not_mounted());
     assert!(MountInfo::read().unwrap().top_mount_at(&mnt).is_some());
 
     // A freeze recorded by a driver that was then killed is thawed at the
     // next start, and its record goes.
     let records = dir.join("frozen");
-    crate::node::fs::freeze_recorded(&records.join("group-1"), std::slice::from_ref(&mnt)).unwrap();
+    let at = crate::node::fs::MountOf {
+        path: mnt.clone(),
+        device: numbers,
+    };
+    crate::node::fs::freeze_recorded(&records.join("group-1"), std::slice::from_ref(&at)).unwrap();
     assert!(
-        freeze::freeze(&mnt).is_err(),
+        freeze::freeze(&mnt, numbers).is_err(),
         "frozen by the record's freeze"
     );
     assert_eq!(
         crate::node::fs::thaw_left_frozen(&records).unwrap(),
-        std::slice::from_ref(&mnt)
+        std::slice::from_ref(&at)
     );
-    assert!(!freeze::thaw(&mnt).unwrap(), "thawed at start-up");
+    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "thawed at start-up");
     assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0);
     assert!(crate::node::fs::thaw_left_frozen(&records)
         .unwrap()
         .is_empty());
-    // A recorded path that is no mount point any more (a reboot) is not
-    // thawed: FITHAW would reach the filesystem holding the directory.
+    // A record of an earlier version (bare paths) is thawed where the
+    // path is a mount, with the device mounted there.
+    freeze::freeze(&mnt, numbers).unwrap();
+    crate::node::durable::write_atomic(
+        &records.join("group-0"),
+        serde_json::to_string(&[&mnt]).unwrap().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(
+        crate::node::fs::thaw_left_frozen(&records).unwrap(),
+        std::slice::from_ref(&at)
+    );
+    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "thawed at start-up");
+    // A recorded path that is no mount point any more (a reboot), or a
+    // mount of another device now, is not thawed: FITHAW would reach
+    // another filesystem.
     let plain = dir.join("plain");
     std::fs::create_dir(&plain).unwrap();
     crate::node::durable::write_atomic(
         &records.join("group-2"),
         serde_json::to_string(&[&plain]).unwrap().as_bytes(),
+    )
+    .unwrap();
+    let other = crate::node::fs::MountOf {
+        path: mnt.clone(),
+        device: (major, minor + 1),
+    };
+    crate::node::durable::write_atomic(
+        &records.join("group-3"),
+        serde_json::to_string(&[&other]).unwrap().as_bytes(),
     )
     .unwrap();
     assert!(crate::node::fs::thaw_left_frozen(&records)
@@ -753,4 +826,73 @@ fn a_symlink_swapped_in_after_the_check_is_refused() {
     assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
     assert_eq!(split_dev(meta.rdev()), (7, 0));
     drop(cleanup);
+}
+
+/// NodeExpandVolume's xfs grow acts through a descriptor checked to be the
+/// root of a mount of the volume's device: another filesystem mounted over
+/// the path, a symlink to the mount, a directory inside it and another
+/// device's numbers are refused and grow nothing; the real mount grows to
+/// the device's size, and a second grow is a no-op.
+#[test]
+fn xfs_grows_through_the_checked_mount_root_only() {
+    require_root();
+    let mut cleanup = Cleanup::new();
+    let dir = cleanup.scratch_dir("xfs-grow");
+    let backing = dir.join("xfs.img");
+    create_sparse_file(&backing, 512 * MIB).unwrap();
+    let loopdev = attach_loop(&backing).expect("attach_loop");
+    cleanup.detach_later(&backing);
+    let (major, minor) = device_numbers(&loopdev).unwrap().unwrap();
+    mkfs_xfs(&loopdev, 320 * MIB);
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    mount_fs(&loopdev, &mnt, "xfs", MsFlags::empty(), None).expect("mount xfs");
+    cleanup.unmount_later(&mnt);
+    std::fs::create_dir(mnt.join("inside")).unwrap();
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&mnt, &link).unwrap();
+
+    let blocks = || {
+        let fd = open_mount_root(&mnt, (major, minor)).unwrap();
+        xfs::geometry(&fd, &mnt).unwrap()
+    };
+    let before = blocks();
+    assert_eq!(before.blocksize, 4096);
+    assert_eq!(before.datablocks * 4096, 320 * MIB);
+    let dev = |minor| crate::node::Device {
+        volume_id: "csi-xfs-test".into(),
+        path: loopdev.clone(),
+        major,
+        minor,
+    };
+    let refused = |path: &Path, minor: u32| {
+        let e = crate::node::fs::grow_xfs(&dev(minor), path).unwrap_err();
+        let status: tonic::Status = e.into();
+        status
+    };
+    for (path, m) in [
+        (&mnt, minor + 1),
+        (&mnt.join("inside"), minor),
+        (&link, minor),
+    ] {
+        let s = refused(path, m);
+        assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+        assert!(s.message().contains("unmount what is there"), "{s:?}");
+    }
+    mount_fs(Path::new("none"), &mnt, "tmpfs", MsFlags::empty(), None).expect("tmpfs over mnt");
+    let s = refused(&mnt, minor);
+    unmount(&mnt).expect("unmount the tmpfs");
+    assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+    assert_eq!(blocks(), before, "a refused grow grew nothing");
+
+    crate::node::fs::grow_xfs(&dev(minor), &mnt).expect("grow");
+    let after = blocks();
+    assert_eq!(
+        after.datablocks * 4096,
+        512 * MIB,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(after.imaxpct, before.imaxpct);
+    crate::node::fs::grow_xfs(&dev(minor), &mnt).expect("a second grow is a no-op");
+    assert_eq!(blocks(), after);
 }

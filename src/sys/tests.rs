@@ -23,6 +23,10 @@ fn request_codes_and_layouts_match_the_c_headers() {
     assert_eq!(code(freeze::ioctl::FITHAW), 0xc004_5878);
     assert_eq!(mem::size_of::<DmIoctl>(), 312);
     assert_eq!(mem::size_of::<FstrimRange>(), 24);
+    assert_eq!(code(xfs::ioctl::XFS_IOC_FSGEOMETRY_V1), 0x8070_5864);
+    assert_eq!(code(xfs::ioctl::XFS_IOC_FSGROWFSDATA), 0x4010_586e);
+    assert_eq!(mem::size_of::<xfs::GeomV1>(), 112);
+    assert_eq!(mem::size_of::<xfs::GrowfsData>(), 16);
 }
 
 #[test]

@@ -78,7 +78,7 @@ struct Turn {
 struct Frozen {
     tools: Tools,
     record: PathBuf,
-    points: Vec<PathBuf>,
+    points: Vec<fs::MountOf>,
     turn: Arc<std::sync::Mutex<Turn>>,
     expired: Arc<AtomicBool>,
     watchdog: tokio::task::JoinHandle<()>,
@@ -88,7 +88,11 @@ impl Frozen {
     /// Records, then freezes, each mount point. On failure it thaws what
     /// it froze itself, and only that: a filesystem someone else froze
     /// (EBUSY) is left to them.
-    async fn freeze_all(tools: &Tools, record: PathBuf, points: Vec<PathBuf>) -> Result<Frozen> {
+    async fn freeze_all(
+        tools: &Tools,
+        record: PathBuf,
+        points: Vec<fs::MountOf>,
+    ) -> Result<Frozen> {
         let expired = Arc::new(AtomicBool::new(false));
         let turn = Arc::new(std::sync::Mutex::new(Turn::default()));
         let watchdog = {
@@ -156,7 +160,7 @@ async fn thaw_when_done(
     tools: &Tools,
     turn: &std::sync::Mutex<Turn>,
     record: PathBuf,
-    points: Vec<PathBuf>,
+    points: Vec<fs::MountOf>,
 ) {
     let done = {
         let mut t = turn.lock().unwrap();
@@ -168,7 +172,7 @@ async fn thaw_when_done(
     }
 }
 
-async fn thaw_each(tools: &Tools, record: PathBuf, points: Vec<PathBuf>) {
+async fn thaw_each(tools: &Tools, record: PathBuf, points: Vec<fs::MountOf>) {
     if points.is_empty() {
         return;
     }
@@ -284,7 +288,7 @@ impl Driver {
             .iter()
             .map(|v| self.current_device(v.lv).map(|d| d.numbers()))
             .collect();
-        let points: Vec<Option<PathBuf>> = self
+        let points: Vec<Option<fs::MountOf>> = self
             .tools
             .blocking("find the members' mounts", move || {
                 numbers
@@ -316,7 +320,7 @@ impl Driver {
                 }
             )));
         }
-        let to_freeze: Vec<PathBuf> = if nests {
+        let to_freeze: Vec<fs::MountOf> = if nests {
             points.iter().flatten().cloned().collect()
         } else {
             Vec::new()
