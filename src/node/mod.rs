@@ -440,12 +440,26 @@ pub async fn expand(
                 return Ok((size, dm::overlays_of(d.numbers()), None));
             }
             let info = mount_table()?;
-            let mount = paths
+            // The request's paths first, then every mount of the device;
+            // a writable one on top of its path where there is one (xfs
+            // grows through it: a read-only bind refuses with EROFS).
+            let ours: Vec<&crate::mountinfo::Mount> = paths
                 .iter()
                 .filter_map(|p| info.top_mount_at(p))
-                .find(|m| m.device() == d.numbers())
-                .or_else(|| info.mounts_of_device(d.major, d.minor).into_iter().next())
-                .cloned();
+                .filter(|m| m.device() == d.numbers())
+                .chain(info.mounts_of_device(d.major, d.minor))
+                .collect();
+            let usable = |m: &&&crate::mountinfo::Mount| {
+                m.mount_option("ro").is_none()
+                    && info
+                        .top_mount_at(&m.mount_point)
+                        .is_some_and(|top| top.device() == d.numbers())
+            };
+            let mount = ours
+                .iter()
+                .find(usable)
+                .or(ours.first())
+                .map(|m| (*m).clone());
             Ok((size, Vec::new(), mount))
         })
         .await?;
