@@ -1,5 +1,5 @@
 # thinpool-csi node image: the driver, its CLI client (tpcsi), plus the tools it runs (lvm2 with
-# dmsetup, thin_dump/thin_delta, mkfs.ext4/resize2fs, mkfs.xfs/xfs_growfs,
+# dmsetup, thin_dump/thin_delta, mkfs.ext4/resize2fs, mkfs.xfs,
 # blkid/losetup). It runs privileged, with the host's /dev, the kubelet
 # directory and the host's LVM run/lock directories mounted (see
 # deploy/kubernetes/). Build: docker build -t thinpool-csi:0.1.0 .

@@ -11,7 +11,7 @@
 //!   mount of the volume's device, a device node of the LV or of one of our
 //!   read-only overlays of it (or a node leading to no device at all).
 //! - Privileged syscalls go through `crate::sys`, external programs
-//!   (blkid, mkfs, resize2fs, xfs_growfs, dmsetup) through `crate::exec`.
+//!   (blkid, mkfs, resize2fs, dmsetup) through `crate::exec`.
 //!
 //! Modules: [`paths`] (which paths are accepted), [`blkid`] (what is on a
 //! device and whether it may be formatted), [`fs`] (filesystem volumes),
