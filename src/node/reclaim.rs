@@ -64,22 +64,33 @@ impl Stop {
 /// reclaim can stop between two.
 const TRIM_SLICE: u64 = 1 << 30;
 
-/// FITRIM on a mounted filesystem of `size` bytes, after flushing it, one
-/// slice at a time until done or told to stop. XFS skips extents freed by
-/// transactions not yet checkpointed, so it gets a second flush-and-trim
-/// pass. Returns the bytes the filesystem reports trimmed.
-pub fn trim_filesystem(mountpoint: &Path, fs_type: &str, size: u64, stop: &Stop) -> Result<u64> {
+/// FITRIM on the filesystem of `device` (major, minor), `size` bytes,
+/// mounted at `mountpoint`, after flushing it, one slice at a time until
+/// done or told to stop: both through one descriptor of the mount point
+/// checked to be the root of a mount of `device` ([`sys::open_mount_root`]),
+/// so a mount or symlink put over the path meanwhile is refused, not
+/// trimmed. XFS skips extents freed by transactions not yet checkpointed,
+/// so it gets a second flush-and-trim pass. Returns the bytes the
+/// filesystem reports trimmed.
+pub fn trim_filesystem(
+    mountpoint: &Path,
+    device: (u32, u32),
+    fs_type: &str,
+    size: u64,
+    stop: &Stop,
+) -> Result<u64> {
+    let root = sys::open_mount_root(mountpoint, device)?;
     let passes = if fs_type == "xfs" { 2 } else { 1 };
     let mut trimmed = 0;
     for _ in 0..passes {
-        sys::sync_filesystem(mountpoint)?;
+        sys::sync_filesystem(&root, mountpoint)?;
         let mut start = 0;
         while start < size {
             if let Some(why) = stop.why() {
                 tracing::warn!(mountpoint = %mountpoint.display(), start, why, "trim stopped early");
                 return Ok(trimmed);
             }
-            trimmed += sys::fitrim(mountpoint, start, TRIM_SLICE, 0)?;
+            trimmed += sys::fitrim(&root, mountpoint, start, TRIM_SLICE, 0)?;
             start += TRIM_SLICE;
         }
     }
@@ -126,9 +137,12 @@ pub fn trim_unmounted(dev: &Path, fs_type: &str, dir: &Path, stop: &Stop) -> Res
             "cannot mount the volume's {fs_type} filesystem to trim it (was it ever staged?): {e}"
         ))
     })?;
-    let res = sys::block_size_bytes(dev)
-        .map_err(Error::from)
-        .and_then(|size| trim_filesystem(dir, fs_type, size, stop));
+    let res = (|| {
+        let numbers = sys::device_numbers(dev)?
+            .ok_or_else(|| Error::Internal(format!("{} is not a block device", dev.display())))?;
+        let size = sys::block_size_bytes(dev)?;
+        trim_filesystem(dir, numbers, fs_type, size, stop)
+    })();
     let unmounted = unmount_patiently(dir);
     let _ = std::fs::remove_dir(dir);
     let trimmed = res?;

@@ -163,29 +163,29 @@ pub fn discard_range(dev: &Path, offset: u64, len: u64) -> Result<()> {
     open_exclusive(dev)?.discard(offset, len)
 }
 
-/// Flushes the filesystem that holds `path` (`syncfs`), so that blocks freed
-/// by recent deletes are committed before a FITRIM looks for them.
-pub fn sync_filesystem(path: &Path) -> Result<()> {
-    let fd = open("open", path, OFlag::O_RDONLY)?;
-    nix::unistd::syncfs(fd.as_fd()).map_err(|e| SysError::new("syncfs", path, e))?;
-    tracing::debug!(path = %path.display(), "synced filesystem");
+/// Flushes the filesystem `fd` is on (`syncfs`), so that blocks freed by
+/// recent deletes are committed before a FITRIM looks for them. `shown`
+/// names it in errors and logs.
+pub fn sync_filesystem(fd: &impl AsFd, shown: &Path) -> Result<()> {
+    nix::unistd::syncfs(fd.as_fd()).map_err(|e| SysError::new("syncfs", shown, e))?;
+    tracing::debug!(path = %shown.display(), "synced filesystem");
     Ok(())
 }
 
-/// Asks the filesystem mounted at (or containing) `mountpoint` to discard its
-/// unused blocks in the byte range `start..start+len` of its address space
-/// (`FITRIM`, what fstrim(8) does), ignoring free extents shorter than
-/// `minlen` bytes. Returns the number of bytes the filesystem reports as
-/// trimmed. Some filesystems (ext4) skip block groups already trimmed
-/// since mount, so a second call may return less.
-pub fn fitrim(mountpoint: &Path, start: u64, len: u64, minlen: u64) -> Result<u64> {
-    let fd = open("open", mountpoint, OFlag::O_RDONLY)?;
+/// Asks the filesystem `fd` is on (a mount root [`super::open_mount_root`]
+/// checked) to discard its unused blocks in the byte range
+/// `start..start+len` of its address space (`FITRIM`, what fstrim(8)
+/// does), ignoring free extents shorter than `minlen` bytes. Returns the
+/// number of bytes the filesystem reports as trimmed. Some filesystems
+/// (ext4) skip block groups already trimmed since mount, so a second call
+/// may return less. `shown` names the mount point in errors and logs.
+pub fn fitrim(fd: &impl AsFd, shown: &Path, start: u64, len: u64, minlen: u64) -> Result<u64> {
     let mut range = FstrimRange { start, len, minlen };
     // SAFETY: the fd is open and `range` is a valid fstrim_range that the
     // kernel reads and updates in place.
-    unsafe { ioctl::fitrim(fd.as_raw_fd(), &mut range) }
-        .map_err(|e| SysError::new("FITRIM", mountpoint, e))?;
-    tracing::info!(mountpoint = %mountpoint.display(), start, len, minlen, trimmed = range.len, "trimmed filesystem");
+    unsafe { ioctl::fitrim(fd.as_fd().as_raw_fd(), &mut range) }
+        .map_err(|e| SysError::new("FITRIM", shown, e))?;
+    tracing::info!(mountpoint = %shown.display(), start, len, minlen, trimmed = range.len, "trimmed filesystem");
     Ok(range.len)
 }
 

@@ -245,7 +245,20 @@ fn loop_ext4_lifecycle() {
     std::fs::remove_file(&data).unwrap();
     // SAFETY: sync has no preconditions.
     unsafe { libc::sync() };
-    let trimmed = fitrim(&mnt, 0, u64::MAX, 0).expect("FITRIM");
+    let root = open_mount_root(&mnt, (major, minor)).expect("open the mount root");
+    let trimmed = fitrim(&root, &mnt, 0, u64::MAX, 0).expect("FITRIM");
+    drop(root);
+    // The reclaim trim checks the mount root too: another device's
+    // numbers are refused before anything is synced or trimmed.
+    let e = crate::node::reclaim::trim_filesystem(
+        &mnt,
+        (major, minor + 1),
+        "ext4",
+        POOL_SIZE,
+        &crate::node::reclaim::Stop::never(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, crate::error::Error::NotTheMount(_)), "{e}");
     eprintln!("FITRIM trimmed {trimmed} bytes");
     assert!(trimmed > 0, "FITRIM reported nothing trimmed");
 

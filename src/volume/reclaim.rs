@@ -71,7 +71,7 @@ impl Driver {
                             )),
                         });
                     };
-                    reclaim::trim_filesystem(&mountpoint, &fs, size, &stop)
+                    reclaim::trim_filesystem(&mountpoint, (major, minor), &fs, size, &stop)
                 },
             )
             .await?;
