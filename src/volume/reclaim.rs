@@ -63,9 +63,9 @@ impl Driver {
                     let Some((mountpoint, fs)) = reclaim::fs_mount_of(major, minor)? else {
                         return Err(match access {
                             Some(Access::Block) => Error::Unimplemented(format!(
-                                "volume {id} is a raw block volume in use: a whole-device discard would destroy live data; \
-                                 reclaim it with ControllerReclaimSpace while nothing uses it"
-                            )),
+                                "volume {id} is a raw block volume in use: a whole-device discard would destroy live data"
+                            ))
+                            .advise("reclaim it with ControllerReclaimSpace while nothing uses it"),
                             _ => Error::FailedPrecondition(format!(
                                 "volume {id} is active but its filesystem is not mounted on this node"
                             )),
