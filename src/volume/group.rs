@@ -307,14 +307,14 @@ impl Driver {
         if unheld.len() > 1 {
             return Err(Error::FailedPrecondition(format!(
                 "group snapshot {co_name:?}: volumes {unheld:?} are in use and cannot be held still together{}, \
-                 so their snapshots could not be write-order consistent; stop (unstage) all but one of them, \
-                 or snapshot them one by one",
+                 so their snapshots could not be write-order consistent",
                 if nests {
                     " (only mounted filesystems can be frozen)"
                 } else {
                     " on this kernel (before Linux 6.8, LVM cannot snapshot a filesystem frozen by anyone else)"
                 }
-            )));
+            ))
+            .advise("stop (unstage) all but one of them, or snapshot them one by one"));
         }
         let to_freeze: Vec<PathBuf> = if nests {
             points.iter().flatten().cloned().collect()
