@@ -357,7 +357,7 @@ impl Driver {
         if res.is_ok() && expired {
             res = Err(Error::DeadlineExceeded(format!(
                 "the members of group snapshot {co_name:?} stayed frozen longer than {FREEZE_BOUND:?}: \
-                 thawed, and the snapshots made were removed; retry"
+                 thawed, and the snapshots made were removed"
             )));
         }
         if let Err(e) = res {
@@ -447,9 +447,11 @@ impl Driver {
         }
         if !complete(&members) {
             return Err(Error::NotFound(format!(
-                "group snapshot {id} is incomplete (its creation was interrupted); \
-                 CreateVolumeGroupSnapshot again makes it whole"
-            )));
+                "group snapshot {id} is incomplete (its creation was interrupted)"
+            ))
+            .advise(
+                "call CreateVolumeGroupSnapshot again with the same name: that makes it whole",
+            ));
         }
         Ok(GroupInfo::of(id, &members))
     }
