@@ -246,7 +246,7 @@ pub async fn stage(
                 dev.volume_id
             ))
             .advise(format!(
-                "stage it with the fs_type its data holds, or, if that data is not wanted, wipe the LV by hand (wipefs, blkdiscard) and stage it again as {fs_type}"
+                "stage it with the fs_type its data holds, or, if that data is not wanted (an interrupted format), wipe the LV by hand (wipefs, blkdiscard) and stage it again as {fs_type}"
             )))
         }
         blkid::Plan::Format => {
