@@ -23,7 +23,7 @@ impl InFlight {
         let mut set = self.busy.lock().unwrap();
         if !set.insert(key.to_string()) {
             return Err(Error::Aborted(format!(
-                "an operation on volume {key} is already in progress; {what} not started, retry later"
+                "an operation on volume {key} is already in progress; {what} not started"
             )));
         }
         Ok(Held {

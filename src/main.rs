@@ -158,12 +158,13 @@ async fn main() -> ExitCode {
     // still serves so the CO can see why.
     match pool::ensure(&driver.cfg, &driver.lvm).await {
         Err(e) => {
-            tracing::error!(error = %e, "thin pool is not usable");
+            tracing::error!(error = %e.message(), "thin pool is not usable");
             // Private reclaim mounts a killed driver left need no LVM to go.
             driver.clean_debris().await;
         }
         Ok(()) => {
             if let Err(e) = pool::check_zeroing(&driver.cfg, &driver.lvm).await {
+                let e = e.message();
                 eprintln!("thinpool-csi: {e}");
                 tracing::error!(error = %e, "not starting");
                 return ExitCode::FAILURE;

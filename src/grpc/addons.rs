@@ -126,7 +126,7 @@ impl Identity for AddonsService {
         self.driver
             .probe()
             .await
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+            .map_err(|e| Status::failed_precondition(e.message()))?;
         Ok(Response::new(ProbeResponse { ready: Some(true) }))
     }
 }

@@ -76,6 +76,10 @@ impl ControllerService {
             return Err(Error::ResourceExhausted(format!(
                 "accessibility_requirements exclude node {:?}, the only node this pool serves",
                 d.node_id
+            ))
+            .advise(format!(
+                "let accessibility_requirements include node {:?}, or create the volume through the driver of the node you asked for",
+                d.node_id
             )));
         }
         let spec = CreateSpec {
@@ -111,10 +115,10 @@ impl ControllerService {
         let d = &self.driver;
         let id = validate::volume_id(&req.volume_id)?;
         let node_id = validate::required_string("node_id", &req.node_id)?;
-        let cap = req
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?;
+        let cap = req.volume_capability.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("volume_capability is required".into())
+                .advise("set volume_capability (mount or block, with an access_mode)")
+        })?;
         let access = validate::capability(cap, &d.cfg.default_fs_type)?;
         let id = validate::known_volume(id, &req.volume_id)?;
         let dev = d.controller_publish(&id, node_id, &access).await?;

@@ -64,7 +64,7 @@ impl Identity for IdentityService {
             Ok(()) => Ok(Response::new(ProbeResponse { ready: Some(true) })),
             Err(e) => {
                 tracing::warn!(error = %e, "Probe: not ready");
-                Err(Status::failed_precondition(e.to_string()))
+                Err(Status::failed_precondition(e.message()))
             }
         }
     }

@@ -165,7 +165,8 @@ impl MetadataService {
             if !self.driver.serves_metadata() {
                 return Err(Error::Unimplemented(
                     "SnapshotMetadata needs thin-provisioning-tools (thin_dump, thin_delta), which do not run on this node".into(),
-                ));
+                )
+                .advise("install thin-provisioning-tools in the driver's image and restart the driver, or do not call SnapshotMetadata on this node"));
             }
             let ask = ask?;
             let (start, batch) = window(starting_offset, max_results)?;

@@ -75,7 +75,8 @@ impl NodeService {
         if req.staging_target_path.is_empty() {
             return Err(Error::FailedPrecondition(
                 "staging_target_path is required: this driver stages volumes (STAGE_UNSTAGE_VOLUME)".into(),
-            ));
+            )
+            .advise("call NodeStageVolume first and pass its staging_target_path"));
         }
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
@@ -107,7 +108,10 @@ impl NodeService {
             return Err(Error::NotFound(format!(
                 "volume {id} is not at {:?}: not an absolute path",
                 req.volume_path
-            )));
+            ))
+            .advise(
+                "pass the absolute target or staging path the volume was published or staged at",
+            ));
         }
         let path = self.path("volume_path", &req.volume_path)?;
         let s = self.driver.volume_stats(&id, &path).await?;

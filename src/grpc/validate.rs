@@ -181,7 +181,8 @@ pub fn page(max_entries: i32, token: &str, issued: fn(&str) -> bool) -> Result<u
     if !token.is_empty() && !issued(token) {
         return Err(Error::Aborted(format!(
             "starting_token {token:?} was not issued by this driver"
-        )));
+        ))
+        .advise("start the listing again with an empty starting_token"));
     }
     Ok(max_entries as usize)
 }
@@ -193,7 +194,10 @@ pub fn node_path(field: &str, value: &str, roots: &[PathBuf]) -> Result<NodePath
 
 /// A required capability, checked, with its mount options parsed.
 pub fn full_capability(cap: Option<&VolumeCapability>, default_fs: &str) -> Result<Capability> {
-    let cap = cap.ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?;
+    let cap = cap.ok_or_else(|| {
+        Error::InvalidArgument("volume_capability is required".into())
+            .advise("set volume_capability (mount or block, with an access_mode)")
+    })?;
     let access = capability(cap, default_fs)?;
     let mode = cap
         .access_mode

@@ -105,8 +105,7 @@ pub fn plan(found: &Signature, wanted_fs: &str, mapped_sectors: u64) -> Plan {
             "blkid finds several contradicting signatures on the volume; it is neither formatted nor mounted (inspect it with `wipefs`)".into(),
         ),
         Signature::None if mapped_sectors > 0 => Plan::Refuse(format!(
-            "the volume holds {} bytes of data but no signature blkid recognises; refusing to format it. \
-             If that data is an interrupted format and may be destroyed, discard it (blkdiscard) and stage again",
+            "the volume holds {} bytes of data but no signature blkid recognises; refusing to format it",
             mapped_sectors * 512
         )),
         Signature::None => Plan::Format,

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::node::record::Publish as Published;
-use crate::node::{dm, fs, mount_table, paths, Device, Tools};
+use crate::node::{dm, fs, left_alone, mount_table, paths, Device, Tools};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::sys;
 
@@ -78,8 +78,8 @@ pub fn stage(dev: &Device, staging: &Path, roots: &[std::path::PathBuf]) -> Resu
                 m.fs_type
             ))
         } else {
-            Error::FailedPrecondition(format!(
-                "staging path {} is a mount of another device ({}:{}); it is left alone",
+            left_alone(format!(
+                "staging path {} is a mount of another device ({}:{})",
                 staging.display(),
                 m.major,
                 m.minor
@@ -125,15 +125,15 @@ fn inspect_target(
     roots: &[std::path::PathBuf],
 ) -> Result<AtTarget> {
     if mount_table()?.is_mount_point(target) {
-        return Err(Error::FailedPrecondition(format!(
-            "target {} is a mount point; it is left alone",
+        return Err(left_alone(format!(
+            "target {} is a mount point",
             target.display()
         )));
     }
     let Some(n) = node_at(target)? else {
         if std::fs::symlink_metadata(target).is_ok() {
-            return Err(Error::FailedPrecondition(format!(
-                "target {} exists and is not a device node (published as a filesystem?); it is left alone",
+            return Err(left_alone(format!(
+                "target {} exists and is not a device node (published as a filesystem?)",
                 target.display()
             )));
         }
@@ -165,14 +165,15 @@ fn inspect_target(
             "volume {volume_id} is already published at {} with readonly={}",
             target.display(),
             !readonly
-        ))),
+        ))
+        .advise("publish it there with the first call's readonly, use another target_path, or NodeUnpublishVolume it first")),
         NodeKind::Dangling => {
             remove_node(target, roots)?;
             tracing::info!(target = %target.display(), "removed a stale device node that led to no device");
             Ok(AtTarget::Free)
         }
-        NodeKind::Foreign => Err(Error::FailedPrecondition(format!(
-            "target {} is a device node of another device ({}:{}); it is left alone",
+        NodeKind::Foreign => Err(left_alone(format!(
+            "target {} is a device node of another device ({}:{})",
             target.display(),
             n.0,
             n.1
@@ -216,7 +217,8 @@ pub async fn publish(
             "volume {} is already published at {} and one of the publishes is SINGLE_NODE_SINGLE_WRITER",
             dev.volume_id,
             other.target.display()
-        )));
+        ))
+        .advise("NodeUnpublishVolume it there first, or publish every target with SINGLE_NODE_MULTI_WRITER"));
     }
 
     let (t, roots) = (target.to_path_buf(), tools.roots.clone());
@@ -300,8 +302,8 @@ pub async fn unpublish_node(
     match kind {
         NodeKind::Overlay(name) if name == ours => dm::remove_overlay(tools, &name).await?,
         NodeKind::Foreign | NodeKind::Overlay(_) if !recorded => {
-            return Err(Error::FailedPrecondition(format!(
-                "target {} is a device node of another device ({}:{}), not of this publish of volume {volume_id}; it is left alone",
+            return Err(left_alone(format!(
+                "target {} is a device node of another device ({}:{}), not of this publish of volume {volume_id}",
                 target.display(),
                 node.0,
                 node.1

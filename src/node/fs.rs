@@ -7,7 +7,7 @@ use nix::errno::Errno;
 
 use crate::error::{Error, Result};
 use crate::mountinfo::{self, MountInfo};
-use crate::node::{blkid, dm, marker, mount_table, paths, Device, Tools};
+use crate::node::{blkid, dm, left_alone, marker, mount_table, paths, Device, Tools};
 use crate::sys::{self, MsFlags};
 
 /// Mount flags as the kernel takes them: `MS_*` bits plus the
@@ -244,6 +244,9 @@ pub async fn stage(
             return Err(Error::FailedPrecondition(format!(
                 "cannot stage volume {} as {fs_type}: {why}",
                 dev.volume_id
+            ))
+            .advise(format!(
+                "stage it with the fs_type its data holds, or, if that data is not wanted (an interrupted format), wipe the LV by hand (wipefs, blkdiscard) and stage it again as {fs_type}"
             )))
         }
         blkid::Plan::Format => {
@@ -253,7 +256,8 @@ pub async fn stage(
                 return Err(Error::ResourceExhausted(format!(
                     "cannot format volume {}: {problem}",
                     dev.volume_id
-                )));
+                ))
+                .advise("free or add space in the thin pool as said above, then stage the volume again"));
             }
             let (m, v) = (marker.to_path_buf(), dev.volume_id.clone());
             tools
@@ -303,8 +307,8 @@ fn staging_in_place(
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(staging) {
         if m.device() != dev.numbers() {
-            return Err(Error::FailedPrecondition(format!(
-                "staging path {} already is a mount of another device ({}:{}, {}); it is left alone",
+            return Err(left_alone(format!(
+                "staging path {} already is a mount of another device ({}:{}, {})",
                 staging.display(),
                 m.major,
                 m.minor,
@@ -327,7 +331,8 @@ fn staging_in_place(
             "volume {} is already mounted at {}; one volume has one staging path",
             dev.volume_id,
             m.mount_point.display()
-        )));
+        ))
+        .advise("stage it at the path where it is mounted, or unmount it there first"));
     }
     ensure_dir(staging, roots)?;
 
@@ -371,16 +376,17 @@ pub fn publish(
         Some(m) if m.device() == dev.numbers() => {}
         _ => {
             return Err(Error::FailedPrecondition(format!(
-                "volume {} is not staged at {}: call NodeStageVolume first",
+                "volume {} is not staged at {}",
                 dev.volume_id,
                 staging.display()
-            )))
+            ))
+            .advise("call NodeStageVolume with this staging_target_path first, then retry"))
         }
     }
     if let Some(m) = info.top_mount_at(target) {
         if m.device() != dev.numbers() {
-            return Err(Error::FailedPrecondition(format!(
-                "target {} is a mount of another device ({}:{}, {}); it is left alone",
+            return Err(left_alone(format!(
+                "target {} is a mount of another device ({}:{}, {})",
                 target.display(),
                 m.major,
                 m.minor,
@@ -403,7 +409,8 @@ pub fn publish(
                 dev.volume_id,
                 target.display(),
                 !readonly
-            )));
+            ))
+            .advise("publish it there with the first call's readonly, use another target_path, or NodeUnpublishVolume it first"));
         }
         tracing::info!(volume = dev.volume_id, target = %target.display(), "NodePublishVolume: already published");
         return Ok(());
@@ -421,16 +428,19 @@ pub fn publish(
                 "volume {} is SINGLE_NODE_SINGLE_WRITER and already published at {}",
                 dev.volume_id,
                 other.display()
-            )));
+            ))
+            .advise(
+                "NodeUnpublishVolume it there first, or publish it with SINGLE_NODE_MULTI_WRITER",
+            ));
         }
     }
     let created = match std::fs::symlink_metadata(target) {
         Ok(m) if m.is_dir() => false,
         Ok(_) => {
-            return Err(Error::FailedPrecondition(format!(
-            "target {} exists and is not a directory (published as raw block?); it is left alone",
-            target.display()
-        )))
+            return Err(left_alone(format!(
+                "target {} exists and is not a directory (published as raw block?)",
+                target.display()
+            )))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             paths::beneath(target, roots, |at| sys::mkdir_beneath(at, 0o750))?

@@ -49,6 +49,14 @@ pub struct Tools {
     pub roots: Vec<PathBuf>,
 }
 
+/// FAILED_PRECONDITION: `what` is at a staging or target path and is not
+/// this driver's; the driver leaves it alone, and says what to do.
+pub(crate) fn left_alone(what: String) -> Error {
+    Error::FailedPrecondition(format!("{what}; it is left alone")).advise(
+        "unmount or remove what is at that path (the driver touches only what it made there), or pass another path, then retry",
+    )
+}
+
 impl Tools {
     pub fn new(cfg: &Config) -> Tools {
         Tools {
@@ -107,7 +115,7 @@ pub fn ensure_dev_node(volume_id: &str, dev_path: &Path, kernel: (u32, u32)) -> 
         Ok(Some(n)) if n == kernel => return Ok(device),
         Ok(other) => {
             return Err(Error::FailedPrecondition(format!(
-                "{} is {} but the kernel has the LV as {}:{}; fix /dev (udev) and retry",
+                "{} is {} but the kernel has the LV as {}:{}",
                 dev_path.display(),
                 match other {
                     Some((ma, mi)) => format!("device {ma}:{mi}"),
@@ -115,7 +123,8 @@ pub fn ensure_dev_node(volume_id: &str, dev_path: &Path, kernel: (u32, u32)) -> 
                 },
                 kernel.0,
                 kernel.1
-            )))
+            ))
+            .advise("fix the node in /dev (vgmknodes re-creates LVM's device nodes), then retry"))
         }
         Err(e) if e.is_not_found() => {}
         Err(e) => return Err(e.into()),
@@ -212,15 +221,15 @@ fn unpublish_mounts(
                 tracing::warn!(target = %target.display(), "target directory is not empty after unmount; left in place");
                 Ok(None)
             }
-            Err(e) if not_empty(&e) => Err(Error::FailedPrecondition(format!(
-                "target {} is a non-empty directory that is not a mount of volume {volume_id}; it is left alone",
+            Err(e) if not_empty(&e) => Err(left_alone(format!(
+                "target {} is a non-empty directory that is not a mount of volume {volume_id}",
                 target.display()
             ))),
             Err(e) => Err(e),
         };
     }
-    Err(Error::FailedPrecondition(format!(
-        "target {} is neither a mount nor a device node of volume {volume_id}; it is left alone",
+    Err(left_alone(format!(
+        "target {} is neither a mount nor a device node of volume {volume_id}",
         target.display()
     )))
 }
@@ -289,17 +298,19 @@ fn unmount_staging(
         .find(|o| crate::mountinfo::normalize(&o.mount_point) != staging_n)
     {
         return Err(Error::FailedPrecondition(format!(
-            "volume {volume_id} is still mounted at {}: unpublish it first",
+            "volume {volume_id} is still mounted at {}",
             other.mount_point.display()
-        )));
+        ))
+        .advise("call NodeUnpublishVolume for that target first, then retry"));
     }
     paths::beneath(staging, roots, sys::unmount_beneath)?;
     tracing::info!(volume = volume_id, staging = %staging.display(), "NodeUnstageVolume: unmounted");
     if mount_table()?.top_mount_at(staging).map(|m| m.device()) == lv {
         return Err(Error::FailedPrecondition(format!(
-            "volume {volume_id} was mounted more than once at {}; call NodeUnstageVolume again",
+            "volume {volume_id} was mounted more than once at {}",
             staging.display()
-        )));
+        ))
+        .advise("call NodeUnstageVolume again: each call removes one mount"));
     }
     Ok(true)
 }
@@ -476,9 +487,10 @@ pub async fn expand(
     }
     let mount = mount.ok_or_else(|| {
         Error::FailedPrecondition(format!(
-            "volume {} is not mounted on this node: stage it before NodeExpandVolume",
+            "volume {} is not mounted on this node",
             dev.volume_id
         ))
+        .advise("call NodeStageVolume first, then NodeExpandVolume")
     })?;
     fs::grow(tools, &mount.fs_type, dev, &mount.mount_point).await?;
     tracing::info!(

@@ -143,10 +143,11 @@ pub fn beneath<T>(
         // path changed after it was checked.
         nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV => Error::FailedPrecondition(format!(
             "{} (or a directory above it) is a symbolic link or leads out of {} since it was checked; \
-             the driver follows no link there: replace it with a plain directory and retry ({e})",
+             the driver follows no link there ({e})",
             path.display(),
             root.display()
-        )),
+        ))
+        .advise("replace the link with a plain directory, then retry"),
         _ => e.into(),
     })
 }
@@ -259,7 +260,8 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
         assert!(
-            e.to_string().contains("replace it with a plain directory"),
+            e.message()
+                .contains("replace the link with a plain directory"),
             "{e}"
         );
         let e = beneath(&r.join("missing"), &roots, |at| {

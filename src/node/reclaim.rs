@@ -134,8 +134,9 @@ pub fn trim_unmounted(dev: &Path, fs_type: &str, dir: &Path, stop: &Stop) -> Res
     )
     .map_err(|e| {
         Error::FailedPrecondition(format!(
-            "cannot mount the volume's {fs_type} filesystem to trim it (was it ever staged?): {e}"
+            "cannot mount the volume's {fs_type} filesystem to trim it: {e}"
         ))
+        .advise("stage the volume once (a volume never staged holds no filesystem to trim), or check it with fsck")
     })?;
     let res = (|| {
         let numbers = sys::device_numbers(dev)?

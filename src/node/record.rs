@@ -214,10 +214,8 @@ impl Records {
             Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
         };
         let r: Record = serde_json::from_slice(&text).map_err(|e| {
-            Error::Internal(format!(
-                "{} is not a node record ({e}); move it away to let the driver go on",
-                path.display()
-            ))
+            Error::Internal(format!("{} is not a node record ({e})", path.display()))
+                .advise("move that file away (the driver then treats the volume as not staged on this node), then retry")
         })?;
         if r.volume_id != volume_id {
             return Err(Error::Internal(format!(
@@ -356,6 +354,8 @@ mod tests {
         let id = crate::naming::lv_name_for("pvc-1");
         std::fs::create_dir_all(dir.path().join("volumes")).unwrap();
         std::fs::write(rs.path(&id), b"{\"volume_id\":").unwrap();
-        assert!(matches!(rs.load(&id), Err(Error::Internal(_))));
+        let e = rs.load(&id).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Internal, "{e}");
+        assert!(e.message().contains("move that file away"), "{e}");
     }
 }

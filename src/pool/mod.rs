@@ -90,10 +90,12 @@ pub async fn check_zeroing(cfg: &Config, lvm: &Lvm) -> Result<()> {
         return Ok(());
     }
     Err(Error::FailedPrecondition(format!(
-        "thin pool {} does not zero new chunks (lv_attr {}): a new volume could show a deleted volume's data. \
-         Turn zeroing on (lvchange --zero y {}), or set allow_unzeroed_pool = true to accept it",
+        "thin pool {} does not zero new chunks (lv_attr {}): a new volume could show a deleted volume's data",
         lvm.lv_path(&lvm.pool),
         pool.attr,
+    ))
+    .advise(format!(
+        "turn zeroing on (lvchange --zero y {}), or set allow_unzeroed_pool = true to accept it",
         lvm.lv_path(&lvm.pool)
     )))
 }

@@ -32,12 +32,6 @@ use nix::sys::stat::{self, Mode};
 
 use super::{open_beneath, split_dev, Result, SysError, SysErrorKind};
 
-/// What the driver says to do when a mount point is not the mount it
-/// expected.
-const ADVICE: &str = "something was mounted or linked over the path after the driver looked it \
-                      up, and the driver did not act on it; unmount what is there (or unstage \
-                      and stage the volume again), then retry";
-
 /// Opens `path` as a directory (`O_RDONLY`: ioctls need a real open, not
 /// `O_PATH`) and returns it only if it is the root of a mount of the block
 /// device `device` (major, minor). See the module documentation.
@@ -86,7 +80,7 @@ pub fn open_mount_root(path: &Path, device: (u32, u32)) -> Result<OwnedFd> {
 fn not_the_mount(op: &'static str, path: &Path, found: String) -> SysError {
     SysError::new(op, path, Errno::EXDEV)
         .with_kind(SysErrorKind::NotTheMount)
-        .with_detail(format!("{found}: {ADVICE}"))
+        .with_detail(found)
 }
 
 /// Whether `fd` is the root of a mount: statx's answer where it gives

@@ -890,7 +890,11 @@ fn xfs_grows_through_the_checked_mount_root_only() {
     ] {
         let s = refused(path, m);
         assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
-        assert!(s.message().contains("unmount what is there"), "{s:?}");
+        assert!(
+            s.message()
+                .contains("unmount what was mounted or linked over the path"),
+            "{s:?}"
+        );
     }
     mount_fs(Path::new("none"), &mnt, "tmpfs", MsFlags::empty(), None).expect("tmpfs over mnt");
     let s = refused(&mnt, minor);

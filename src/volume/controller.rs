@@ -343,7 +343,8 @@ impl Driver {
                 self.lvm.lv_path(&self.lvm.pool),
                 cap.virtual_headroom,
                 self.cfg.overprovision_ratio
-            )));
+            ))
+            .advise("ask for less, delete volumes or snapshots, extend the pool (lvextend), or raise overprovision_ratio in the config"));
         }
         Ok(())
     }

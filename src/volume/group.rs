@@ -311,14 +311,14 @@ impl Driver {
         if unheld.len() > 1 {
             return Err(Error::FailedPrecondition(format!(
                 "group snapshot {co_name:?}: volumes {unheld:?} are in use and cannot be held still together{}, \
-                 so their snapshots could not be write-order consistent; stop (unstage) all but one of them, \
-                 or snapshot them one by one",
+                 so their snapshots could not be write-order consistent",
                 if nests {
                     " (only mounted filesystems can be frozen)"
                 } else {
                     " on this kernel (before Linux 6.8, LVM cannot snapshot a filesystem frozen by anyone else)"
                 }
-            )));
+            ))
+            .advise("stop (unstage) all but one of them, or snapshot them one by one"));
         }
         let to_freeze: Vec<fs::MountOf> = if nests {
             points.iter().flatten().cloned().collect()
@@ -361,7 +361,7 @@ impl Driver {
         if res.is_ok() && expired {
             res = Err(Error::DeadlineExceeded(format!(
                 "the members of group snapshot {co_name:?} stayed frozen longer than {FREEZE_BOUND:?}: \
-                 thawed, and the snapshots made were removed; retry"
+                 thawed, and the snapshots made were removed"
             )));
         }
         if let Err(e) = res {
@@ -451,9 +451,11 @@ impl Driver {
         }
         if !complete(&members) {
             return Err(Error::NotFound(format!(
-                "group snapshot {id} is incomplete (its creation was interrupted); \
-                 CreateVolumeGroupSnapshot again makes it whole"
-            )));
+                "group snapshot {id} is incomplete (its creation was interrupted)"
+            ))
+            .advise(
+                "call CreateVolumeGroupSnapshot again with the same name: that makes it whole",
+            ));
         }
         Ok(GroupInfo::of(id, &members))
     }

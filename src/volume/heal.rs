@@ -54,6 +54,7 @@ impl Driver {
                 "the parent directory of volume_path {} does not exist",
                 target.display()
             ))
+            .advise("pass the target or staging path the volume was published or staged at")
         })?;
         let staging = self.resolve_optional(staging.as_ref()).await?;
         self.detached(&id.clone(), "NodeHealer", move |d, _| async move {
@@ -61,12 +62,17 @@ impl Driver {
                 Error::FailedPrecondition(format!(
                     "volume {id} is not staged on this node (it has no node record): nothing to heal"
                 ))
+                .advise("call NodeStageVolume (and NodePublishVolume) instead: only a staged volume can be healed")
             })?;
             if let Some(st) = staging.as_ref().filter(|st| **st != record.staging) {
                 return Err(Error::FailedPrecondition(format!(
                     "volume {id} is staged at {}, not at {}",
                     record.staging.display(),
                     st.display()
+                ))
+                .advise(format!(
+                    "pass staging_target_path {} (or none)",
+                    record.staging.display()
                 )));
             }
             if record.staging != target && record.publish(&target).is_none() {

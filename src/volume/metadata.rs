@@ -142,9 +142,9 @@ impl Driver {
             let res = res.and_then(|()| {
                 if stalled.load(std::sync::atomic::Ordering::SeqCst) {
                     Err(Error::DeadlineExceeded(format!(
-                        "the client took no range for {stall:?}; the stream was stopped, \
-                         continue from the last range received"
-                    )))
+                        "the client took no range for {stall:?}; the stream was stopped"
+                    ))
+                    .advise("call again with starting_offset after the last range received, and read the stream without pausing"))
                 } else {
                     Ok(())
                 }

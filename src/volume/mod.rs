@@ -212,6 +212,7 @@ impl Driver {
             self.cfg.driver_name,
             self.lvm.pool
         ))
+        .advise("check the id: this driver acts only on thin LVs of its pool that carry its owner tag; rename or remove that LV by hand if it is in the way")
     }
 
     /// Like [`Driver::owned`], but a missing volume is NOT_FOUND.

@@ -53,6 +53,9 @@ impl Driver {
                 "the parent directory of {field} {} does not exist",
                 p.display()
             ))
+            .advise(format!(
+                "create the parent directory of {field} (the CO does, for the paths it hands out), then retry"
+            ))
         })
     }
 
@@ -98,15 +101,15 @@ impl Driver {
             .map(|p| p.target.display().to_string())
             .collect();
         Err(Error::FailedPrecondition(format!(
-            "{what}: volume {id} is staged on this node at {}{}; NodeUnpublishVolume and \
-             NodeUnstageVolume it first",
+            "{what}: volume {id} is staged on this node at {}{}",
             r.staging.display(),
             if targets.is_empty() {
                 String::new()
             } else {
                 format!(" and published at {}", targets.join(", "))
             }
-        )))
+        ))
+        .advise("call NodeUnpublishVolume for each target and NodeUnstageVolume first, then retry"))
     }
 
     /// Drops the node record and formatting marker of a deleted volume.
@@ -151,6 +154,10 @@ impl Driver {
                     return Err(Error::FailedPrecondition(format!(
                         "volume {id} is already staged at {}; one volume has one staging path",
                         r.staging.display()
+                    ))
+                    .advise(format!(
+                        "stage it at {} as before, or NodeUnstageVolume it there first",
+                        r.staging.display()
                     )));
                 }
                 if r.adopted && r.kind == kind {
@@ -167,7 +174,8 @@ impl Driver {
                         r.kind,
                         r.mount_flags,
                         cap.mount_flags
-                    )));
+                    ))
+                    .advise("stage it with the capability and mount flags of the first NodeStageVolume, or NodeUnstageVolume it first"));
                 }
                 false
             }
@@ -265,9 +273,10 @@ impl Driver {
                 r.publishes.retain(|p| present.contains(&p.target));
                 if let Some(p) = r.publishes.first() {
                     return Err(Error::FailedPrecondition(format!(
-                        "volume {id} is still published at {}: unpublish it first",
+                        "volume {id} is still published at {}",
                         p.target.display()
-                    )));
+                    ))
+                    .advise("call NodeUnpublishVolume for that target first, then retry"));
                 }
                 if !r.unstaging {
                     r.unstaging = true;
@@ -334,9 +343,10 @@ impl Driver {
             }
             let not_staged = || {
                 Error::FailedPrecondition(format!(
-                    "volume {id} is not staged at {}: call NodeStageVolume first",
+                    "volume {id} is not staged at {}",
                     staging.display()
                 ))
+                .advise("call NodeStageVolume with this staging_target_path first, then retry")
             };
             let staging = d.resolve(&staging).await?.ok_or_else(not_staged)?;
             let target = d.resolve_existing_parent("target_path", &target).await?;
@@ -348,7 +358,8 @@ impl Driver {
                     "volume {id} is staged as {:?}, not as {:?}",
                     record.kind,
                     kind_of(&cap.access)
-                )));
+                ))
+                .advise("publish it with the access type it was staged with, or unstage and stage it again"));
             }
             let dev = d.live_device(&id).await?.ok_or_else(not_staged)?;
             let (vid, path, numbers) = (id.to_string(), dev.path.clone(), dev.numbers());
@@ -376,7 +387,8 @@ impl Driver {
                         target.display(),
                         p.readonly,
                         p.mode
-                    )));
+                    ))
+                    .advise("publish it there with the first call's readonly and access mode, use another target_path, or NodeUnpublishVolume it first"));
                 }
                 Some(p) if !p.removing => {
                     if p.mode.is_empty() {
@@ -621,18 +633,18 @@ impl Driver {
                 })?;
             let staging = d.resolve_optional(staging.as_ref()).await?;
             let dev = d.current_device(vol.lv).ok_or_else(|| {
-                Error::FailedPrecondition(format!(
-                    "volume {id} is not staged on this node: stage it before NodeExpandVolume"
-                ))
+                Error::FailedPrecondition(format!("volume {id} is not staged on this node"))
+                    .advise("call NodeStageVolume first, then NodeExpandVolume")
             })?;
             let mut at: Vec<&Path> = vec![&real];
             at.extend(staging.as_deref());
             let size = node::expand(&d.tools, &dev, block_access, &at).await?;
             if range.required > size {
                 return Err(Error::OutOfRange(format!(
-                    "volume {id} is {size} bytes, less than the required {}: ControllerExpandVolume must grow it first",
+                    "volume {id} is {size} bytes, less than the required {}",
                     range.required
-                )));
+                ))
+                .advise("call ControllerExpandVolume to grow it first, then NodeExpandVolume"));
             }
             if range.limit > 0 && size > range.limit {
                 return Err(Error::OutOfRange(format!(

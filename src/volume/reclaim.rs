@@ -49,8 +49,9 @@ impl Driver {
             let vol = d.must_own(&report, &id)?;
             let Some((major, minor)) = vol.lv.kernel else {
                 return Err(Error::FailedPrecondition(format!(
-                    "volume {id} is not active on this node, so nothing is staged to trim; use ControllerReclaimSpace"
-                )));
+                    "volume {id} is not active on this node, so nothing is staged to trim"
+                ))
+                .advise("use ControllerReclaimSpace for a volume nobody uses"));
             };
             let access = vol.tags.access.clone();
             let pre = vol.lv.allocated_bytes().unwrap_or(0);
@@ -63,9 +64,9 @@ impl Driver {
                     let Some((mountpoint, fs)) = reclaim::fs_mount_of(major, minor)? else {
                         return Err(match access {
                             Some(Access::Block) => Error::Unimplemented(format!(
-                                "volume {id} is a raw block volume in use: a whole-device discard would destroy live data; \
-                                 reclaim it with ControllerReclaimSpace while nothing uses it"
-                            )),
+                                "volume {id} is a raw block volume in use: a whole-device discard would destroy live data"
+                            ))
+                            .advise("reclaim it with ControllerReclaimSpace while nothing uses it"),
                             _ => Error::FailedPrecondition(format!(
                                 "volume {id} is active but its filesystem is not mounted on this node"
                             )),
@@ -94,9 +95,9 @@ impl Driver {
             d.refuse_if_in_use(&id, "ControllerReclaimSpace").await?;
             if vol.lv.is_open() {
                 return Err(Error::FailedPrecondition(format!(
-                    "volume {id} is in use on this node (its device is open); \
-                     reclaim it with NodeReclaimSpace, or when nothing uses it"
-                )));
+                    "volume {id} is in use on this node (its device is open)"
+                ))
+                .advise("reclaim it with NodeReclaimSpace while it is staged, or call ControllerReclaimSpace again when nothing uses it"));
             }
             let access = vol.tags.access.clone();
             let pool_chunk = d.pool(&report)?.chunk_size.max(512);
@@ -158,7 +159,8 @@ impl Driver {
             None => {
                 return Err(Error::FailedPrecondition(format!(
                     "volume {id} carries no access type tag; refusing to guess how to reclaim it"
-                )))
+                ))
+                .advise("reclaim it with NodeReclaimSpace while it is staged on this node"))
             }
         }
         let post = self.usage(id).await?;

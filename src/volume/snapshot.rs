@@ -165,7 +165,11 @@ impl Driver {
             };
             if let Some(g) = &snap.tags.group {
                 return Err(Error::InvalidArgument(format!(
-                    "snapshot {id} is part of group snapshot {}: delete the group (DeleteVolumeGroupSnapshot)",
+                    "snapshot {id} is part of group snapshot {}",
+                    g.id
+                ))
+                .advise(format!(
+                    "delete the whole group with DeleteVolumeGroupSnapshot {}",
                     g.id
                 )));
             }

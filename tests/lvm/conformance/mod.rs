@@ -12,7 +12,17 @@ mod node;
 
 use std::fmt::Display;
 
+use thinpool_csi::error::REMEDY;
 use tonic::{Code, Response, Status};
+
+/// A status message in the driver's shape: what was wrong, [`REMEDY`],
+/// then a clause of at least three words saying what to do.
+fn remedied(message: &str) -> bool {
+    match message.split_once(REMEDY) {
+        Some((what, todo)) => !what.trim().is_empty() && todo.split_whitespace().count() >= 3,
+        None => false,
+    }
+}
 
 /// The spec's Error Scheme, quoted by every required-field rule.
 pub const MISSING: &str =
@@ -71,6 +81,11 @@ impl Rules {
                 } else if s.message().is_empty() || !s.details().is_empty() {
                     self.broken.push(format!(
                         "{rule}\n      {want:?} must carry a message and no details [Error Scheme: \"The status message MUST contain a human readable description\", \"The status details MUST be empty\"]"
+                    ));
+                } else if !remedied(s.message()) {
+                    self.broken.push(format!(
+                        "{rule}\n      {want:?} message {:?} must say what was wrong, then {REMEDY:?} and what to do [ours: issue 11, typed errors]",
+                        s.message()
                     ));
                 }
                 None
