@@ -564,9 +564,9 @@ impl Lvm {
 
 /// UNAVAILABLE: the configured volume group is not there.
 fn vg_missing(vg: &str, e: &Error) -> Error {
-    Error::Unavailable(format!(
-        "volume group {vg} does not exist on this node: create it (vgcreate), configure [loop_pool] to let the driver build one, or fix volume_group in the config ({e})"
-    ))
+    Error::Unavailable(format!("volume group {vg} does not exist on this node ({e})")).advise(
+        "create it (vgcreate), configure [loop_pool] to let the driver build one, or fix volume_group in the config",
+    )
 }
 
 /// The error of a failed write to LV `lv` (`None`: a write that names
@@ -576,26 +576,23 @@ fn vg_missing(vg: &str, e: &Error) -> Error {
 /// held open (FAILED_PRECONDITION); anything else keeps `err`.
 pub fn explain(report: &Report, vg: &str, pool: &str, lv: Option<&str>, err: Error) -> Error {
     let Some(p) = report.find(pool).filter(|p| p.is_thin_pool()) else {
-        return Error::Unavailable(format!(
-            "thin pool {vg}/{pool} does not exist: create it, or fix thin_pool in the config ({err})"
-        ));
+        return Error::Unavailable(format!("thin pool {vg}/{pool} does not exist ({err})"))
+            .advise("create it, or fix thin_pool in the config");
     };
     if let Some(problem) = p.problem() {
-        return if problem.is_out_of_space() {
-            Error::ResourceExhausted(format!("{problem} ({err})"))
-        } else {
-            Error::FailedPrecondition(format!("{problem} ({err})"))
-        };
+        return problem.error(Some(&err));
     }
     if let Some(l) = lv.and_then(|n| report.find(n)) {
         if let Some(problem) = l.problem() {
-            return Error::FailedPrecondition(format!("{problem} ({err})"));
+            return Error::FailedPrecondition(format!("{} ({err})", problem.what))
+                .advise(problem.remedy);
         }
         if l.is_open() {
             return Error::FailedPrecondition(format!(
-                "LV {vg}/{} is open (mounted, or held by a process or a device-mapper table): unmount or close it, then retry ({err})",
+                "LV {vg}/{} is open (mounted, or held by a process or a device-mapper table) ({err})",
                 l.name
-            ));
+            ))
+            .advise("unmount or close it, then retry");
         }
     }
     err
@@ -942,7 +939,7 @@ mod tests {
         let full = report_of(&[row("pool", "twi-aotzD-", "", "out_of_data", "100.00")]);
         assert_eq!(code(&full, Some("csi-new")), Code::ResourceExhausted);
         let e = explain(&full, "vg1", "pool", None, failed("lvcreate"));
-        assert!(e.to_string().contains("extend it"), "says what to do: {e}");
+        assert!(e.message().contains("extend it"), "says what to do: {e}");
         let meta_ro = report_of(&[row("pool", "twi-aotzM-", "", "metadata_read_only", "5.00")]);
         assert_eq!(code(&meta_ro, None), Code::FailedPrecondition);
         let failed_pool = report_of(&[row("pool", "twi-aotzF-", "", "failed", "5.00")]);
@@ -955,7 +952,7 @@ mod tests {
         ]);
         let e = explain(&open, "vg1", "pool", Some("csi-a"), failed("lvremove"));
         assert_eq!(e.code(), Code::FailedPrecondition);
-        assert!(e.to_string().contains("unmount or close it"), "{e}");
+        assert!(e.message().contains("unmount or close it"), "{e}");
         // Another error than a command's is never re-read.
         let timeout = Error::Timeout {
             program: "lvm".into(),

@@ -107,12 +107,19 @@ impl Lv {
         };
         let id = format!("{}/{}", self.vg, self.name);
         let h = self.attr_char(8);
-        let found = |condition, message| Some(Problem { condition, message });
+        let found = |condition, what: String, remedy: String| {
+            Some(Problem {
+                condition,
+                what,
+                remedy,
+            })
+        };
         if h == 'F' || self.health == "failed" {
             return found(
                 Condition::Failed,
+                format!("{what} {id} has failed"),
                 format!(
-                    "{what} {id} has failed: check `lvs -a {}` and dmesg, then repair it (lvconvert --repair)",
+                    "check `lvs -a {}` and dmesg, then repair it (lvconvert --repair)",
                     self.vg
                 ),
             );
@@ -128,23 +135,22 @@ impl Lv {
             {
                 return found(
                     Condition::Full,
-                    format!("thin pool {id} is 100% full: extend it (lvextend) or reclaim space"),
+                    format!("thin pool {id} is 100% full"),
+                    "extend it (lvextend) or reclaim space (delete volumes or snapshots, ReclaimSpace)".into(),
                 );
             }
             if h == 'M' || self.health == "metadata_read_only" {
                 return found(
                     Condition::MetadataReadOnly,
-                    format!(
-                        "thin pool {id} metadata is read-only: repair it (lvconvert --repair {id})"
-                    ),
+                    format!("thin pool {id} metadata is read-only"),
+                    format!("repair it (lvconvert --repair {id})"),
                 );
             }
             if self.metadata_percent.is_some_and(|p| p >= 100.0) {
                 return found(
                     Condition::MetadataFull,
-                    format!(
-                        "thin pool {id} metadata is full: extend it (lvextend --poolmetadatasize)"
-                    ),
+                    format!("thin pool {id} metadata is full"),
+                    "extend it (lvextend --poolmetadatasize)".into(),
                 );
             }
         }
@@ -152,6 +158,7 @@ impl Lv {
             return found(
                 Condition::Partial,
                 format!("{what} {id} is missing physical volumes (partial)"),
+                "bring the missing disks back (vgs -o +pv_missing), or repair the VG (vgreduce --removemissing) if they are gone".into(),
             );
         }
         None
@@ -173,14 +180,31 @@ pub enum Condition {
     Partial,
 }
 
-/// A [`Condition`] with the message that says what to do.
+/// A [`Condition`]: what is wrong, and what to do about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     pub condition: Condition,
-    pub message: String,
+    pub what: String,
+    pub remedy: String,
 }
 
 impl Problem {
+    /// The error of a call the problem stops, with `cause` (what failed)
+    /// added: RESOURCE_EXHAUSTED when space ran out, FAILED_PRECONDITION
+    /// otherwise; the problem's remedy says what to do.
+    pub fn error(&self, cause: Option<&Error>) -> Error {
+        let what = match cause {
+            Some(e) => format!("{} ({e})", self.what),
+            None => self.what.clone(),
+        };
+        let e = if self.is_out_of_space() {
+            Error::ResourceExhausted(what)
+        } else {
+            Error::FailedPrecondition(what)
+        };
+        e.advise(self.remedy.clone())
+    }
+
     /// Space ran out (data or metadata): freeing or adding space mends it.
     pub fn is_out_of_space(&self) -> bool {
         matches!(self.condition, Condition::Full | Condition::MetadataFull)
@@ -189,7 +213,7 @@ impl Problem {
 
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
+        write!(f, "{}: {}", self.what, self.remedy)
     }
 }
 
@@ -599,7 +623,9 @@ mod tests {
             .unwrap();
         assert_eq!(full.condition, Condition::Full);
         assert!(
-            full.message.contains("100% full") && full.message.contains("vg0/pool"),
+            full.what.contains("100% full")
+                && full.what.contains("vg0/pool")
+                && full.remedy.contains("lvextend"),
             "{full}"
         );
         assert!(full.is_out_of_space());
@@ -627,13 +653,18 @@ mod tests {
         );
         let meta = pool("twi-aotz--", "", 1.0, 100.0).problem().unwrap();
         assert_eq!(meta.condition, Condition::MetadataFull);
-        assert!(meta.message.contains("metadata is full"));
+        assert!(meta.what.contains("metadata is full"));
+        assert!(meta.to_string().contains("--poolmetadatasize"), "{meta}");
+        let e = meta.error(None);
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.remedy().contains("--poolmetadatasize"), "{e:?}");
         let mut thin = Report::parse(SAMPLE).unwrap().lvs[0].clone();
         assert_eq!(thin.problem(), None);
         thin.attr = "Vwi-a-tzF-".into();
         let failed = thin.problem().unwrap();
         assert!(!failed.is_out_of_space());
-        assert!(failed.message.starts_with("logical volume vg0/csi-pvc-1"));
+        assert!(failed.what.starts_with("logical volume vg0/csi-pvc-1"));
+        assert_eq!(failed.error(None).code(), tonic::Code::FailedPrecondition);
     }
 
     #[test]

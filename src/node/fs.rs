@@ -173,7 +173,7 @@ pub struct StageFacts {
     pub zeroes_new_chunks: bool,
     /// Why the pool cannot take writes now (full, failed, read-only
     /// metadata); formatting is then refused, mounting still allowed.
-    pub problem: Option<String>,
+    pub problem: Option<crate::lvm::report::Problem>,
     /// The volume was made from a snapshot or another volume and may be
     /// larger than the filesystem it holds: that filesystem is grown to
     /// the device once mounted (the spec's rule for larger restores).
@@ -254,10 +254,10 @@ pub async fn stage(
                 // mkfs writes; into a pool that cannot take writes it would
                 // hang or fail half-way, leaving a device we then refuse.
                 return Err(Error::ResourceExhausted(format!(
-                    "cannot format volume {}: {problem}",
-                    dev.volume_id
+                    "cannot format volume {}: {}",
+                    dev.volume_id, problem.what
                 ))
-                .advise("free or add space in the thin pool as said above, then stage the volume again"));
+                .advise(format!("{}, then stage the volume again", problem.remedy)));
             }
             let (m, v) = (marker.to_path_buf(), dev.volume_id.clone());
             tools

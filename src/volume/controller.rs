@@ -68,7 +68,7 @@ impl VolumeInfo {
                 .lv
                 .problem()
                 .or_else(|| pool_problem.cloned())
-                .map(|p| p.message),
+                .map(|p| p.to_string()),
             from: o.tags.from.clone(),
             mutable: o.tags.mutable.clone(),
         }

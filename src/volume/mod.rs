@@ -256,17 +256,13 @@ impl Driver {
     pub fn problem(&self, report: &Report, lv: &Lv) -> Option<String> {
         lv.problem()
             .or_else(|| self.pool(report).ok().and_then(Lv::problem))
-            .map(|p| p.message)
+            .map(|p| p.to_string())
     }
 
     /// Refuses allocation in a pool that cannot take it.
     pub(crate) fn check_pool_usable(&self, report: &Report) -> Result<()> {
         if let Some(p) = self.pool(report)?.problem() {
-            return Err(if p.is_out_of_space() {
-                Error::ResourceExhausted(p.message)
-            } else {
-                Error::FailedPrecondition(p.message)
-            });
+            return Err(p.error(None));
         }
         Ok(())
     }
@@ -315,7 +311,7 @@ impl Driver {
         };
         let pool = self.pool(&report)?;
         match pool.problem() {
-            Some(p) if !p.is_out_of_space() => Err(Error::FailedPrecondition(p.message)),
+            Some(p) if !p.is_out_of_space() => Err(p.error(None)),
             _ => Ok(()),
         }
     }
@@ -425,7 +421,7 @@ impl Driver {
         let pool = self.pool(report).ok();
         fs::StageFacts {
             zeroes_new_chunks: pool.is_some_and(Lv::zeroes_new_chunks),
-            problem: pool.and_then(Lv::problem).map(|p| p.message),
+            problem: pool.and_then(Lv::problem),
             made_from_source: vol.tags.from.is_some(),
         }
     }

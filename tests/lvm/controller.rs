@@ -744,7 +744,7 @@ async fn lvm_failures_get_their_codes_from_state() {
     let e = lvm.remove(name).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
     assert!(
-        e.to_string().contains("is open") && e.to_string().contains("unmount or close it"),
+        e.to_string().contains("is open") && e.message().contains("unmount or close it"),
         "{e}"
     );
     assert!(
