@@ -3,9 +3,16 @@
 //! it is thawed. Both act on a descriptor [`open_mount_root`] proved to be
 //! the root of a mount of the expected device, never on whatever the path
 //! leads to by then.
+//!
+//! The descriptor a freeze went through is kept until the thaw, which
+//! goes through it again: a mount or a link placed over the path while
+//! the filesystem is frozen cannot keep it frozen. Only a thaw without a
+//! kept descriptor (a driver that restarted) opens and checks the path.
 
-use std::os::fd::AsRawFd;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 
 use nix::errno::Errno;
 
@@ -22,23 +29,41 @@ pub(crate) mod ioctl {
     nix::ioctl_write_int_bad!(fithaw, FITHAW);
 }
 
+/// The descriptors of the filesystems this process froze, by device, kept
+/// for their thaw.
+static FROZEN: Mutex<Option<HashMap<(u32, u32), OwnedFd>>> = Mutex::new(None);
+
 /// Freezes the filesystem of block device `device` (major, minor) mounted
-/// at `mountpoint`. A filesystem frozen already (by anyone) is `EBUSY`;
-/// another one at the path is [`super::SysErrorKind::NotTheMount`].
+/// at `mountpoint`, and keeps the descriptor for [`thaw`]. A filesystem
+/// frozen already (by anyone) is `EBUSY`; another one at the path is
+/// [`super::SysErrorKind::NotTheMount`].
 pub fn freeze(mountpoint: &Path, device: (u32, u32)) -> Result<()> {
     let fd = open_mount_root(mountpoint, device)?;
     // SAFETY: the fd is open; FIFREEZE takes no argument worth reading.
     unsafe { ioctl::fifreeze(fd.as_raw_fd(), 0) }
         .map_err(|e| SysError::new("FIFREEZE", mountpoint, e))?;
     tracing::info!(mountpoint = %mountpoint.display(), major = device.0, minor = device.1, "froze filesystem");
+    FROZEN
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get_or_insert_with(HashMap::new)
+        .insert(device, fd);
     Ok(())
 }
 
-/// Thaws the filesystem of `device` mounted at `mountpoint` (checked as
-/// for [`freeze`]); one that is not frozen (`EINVAL`) is fine. Returns
-/// whether it was frozen.
+/// Thaws the filesystem of `device`: through the descriptor its freeze
+/// kept, else through `mountpoint` (checked as for [`freeze`]). One that
+/// is not frozen (`EINVAL`) is fine. Returns whether it was frozen.
 pub fn thaw(mountpoint: &Path, device: (u32, u32)) -> Result<bool> {
-    let fd = open_mount_root(mountpoint, device)?;
+    let kept = FROZEN
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_mut()
+        .and_then(|m| m.remove(&device));
+    let fd = match kept {
+        Some(fd) => fd,
+        None => open_mount_root(mountpoint, device)?,
+    };
     // SAFETY: as for `freeze`.
     match unsafe { ioctl::fithaw(fd.as_raw_fd(), 0) } {
         Ok(_) => {

@@ -317,6 +317,17 @@ fn loop_ext4_lifecycle() {
     unmount(&mnt).expect("unmount the tmpfs");
     assert!(!freeze::thaw(&mnt, numbers).unwrap(), "nothing was frozen");
 
+    // A freeze is thawed through the descriptor it went through, also
+    // when another filesystem was mounted over the path meanwhile.
+    freeze::freeze(&mnt, numbers).expect("FIFREEZE");
+    mount_fs(Path::new("none"), &mnt, "tmpfs", MsFlags::empty(), None).expect("tmpfs over mnt");
+    assert!(
+        freeze::thaw(&mnt, numbers).unwrap(),
+        "thawed under the tmpfs"
+    );
+    unmount(&mnt).expect("unmount the tmpfs");
+    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "not frozen any more");
+
     // A symlink at an unmount's target is never followed to the mount it
     // points at.
     assert!(unmount(&link).unwrap_err().is_not_mounted());
