@@ -584,8 +584,9 @@ pub fn explain(report: &Report, vg: &str, pool: &str, lv: Option<&str>, err: Err
     }
     if let Some(l) = lv.and_then(|n| report.find(n)) {
         if let Some(problem) = l.problem() {
-            return Error::FailedPrecondition(format!("{} ({err})", problem.what))
-                .advise(problem.remedy);
+            // An LV's own problems (failed, partial) are not about space:
+            // FAILED_PRECONDITION.
+            return problem.error(Some(&err));
         }
         if l.is_open() {
             return Error::FailedPrecondition(format!(
@@ -672,33 +673,39 @@ mod tests {
         assert!(!on[2].contains("udev"));
     }
 
+    /// An `Lvm` of VG `vg1` (udev on) whose binary is a shell script with
+    /// `body`; `tweak` sets the rest of its config.
+    fn script_lvm(dir: &Path, body: &str, tweak: impl FnOnce(&mut Config)) -> Arc<Lvm> {
+        use std::os::unix::fs::PermissionsExt;
+        let script = dir.join("lvm");
+        std::fs::write(&script, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut cfg = Config {
+            lvm_binary: script.display().to_string(),
+            udev: UdevMode::On,
+            volume_group: "vg1".into(),
+            ..Config::default()
+        };
+        tweak(&mut cfg);
+        Arc::new(Lvm::new(&cfg))
+    }
+
     /// A fake `lvm` that logs each subcommand to a file; its `lvs` waits
     /// while a file `hold` exists, sleeps `delay`, prints a report of one
     /// thin pool and logs `lvs-done`; its `lvremove` fails.
     fn fake_lvm(dir: &Path, delay: &str, max_age: u64) -> (Arc<Lvm>, PathBuf) {
         let calls = dir.join("calls");
-        let script = dir.join("lvm");
         let pool = r#"{"lv_name":"pool","vg_name":"vg1","lv_attr":"twi-aotz--","lv_size":"8388608","pool_lv":"","segtype":"thin-pool","data_percent":"1.00","metadata_percent":"1.00","lv_tags":"","lv_health_status":"","lv_kernel_major":"253","lv_kernel_minor":"1","vg_extent_size":"4194304","vg_size":"16777216","vg_free":"0","chunk_size":"65536"}"#;
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\necho \"$1\" >> {calls}\ncase $1 in\n lvs) while [ -e {hold} ]; do sleep 0.02; done; sleep {delay}; echo '{{\"report\":[{{\"lv\":[{pool}]}}]}}'; echo lvs-done >> {calls} ;;\n lvremove) exit 5 ;;\nesac\n",
-                calls = calls.display(),
-                hold = dir.join("hold").display()
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let cfg = Config {
-            lvm_binary: script.display().to_string(),
-            udev: UdevMode::On,
-            volume_group: "vg1".into(),
-            thin_pool: "pool".into(),
-            report_max_age_secs: max_age,
-            ..Config::default()
-        };
-        (Arc::new(Lvm::new(&cfg)), calls)
+        let body = format!(
+            "echo \"$1\" >> {calls}\ncase $1 in\n lvs) while [ -e {hold} ]; do sleep 0.02; done; sleep {delay}; echo '{{\"report\":[{{\"lv\":[{pool}]}}]}}'; echo lvs-done >> {calls} ;;\n lvremove) exit 5 ;;\nesac\n",
+            calls = calls.display(),
+            hold = dir.join("hold").display()
+        );
+        let lvm = script_lvm(dir, &body, |c| {
+            c.thin_pool = "pool".into();
+            c.report_max_age_secs = max_age;
+        });
+        (lvm, calls)
     }
 
     fn count(calls: &Path, sub: &str) -> usize {
@@ -968,28 +975,15 @@ mod tests {
     /// A fake lvm whose `lvs` fails, and whose `vgs` lists the VGs named in
     /// the file `vgs` (one per line).
     fn fake_lvm_without_vg(dir: &Path, vgs: &[&str]) -> Arc<Lvm> {
-        let script = dir.join("lvm");
         let rows: Vec<String> = vgs
             .iter()
             .map(|v| format!(r#"{{"vg_name":"{v}"}}"#))
             .collect();
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\ncase $1 in\n lvs) echo 'any words' >&2; exit 5 ;;\n vgs) echo '{{\"report\":[{{\"vg\":[{}]}}]}}' ;;\nesac\n",
-                rows.join(",")
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let cfg = Config {
-            lvm_binary: script.display().to_string(),
-            udev: UdevMode::On,
-            volume_group: "vg1".into(),
-            ..Config::default()
-        };
-        Arc::new(Lvm::new(&cfg))
+        let body = format!(
+            "case $1 in\n lvs) echo 'any words' >&2; exit 5 ;;\n vgs) echo '{{\"report\":[{{\"vg\":[{}]}}]}}' ;;\nesac\n",
+            rows.join(",")
+        );
+        script_lvm(dir, &body, |_| {})
     }
 
     /// "VG not found" is decided by the list of VGs, not by lvs's words.
