@@ -23,8 +23,15 @@ use thinpool_csi::proto::csi::v1::volume_capability::{
 use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 
-/// How many samples each serial figure takes.
-const N: usize = 20;
+/// How many samples each serial figure takes: `TPCSI_BENCH_SAMPLES`, else
+/// 30 (the p95 of 30 is their second largest).
+fn samples() -> usize {
+    std::env::var("TPCSI_BENCH_SAMPLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n >= 2)
+        .unwrap_or(30)
+}
 /// Rounds of the 32-client figure.
 const ROUNDS: usize = 3;
 const CLIENTS: usize = 32;
@@ -72,6 +79,14 @@ fn s(p: &Path) -> String {
 
 /// Runs a bare command as an operator would (no extra LVM settings) and
 /// returns its wall time; panics when it fails.
+/// A bare `lvm lvcreate -V SIZE --thinpool POOL -n NAME` plus `extra`,
+/// timed.
+fn bare_lvcreate(size: &str, pool: &str, name: &str, extra: &[&str]) -> f64 {
+    let mut args = vec!["lvcreate", "-V", size, "--thinpool", pool, "-n", name];
+    args.extend_from_slice(extra);
+    bare("lvm", &args)
+}
+
 fn bare(cmd: &str, args: &[&str]) -> f64 {
     let t = Instant::now();
     let out = Command::new(cmd)
@@ -130,7 +145,12 @@ impl Table {
             "| target | what | ours p50 | ours p95 | bare p50 | bare p95 | ratio p50 | ratio p95 | limit | met |"
         );
         println!("|---|---|---|---|---|---|---|---|---|---|");
+        let raw = std::env::var_os("TPCSI_BENCH_RAW").is_some();
         for r in &self.0 {
+            if raw {
+                let ms = |v: &[f64]| v.iter().map(|s| (s * 1000.0) as u64).collect::<Vec<_>>();
+                eprintln!("{}: ours {:?} bare {:?}", r.what, ms(&r.ours), ms(&r.bare));
+            }
             let (o50, o95, b50, b95) = (
                 pct(&r.ours, 0.5),
                 pct(&r.ours, 0.95),
@@ -285,6 +305,7 @@ async fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     )];
     let mut table = Table(Vec::new());
+    let n = samples();
 
     let work = tempfile::tempdir().unwrap();
     let (wrapper, log) = lvm_wrapper(work.path());
@@ -314,7 +335,19 @@ async fn main() {
     // interleaved so that both see the same VG.
     let (mut create, mut create_bare, mut create_bare_an) = (vec![], vec![], vec![]);
     let (mut delete, mut delete_bare) = (vec![], vec![]);
-    for i in 0..N {
+    // One round untimed: the first thin LV of a new pool costs LVM about
+    // twice a later one (770 ms against 320 in the VM), whoever makes it.
+    let warm = c
+        .create_volume(create_req("pvc-p1-warm", 4 * MIB, cap(true, "")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    c.delete_volume(del(&warm.volume_id)).await.unwrap();
+    bare_lvcreate("4m", &pool, "barewarm", &[]);
+    bare("lvm", &["lvremove", "-y", &format!("{vg}/barewarm")]);
+    for i in 0..n {
         let t = Instant::now();
         let v = c
             .create_volume(create_req(&format!("pvc-p1-{i}"), 4 * MIB, cap(true, "")))
@@ -325,24 +358,9 @@ async fn main() {
             .unwrap();
         create.push(t.elapsed().as_secs_f64());
         let name = format!("bare{i}");
-        create_bare.push(bare(
-            "lvm",
-            &["lvcreate", "-V", "4m", "--thinpool", &pool, "-n", &name],
-        ));
+        create_bare.push(bare_lvcreate("4m", &pool, &name, &[]));
         let name_an = format!("barean{i}");
-        create_bare_an.push(bare(
-            "lvm",
-            &[
-                "lvcreate",
-                "-V",
-                "4m",
-                "--thinpool",
-                &pool,
-                "-n",
-                &name_an,
-                "-an",
-            ],
-        ));
+        create_bare_an.push(bare_lvcreate("4m", &pool, &name_an, &["-an"]));
         let t = Instant::now();
         c.delete_volume(del(&v.volume_id)).await.unwrap();
         delete.push(t.elapsed().as_secs_f64());
@@ -371,6 +389,12 @@ async fn main() {
         1.0,
     );
 
+    if std::env::var("TPCSI_BENCH_ONLY").as_deref() == Ok("P1") {
+        // A quick look at P1 alone.
+        table.print(&notes);
+        return;
+    }
+
     eprintln!("bench: P5");
     // P5: first stage of an inactive, empty volume, and its unstage,
     // against the bare commands; publish and unpublish run no LVM.
@@ -379,7 +403,7 @@ async fn main() {
         let (mut stage, mut stage_bare, mut unstage, mut unstage_bare) =
             (vec![], vec![], vec![], vec![]);
         let (mut grew, mut grew_bare) = (vec![], vec![]);
-        for i in 0..N / 2 {
+        for i in 0..n / 2 {
             let v = c
                 .create_volume(create_req(
                     &format!("pvc-{fs}-{i}"),
@@ -422,19 +446,7 @@ async fn main() {
             let dev = format!("/dev/{vg}/{name}");
             let mnt = root.join(format!("bare-{fs}-{i}"));
             std::fs::create_dir_all(&mnt).unwrap();
-            bare(
-                "lvm",
-                &[
-                    "lvcreate",
-                    "-V",
-                    "512m",
-                    "--thinpool",
-                    &pool,
-                    "-n",
-                    &name,
-                    "-an",
-                ],
-            );
+            bare_lvcreate("512m", &pool, &name, &["-an"]);
             let before = pool_used(&vg);
             let mkfs = format!("mkfs.{fs}");
             let t = bare("lvm", &["lvchange", "-ay", &lv])
@@ -525,18 +537,7 @@ async fn main() {
         conc.push(wall);
         let t = Instant::now();
         for i in 0..CLIENTS {
-            bare(
-                "lvm",
-                &[
-                    "lvcreate",
-                    "-V",
-                    "4m",
-                    "--thinpool",
-                    &pool,
-                    "-n",
-                    &format!("bare-p2-{r}-{i}"),
-                ],
-            );
+            bare_lvcreate("4m", &pool, &format!("bare-p2-{r}-{i}"), &[]);
         }
         serial.push(t.elapsed().as_secs_f64());
         delete_all(&cs, ids).await;
@@ -592,7 +593,7 @@ async fn main() {
     .await
     .unwrap();
     let n0 = calls(&log);
-    for i in 0..N {
+    for i in 0..n {
         let target = root.join(format!("pub-{i}"));
         node.node_publish_volume(NodePublishVolumeRequest {
             volume_id: v.volume_id.clone(),
@@ -612,7 +613,7 @@ async fn main() {
     }
     let publish_calls = calls(&log) - n0;
     notes.push(format!(
-        "P5: NodePublishVolume + NodeUnpublishVolume ran {publish_calls} LVM commands over {N} pairs (target 0)."
+        "P5: NodePublishVolume + NodeUnpublishVolume ran {publish_calls} LVM commands over {n} pairs (target 0)."
     ));
     assert_eq!(publish_calls, 0, "publish and unpublish must run no LVM");
     node.node_unstage_volume(NodeUnstageVolumeRequest {

@@ -56,6 +56,9 @@ pub struct Config {
     /// Accept a thin pool that does not zero new chunks (made with `-Zn`):
     /// a new raw block volume on it can show a deleted volume's data.
     pub allow_unzeroed_pool: bool,
+    /// Let LVM archive the VG's metadata before each of the driver's
+    /// changes (its `backup/archive`). Off by default: see README.
+    pub lvm_metadata_archive: bool,
     /// `host:port` (an IP address, not a name) on which Prometheus metrics
     /// are served at `/metrics` over plain HTTP; empty: no endpoint.
     pub metrics_address: String,
@@ -131,6 +134,7 @@ impl Default for Config {
             reclaim_timeout_secs: 600,
             reclaim_zero_run: 64 << 10,
             allow_unzeroed_pool: false,
+            lvm_metadata_archive: false,
             metrics_address: String::new(),
             log_format: LogFormat::Text,
         }

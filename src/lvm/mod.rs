@@ -27,12 +27,18 @@ const REPORT_CONFIG: &str = "report { time_format = \"%s\" }";
 const NO_UDEV_CONFIG: &str = "activation { udev_rules = 0 udev_sync = 0 } \
 devices { obtain_device_list_from_udev = 0 }";
 
+/// What the driver's writes add unless `lvm_metadata_archive` is set: no
+/// copy of the VG's metadata in /etc/lvm/archive before each change. The
+/// current copy in /etc/lvm/backup is still written.
+const NO_ARCHIVE_CONFIG: &str = "backup { archive = 0 }";
+
 pub struct Lvm {
     binary: String,
     pub vg: String,
     pub pool: String,
     timeout: Duration,
     no_udev: bool,
+    archive: bool,
     max_age: Duration,
     cache: Mutex<Cache>,
     /// Held while an `lvs` for the cache runs: readers that miss the cache
@@ -94,6 +100,7 @@ impl Lvm {
             pool: cfg.thin_pool.clone(),
             timeout: cfg.command_timeout(),
             no_udev: cfg.no_udev(),
+            archive: cfg.lvm_metadata_archive,
             max_age: Duration::from_secs(cfg.report_max_age_secs),
             cache: Mutex::new(Cache::default()),
             refresh: tokio::sync::Mutex::new(()),
@@ -102,13 +109,16 @@ impl Lvm {
         }
     }
 
-    /// `lvm <subcommand> [--config ...] args...`.
-    pub fn argv(&self, subcommand: &str, args: Vec<String>) -> Vec<String> {
-        let config = if self.no_udev {
-            format!("{REPORT_CONFIG} {NO_UDEV_CONFIG}")
-        } else {
-            REPORT_CONFIG.to_string()
-        };
+    /// `lvm <subcommand> [--config ...] args...`; a `write` also skips the
+    /// metadata archive unless the config asks for it.
+    pub fn argv(&self, subcommand: &str, args: Vec<String>, write: bool) -> Vec<String> {
+        let mut config = REPORT_CONFIG.to_string();
+        if self.no_udev {
+            config = format!("{config} {NO_UDEV_CONFIG}");
+        }
+        if write && !self.archive {
+            config = format!("{config} {NO_ARCHIVE_CONFIG}");
+        }
         let mut argv = vec![subcommand.to_string(), "--config".into(), config];
         argv.extend(args);
         argv
@@ -116,7 +126,11 @@ impl Lvm {
 
     /// Runs a read-only LVM command.
     pub async fn query(&self, subcommand: &str, args: Vec<String>) -> Result<Output> {
-        let argv = self.argv(subcommand, args);
+        self.run(subcommand, args, false).await
+    }
+
+    async fn run(&self, subcommand: &str, args: Vec<String>, write: bool) -> Result<Output> {
+        let argv = self.argv(subcommand, args, write);
         exec::run_with(
             &self.binary,
             &argv,
@@ -147,7 +161,7 @@ impl Lvm {
         let _turn = self.writers.acquire().await;
         let started = self.change_begins();
         let lv = write.as_ref().map(|w| w.name().to_string());
-        let res = self.query(subcommand, args.clone()).await;
+        let res = self.run(subcommand, args.clone(), true).await;
         self.change_done(subcommand, &args, started, res.as_ref().map(drop), write);
         match res {
             // Writes to LVs are explained by the VG's state; a write that
@@ -660,7 +674,7 @@ mod tests {
 
     #[test]
     fn argv_adds_no_udev_settings_only_when_asked() {
-        let a = lvm(UdevMode::Off).argv("lvs", crate::argv!["vg1"]);
+        let a = lvm(UdevMode::Off).argv("lvs", crate::argv!["vg1"], false);
         assert_eq!(a[0], "lvs");
         assert_eq!(a[1], "--config");
         assert!(
@@ -668,9 +682,28 @@ mod tests {
         );
         assert!(a[2].contains(r#"time_format = "%s""#), "{}", a[2]);
         assert_eq!(a.last().unwrap(), "vg1");
-        let on = lvm(UdevMode::On).argv("lvs", crate::argv!["vg1"]);
+        let on = lvm(UdevMode::On).argv("lvs", crate::argv!["vg1"], false);
         assert_eq!(on, vec!["lvs", "--config", REPORT_CONFIG, "vg1"]);
         assert!(!on[2].contains("udev"));
+    }
+
+    #[test]
+    fn writes_skip_the_metadata_archive_unless_configured() {
+        let write = lvm(UdevMode::On).argv("lvremove", crate::argv!["vg1/a"], true);
+        assert_eq!(
+            write,
+            vec![
+                "lvremove".to_string(),
+                "--config".into(),
+                format!("{REPORT_CONFIG} {NO_ARCHIVE_CONFIG}"),
+                "vg1/a".into()
+            ]
+        );
+        let mut keep = lvm(UdevMode::On);
+        keep.archive = true;
+        let write = keep.argv("lvremove", crate::argv!["vg1/a"], true);
+        assert_eq!(write[2], REPORT_CONFIG);
+        assert!(!lvm(UdevMode::On).argv("lvs", vec![], false)[2].contains("archive"));
     }
 
     /// An `Lvm` of VG `vg1` (udev on) whose binary is a shell script with
