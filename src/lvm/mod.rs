@@ -28,8 +28,9 @@ const NO_UDEV_CONFIG: &str = "activation { udev_rules = 0 udev_sync = 0 } \
 devices { obtain_device_list_from_udev = 0 }";
 
 /// What the driver's writes add unless `lvm_metadata_archive` is set: no
-/// copy of the VG's metadata in /etc/lvm/archive before each change. The
-/// current copy in /etc/lvm/backup is still written.
+/// copy of the VG's metadata in /etc/lvm/archive before each change.
+/// lvm.conf's `backup/backup` (on by default: the current copy in
+/// /etc/lvm/backup) is left as it is.
 const NO_ARCHIVE_CONFIG: &str = "backup { archive = 0 }";
 
 pub struct Lvm {
@@ -109,8 +110,10 @@ impl Lvm {
         }
     }
 
-    /// `lvm <subcommand> [--config ...] args...`; a `write` also skips the
-    /// metadata archive unless the config asks for it.
+    /// `lvm <subcommand> [--config ...] args...`; a `write` (any command
+    /// that changes something) also skips LVM's metadata archive unless
+    /// `lvm_metadata_archive` asks for it. That overrides lvm.conf's
+    /// `backup/archive` for the driver's writes only.
     pub fn argv(&self, subcommand: &str, args: Vec<String>, write: bool) -> Vec<String> {
         let mut config = REPORT_CONFIG.to_string();
         if self.no_udev {
@@ -494,7 +497,7 @@ impl Lvm {
         ];
         let _turn = self.writers.acquire().await;
         let started = self.change_begins();
-        let res = self.query("lvchange", args.clone()).await;
+        let res = self.run("lvchange", args.clone(), true).await;
         let kernel = match res {
             Ok(_) => self.kernel_numbers(name).await,
             Err(e) => Err(e),
@@ -687,23 +690,39 @@ mod tests {
         assert!(!on[2].contains("udev"));
     }
 
-    #[test]
-    fn writes_skip_the_metadata_archive_unless_configured() {
-        let write = lvm(UdevMode::On).argv("lvremove", crate::argv!["vg1/a"], true);
-        assert_eq!(
-            write,
-            vec![
-                "lvremove".to_string(),
-                "--config".into(),
-                format!("{REPORT_CONFIG} {NO_ARCHIVE_CONFIG}"),
-                "vg1/a".into()
-            ]
+    /// The `--config` each call passed to a fake `lvm` that records it
+    /// (and prints a report of one thin pool for `lvs`).
+    async fn configs_passed(archive: bool, udev: UdevMode) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = dir.path().join("seen");
+        let body = format!(
+            "echo \"$1 $3\" >> {seen}\n[ \"$1\" = lvs ] && echo '{{\"report\":[{{\"lv\":[]}}]}}'\nexit 0\n",
+            seen = seen.display()
         );
-        let mut keep = lvm(UdevMode::On);
-        keep.archive = true;
-        let write = keep.argv("lvremove", crate::argv!["vg1/a"], true);
-        assert_eq!(write[2], REPORT_CONFIG);
-        assert!(!lvm(UdevMode::On).argv("lvs", vec![], false)[2].contains("archive"));
+        let lvm = script_lvm(dir.path(), &body, |c| {
+            c.lvm_metadata_archive = archive;
+            c.udev = udev;
+        });
+        lvm.remove_owned("csi-a", "tpcsi.owner=d").await.unwrap();
+        lvm.extend("csi-a", 8 << 20).await.unwrap();
+        lvm.fresh_report().await.unwrap();
+        let seen = std::fs::read_to_string(&seen).unwrap();
+        seen.lines().map(str::to_string).collect()
+    }
+
+    #[tokio::test]
+    async fn writes_skip_the_metadata_archive_unless_configured() {
+        let off = configs_passed(false, UdevMode::Off).await;
+        assert_eq!(off.len(), 3, "{off:?}");
+        for write in &off[..2] {
+            assert!(write.ends_with(NO_ARCHIVE_CONFIG), "{write}");
+            assert!(write.contains("udev_sync = 0"), "{write}");
+        }
+        assert!(off[2].starts_with("lvs "), "{off:?}");
+        assert!(!off[2].contains("archive"), "a read: {}", off[2]);
+        let on = configs_passed(true, UdevMode::On).await;
+        assert_eq!(on.len(), 3, "{on:?}");
+        assert!(on.iter().all(|c| !c.contains("archive")), "{on:?}");
     }
 
     /// An `Lvm` of VG `vg1` (udev on) whose binary is a shell script with
