@@ -359,7 +359,8 @@ impl Driver {
             // remove what is not ours.
             let report = d.lvm.known().await?;
             let cached = d.owned(&report, &id).map(|o| o.is_some());
-            let recorded = d.load_record(&id).await?.is_some();
+            let record = d.load_record(&id).await?;
+            let recorded = record.is_some();
             // A refusal, or a record of a volume the cache does not show,
             // is decided on a fresh view.
             let known = match cached {
@@ -381,7 +382,7 @@ impl Driver {
                 tracing::info!(%id, "DeleteVolume: already gone");
                 return d.forget_node_state(&id).await;
             }
-            d.refuse_if_in_use(&id, "DeleteVolume").await?;
+            super::node::refuse_if_recorded(record.as_ref(), &id, "DeleteVolume")?;
             d.lvm.remove_owned(&id, &d.owner_tag()).await?;
             tracing::info!(%id, "DeleteVolume: removed");
             // Nothing of a deleted volume can be staged here any more.

@@ -92,24 +92,7 @@ impl Driver {
     /// removed LV would leave a device node whose numbers the next LV
     /// takes, and a discard could meet a pod's write.
     pub(super) async fn refuse_if_in_use(&self, id: &str, what: &str) -> Result<()> {
-        let Some(r) = self.load_record(id).await? else {
-            return Ok(());
-        };
-        let targets: Vec<String> = r
-            .publishes
-            .iter()
-            .map(|p| p.target.display().to_string())
-            .collect();
-        Err(Error::FailedPrecondition(format!(
-            "{what}: volume {id} is staged on this node at {}{}",
-            r.staging.display(),
-            if targets.is_empty() {
-                String::new()
-            } else {
-                format!(" and published at {}", targets.join(", "))
-            }
-        ))
-        .advise("call NodeUnpublishVolume for each target and NodeUnstageVolume first, then retry"))
+        refuse_if_recorded(self.load_record(id).await?.as_ref(), id, what)
     }
 
     /// Drops the node record and formatting marker of a deleted volume.
@@ -656,4 +639,26 @@ impl Driver {
         })
         .await
     }
+}
+
+/// The refusal of [`Driver::refuse_if_in_use`], from a record already read.
+pub(super) fn refuse_if_recorded(record: Option<&Record>, id: &str, what: &str) -> Result<()> {
+    let Some(r) = record else {
+        return Ok(());
+    };
+    let targets: Vec<String> = r
+        .publishes
+        .iter()
+        .map(|p| p.target.display().to_string())
+        .collect();
+    Err(Error::FailedPrecondition(format!(
+        "{what}: volume {id} is staged on this node at {}{}",
+        r.staging.display(),
+        if targets.is_empty() {
+            String::new()
+        } else {
+            format!(" and published at {}", targets.join(", "))
+        }
+    ))
+    .advise("call NodeUnpublishVolume for each target and NodeUnstageVolume first, then retry"))
 }

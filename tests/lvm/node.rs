@@ -639,10 +639,21 @@ async fn fs_lifecycle(name: &str, fs: &str, size: u64, grown: u64) {
     assert!(after > before + (grown - size) / 2, "{before} -> {after}");
     assert_eq!(statvfs_total(&t2), after, "the read-only bind sees it too");
 
-    // Unstaging while published is refused; then tear down, twice each.
+    // Unstaging while published is refused, and so is deleting the volume
+    // (nothing removed); then tear down, twice each.
     expect(
         n.node_unstage_volume(unstage_req(&id, &staging)).await,
         Code::FailedPrecondition,
+    );
+    let mut c = d.controller().await;
+    let msg = expect(
+        c.delete_volume(crate::controller::del(&id)).await,
+        Code::FailedPrecondition,
+    );
+    assert!(msg.contains("is staged on this node"), "{msg}");
+    assert!(
+        lvs(&d.vg).find(&id).is_some(),
+        "a refused delete removed the LV"
     );
     for t in [&t1, &t2, &t1, &t2] {
         unpublish(&mut n, &id, t).await;
@@ -662,6 +673,8 @@ async fn fs_lifecycle(name: &str, fs: &str, size: u64, grown: u64) {
     assert!(statvfs_total(&staging) >= after);
     unstage(&mut n, &id, &staging).await;
     assert!(mounts_under(k.root.path()).is_empty());
+    c.delete_volume(crate::controller::del(&id)).await.unwrap();
+    assert!(lvs(&d.vg).find(&id).is_none(), "deleted once unstaged");
 }
 
 #[tokio::test(flavor = "multi_thread")]
