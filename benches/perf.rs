@@ -24,10 +24,10 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 
 /// How many samples each serial figure takes: `TPCSI_BENCH_SAMPLES`, else
-/// 30 (the p95 of 30 is their second largest).
+/// 40 (the p95 of 40 is their third largest).
 fn samples() -> usize {
     match std::env::var("TPCSI_BENCH_SAMPLES") {
-        Err(_) => 30,
+        Err(_) => 40,
         Ok(s) => match s.parse() {
             Ok(n) if n >= 2 => n,
             _ => panic!("TPCSI_BENCH_SAMPLES must be a whole number of at least 2, not {s:?}"),
@@ -349,7 +349,33 @@ async fn main() {
     c.delete_volume(del(&warm.volume_id)).await.unwrap();
     bare_lvcreate("4m", &pool, "barewarm", &[]);
     bare("lvm", &["lvremove", "-y", &format!("{vg}/barewarm")]);
+    let bare_creates = |i: usize| {
+        (
+            bare_lvcreate("4m", &pool, &format!("bare{i}"), &[]),
+            bare_lvcreate("4m", &pool, &format!("barean{i}"), &["-an"]),
+        )
+    };
+    let bare_deletes = |i: usize| {
+        let (lv, lv_an) = (format!("{vg}/bare{i}"), format!("{vg}/barean{i}"));
+        (
+            bare("lvm", &["lvremove", "-y", &lv]),
+            bare(
+                "lvm",
+                &[
+                    "lvremove",
+                    "--config",
+                    "backup { archive = 0 }",
+                    "-y",
+                    &lv_an,
+                ],
+            ),
+        )
+    };
     for i in 0..n {
+        // Who goes first alternates: neither side always runs right after
+        // the other's command.
+        let ours_first = i % 2 == 0;
+        let before = (!ours_first).then(|| bare_creates(i));
         let t = Instant::now();
         let v = c
             .create_volume(create_req(&format!("pvc-p1-{i}"), 4 * MIB, cap(true, "")))
@@ -359,24 +385,16 @@ async fn main() {
             .volume
             .unwrap();
         create.push(t.elapsed().as_secs_f64());
-        let name = format!("bare{i}");
-        create_bare.push(bare_lvcreate("4m", &pool, &name, &[]));
-        let name_an = format!("barean{i}");
-        create_bare_an.push(bare_lvcreate("4m", &pool, &name_an, &["-an"]));
+        let (b, b_an) = before.unwrap_or_else(|| bare_creates(i));
+        create_bare.push(b);
+        create_bare_an.push(b_an);
+        let before = (!ours_first).then(|| bare_deletes(i));
         let t = Instant::now();
         c.delete_volume(del(&v.volume_id)).await.unwrap();
         delete.push(t.elapsed().as_secs_f64());
-        delete_bare.push(bare("lvm", &["lvremove", "-y", &format!("{vg}/{name}")]));
-        delete_bare_an.push(bare(
-            "lvm",
-            &[
-                "lvremove",
-                "--config",
-                "backup { archive = 0 }",
-                "-y",
-                &format!("{vg}/{name_an}"),
-            ],
-        ));
+        let (b, b_an) = before.unwrap_or_else(|| bare_deletes(i));
+        delete_bare.push(b);
+        delete_bare_an.push(b_an);
     }
     table.add(
         "P1",
