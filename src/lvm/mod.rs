@@ -132,6 +132,7 @@ impl Lvm {
         self.run(subcommand, args, false).await
     }
 
+    /// Runs `lvm` with [`Lvm::argv`], bounded by the command timeout.
     async fn run(&self, subcommand: &str, args: Vec<String>, write: bool) -> Result<Output> {
         let argv = self.argv(subcommand, args, write);
         exec::run_with(
@@ -690,8 +691,8 @@ mod tests {
         assert!(!on[2].contains("udev"));
     }
 
-    /// The `--config` each call passed to a fake `lvm` that records it
-    /// (and prints a report of one thin pool for `lvs`).
+    /// The subcommand and `--config` of each call a fake `lvm` got, for a
+    /// removal, an extension and a report (its `lvs` prints no LV).
     async fn configs_passed(archive: bool, udev: UdevMode) -> Vec<String> {
         let dir = tempfile::tempdir().unwrap();
         let seen = dir.path().join("seen");
