@@ -9,7 +9,7 @@
 //! the filesystem is frozen cannot keep it frozen. Only a thaw without a
 //! kept descriptor (a driver that restarted) opens and checks the path.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
@@ -31,7 +31,7 @@ pub(crate) mod ioctl {
 
 /// The descriptors of the filesystems this process froze, by device, kept
 /// for their thaw.
-static FROZEN: Mutex<Option<HashMap<(u32, u32), OwnedFd>>> = Mutex::new(None);
+static FROZEN: Mutex<BTreeMap<(u32, u32), OwnedFd>> = Mutex::new(BTreeMap::new());
 
 /// Freezes the filesystem of block device `device` (major, minor) mounted
 /// at `mountpoint`, and keeps the descriptor for [`thaw`]. A filesystem
@@ -46,7 +46,6 @@ pub fn freeze(mountpoint: &Path, device: (u32, u32)) -> Result<()> {
     FROZEN
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .get_or_insert_with(HashMap::new)
         .insert(device, fd);
     Ok(())
 }
@@ -58,8 +57,7 @@ pub fn thaw(mountpoint: &Path, device: (u32, u32)) -> Result<bool> {
     let kept = FROZEN
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .as_mut()
-        .and_then(|m| m.remove(&device));
+        .remove(&device);
     let fd = match kept {
         Some(fd) => fd,
         None => open_mount_root(mountpoint, device)?,
