@@ -206,19 +206,13 @@ fn limit(l: f64) -> String {
     }
 }
 
-/// A wrapper the driver runs as its `lvm_binary`: it logs each call, then
-/// runs the real `lvm`.
+/// A wrapper the driver runs as its `lvm_binary`: it logs each command,
+/// then runs the real `lvm`. Started without arguments it is LVM's shell,
+/// and each line the driver sends it (one command each) is logged too.
 fn lvm_wrapper(dir: &Path) -> (PathBuf, PathBuf) {
     let log = dir.join("lvm-calls.log");
     let script = dir.join("lvm-counting");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\necho \"$1\" >> {}\nexec lvm \"$@\"\n",
-            log.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&script, harness::counting_lvm(&log)).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(&log, "").unwrap();
@@ -227,6 +221,24 @@ fn lvm_wrapper(dir: &Path) -> (PathBuf, PathBuf) {
 
 fn calls(log: &Path) -> usize {
     std::fs::read_to_string(log).unwrap().lines().count()
+}
+
+/// How many processes have `pid` as their parent.
+fn children(pid: u32) -> usize {
+    let ppid = |stat: &str| -> Option<u32> {
+        // After the command name in parentheses: state, then the parent.
+        stat.rsplit_once(") ")?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+        .filter(|stat| ppid(stat) == Some(pid))
+        .count()
 }
 
 /// VmRSS and VmHWM of a process, in MiB.
@@ -747,8 +759,9 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(60)).await;
     let idle_calls = calls(&log) - n0;
     let (rss_after, _) = rss(d.pid());
+    let shells_left = children(d.pid());
     notes.push(format!(
-        "P4: an idle minute ran {idle_calls} LVM commands (target 0). RSS idle {idle_rss:.1} MiB before the load, and {rss_after:.1} MiB idle after a restart with {MANY} volumes (target ≤ 20); peak RSS under {CLIENTS} clients filling {MANY} volumes {load_hwm:.1} MiB (target ≤ 40)."
+        "P4: an idle minute ran {idle_calls} LVM commands (target 0), and left {shells_left} child processes (LVM shells close after 30 s idle). RSS idle {idle_rss:.1} MiB before the load, and {rss_after:.1} MiB idle after a restart with {MANY} volumes (target ≤ 20); peak RSS under {CLIENTS} clients filling {MANY} volumes {load_hwm:.1} MiB (target ≤ 40)."
     ));
 
     eprintln!("bench: capacity");

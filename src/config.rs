@@ -59,6 +59,9 @@ pub struct Config {
     /// Let LVM archive the VG's metadata before each of the driver's
     /// changes (its `backup/archive`). Off by default: see README.
     pub lvm_metadata_archive: bool,
+    /// Send LVM commands to long-lived `lvm` shells (`src/lvm/shell.rs`)
+    /// instead of starting `lvm` for each. See README.
+    pub lvm_shell: bool,
     /// `host:port` (an IP address, not a name) on which Prometheus metrics
     /// are served at `/metrics` over plain HTTP; empty: no endpoint.
     pub metrics_address: String,
@@ -135,6 +138,7 @@ impl Default for Config {
             reclaim_zero_run: 64 << 10,
             allow_unzeroed_pool: false,
             lvm_metadata_archive: false,
+            lvm_shell: true,
             metrics_address: String::new(),
             log_format: LogFormat::Text,
         }

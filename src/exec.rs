@@ -35,7 +35,7 @@ pub enum Stop {
 }
 
 /// How often a command that ignores SIGINT is logged while it is waited for.
-const INTERRUPT_NAG: Duration = Duration::from_secs(30);
+pub const INTERRUPT_NAG: Duration = Duration::from_secs(30);
 
 /// Runs `program args...` with `env` added to the environment, killing it
 /// after `timeout`. A non-zero exit is an [`Error::Command`].
@@ -197,6 +197,63 @@ fn command(program: &str, args: &[String], env: &[(&str, &str)], stop: Stop) -> 
         });
     }
     cmd
+}
+
+/// A long-running program the driver talks to: its stdin, stdout and
+/// stderr piped, plus the read end of a pipe whose write end it has as fd
+/// 3 (the fd number goes to it in an environment variable the caller
+/// names). It is stopped as `stop` says if the driver dies, and is never
+/// killed because its handle is dropped: closing its stdin ends it.
+pub struct Coprocess {
+    pub child: tokio::process::Child,
+    pub stdin: tokio::process::ChildStdin,
+    pub stdout: tokio::process::ChildStdout,
+    pub stderr: tokio::process::ChildStderr,
+    pub extra: tokio::net::unix::pipe::Receiver,
+}
+
+/// The fd number a [`Coprocess`] writes its extra output to.
+pub const COPROCESS_FD: i32 = 3;
+
+impl Coprocess {
+    pub fn spawn(program: &str, env: &[(&str, &str)], stop: Stop) -> Result<Coprocess> {
+        use std::os::fd::{AsRawFd, OwnedFd};
+        let io = |e: nix::errno::Errno| Error::io(format!("cannot start {program}"), e.into());
+        // The write end stays blocking: a full pipe makes the program wait
+        // for the driver, never lose output.
+        let (read, write): (OwnedFd, OwnedFd) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io)?;
+        let mut cmd = command(program, &[], env, stop);
+        cmd.stdin(Stdio::piped());
+        let raw = write.as_raw_fd();
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only makes the fcntl or dup2 system call, both async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                // dup2 onto itself would keep FD_CLOEXEC: clear it instead.
+                let res = if raw == COPROCESS_FD {
+                    libc::fcntl(raw, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(raw, COPROCESS_FD)
+                };
+                if res < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
+        drop(write);
+        let extra = tokio::net::unix::pipe::Receiver::from_owned_fd(read)
+            .map_err(|e| Error::io(format!("cannot read the output of {program}"), e))?;
+        Ok(Coprocess {
+            stdin: child.stdin.take().expect("stdin is piped"),
+            stdout: child.stdout.take().expect("stdout is piped"),
+            stderr: child.stderr.take().expect("stderr is piped"),
+            child,
+            extra,
+        })
+    }
 }
 
 /// The stdout of a running read-only program, line by line as it is

@@ -8,6 +8,7 @@
 //! seen, and readers that miss it share one `lvs` (single flight).
 
 pub mod report;
+pub mod shell;
 pub mod thin;
 
 use std::sync::{Arc, Mutex};
@@ -40,6 +41,8 @@ pub struct Lvm {
     timeout: Duration,
     no_udev: bool,
     archive: bool,
+    /// LVM's shells; commands they cannot take run on their own.
+    shells: Arc<shell::Shells>,
     max_age: Duration,
     cache: Mutex<Cache>,
     /// Held while an `lvs` for the cache runs: readers that miss the cache
@@ -102,6 +105,11 @@ impl Lvm {
             timeout: cfg.command_timeout(),
             no_udev: cfg.no_udev(),
             archive: cfg.lvm_metadata_archive,
+            shells: Arc::new(shell::Shells::new(
+                &cfg.lvm_binary,
+                cfg.command_timeout(),
+                cfg.lvm_shell,
+            )),
             max_age: Duration::from_secs(cfg.report_max_age_secs),
             cache: Mutex::new(Cache::default()),
             refresh: tokio::sync::Mutex::new(()),
@@ -132,9 +140,13 @@ impl Lvm {
         self.run(subcommand, args, false).await
     }
 
-    /// Runs `lvm` with [`Lvm::argv`], bounded by the command timeout.
+    /// Runs `lvm` with [`Lvm::argv`], bounded by the command timeout: in
+    /// one of LVM's shells, or on its own where they cannot take it.
     async fn run(&self, subcommand: &str, args: Vec<String>, write: bool) -> Result<Output> {
         let argv = self.argv(subcommand, args, write);
+        if let Some(res) = self.shells.run(&argv).await {
+            return res;
+        }
         exec::run_with(
             &self.binary,
             &argv,
@@ -737,6 +749,9 @@ mod tests {
             lvm_binary: script.display().to_string(),
             udev: UdevMode::On,
             volume_group: "vg1".into(),
+            // These fakes take one command per run; `fake_shell` speaks
+            // the shell's protocol.
+            lvm_shell: false,
             ..Config::default()
         };
         tweak(&mut cfg);

@@ -319,6 +319,20 @@ pub fn try_lvm(args: &[&str]) -> Result<String, String> {
     stdout_or_stderr(out)
 }
 
+/// A shell script to use as the driver's `lvm_binary`: it writes one line
+/// to `log` per LVM command, then runs the real `lvm`. Started without
+/// arguments it is LVM's shell: each line the driver sends it is one
+/// command, and is written to `log` as it passes (a shell's first line is
+/// its start-up check, `version`).
+pub fn counting_lvm(log: &std::path::Path) -> String {
+    // fd 3 is the shell's report pipe: only lvm keeps it, so that the
+    // driver sees the pipe close when lvm ends.
+    format!(
+        "#!/bin/sh\nif [ $# -eq 0 ]; then\n  tee -a {log} 3>&- | lvm\nelse\n  echo \"$1\" >> {log}\n  exec lvm \"$@\"\nfi\n",
+        log = log.display()
+    )
+}
+
 /// `lvs` of one VG, parsed by the driver's own parser.
 pub fn lvs(vg: &str) -> thinpool_csi::lvm::report::Report {
     let args = thinpool_csi::lvm::report::lvs_args(vg);
