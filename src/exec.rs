@@ -216,6 +216,16 @@ pub struct Coprocess {
 pub const COPROCESS_FD: i32 = 3;
 
 impl Coprocess {
+    /// Appends to `into` what the program's stderr holds right now,
+    /// without waiting (a read of the pipe until it is empty).
+    pub fn read_stderr_now(&self, into: &mut Vec<u8>) {
+        use std::os::fd::AsFd;
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = nix::unistd::read(self.stderr.as_fd(), &mut buf) {
+            into.extend_from_slice(&buf[..n]);
+        }
+    }
+
     pub fn spawn(program: &str, env: &[(&str, &str)], stop: Stop) -> Result<Coprocess> {
         use std::os::fd::{AsRawFd, OwnedFd};
         let io = |e: nix::errno::Errno| Error::io(format!("cannot start {program}"), e.into());

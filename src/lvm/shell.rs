@@ -17,7 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::{Error, Result};
@@ -34,6 +34,9 @@ const MAX_IDLE: usize = 3;
 /// A shell left idle this long is closed: an idle driver keeps none.
 const IDLE: Duration = Duration::from_secs(30);
 
+/// How long a failed command's messages (`lastlog`, no device read) may take.
+const LASTLOG_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub struct Shells {
     binary: String,
     timeout: Duration,
@@ -49,6 +52,12 @@ struct State {
 struct Shell {
     process: Coprocess,
     last_used: Instant,
+}
+
+/// Whether a shell that failed to start would fail again.
+enum Lasting {
+    Yes,
+    No,
 }
 
 /// How a command sent to a shell ended.
@@ -79,6 +88,9 @@ impl Shells {
     /// caller runs the command on its own then.
     pub async fn run(self: &Arc<Self>, argv: &[String]) -> Option<Result<Output>> {
         if self.state.lock().unwrap().off {
+            return None;
+        }
+        if !takes(argv) {
             return None;
         }
         let line = line(argv)?;
@@ -136,16 +148,22 @@ impl Shells {
         }
         match self.start().await {
             Ok(shell) => Some(shell),
-            Err(e) => {
+            Err((e, Lasting::Yes)) => {
                 self.state.lock().unwrap().off = true;
-                tracing::warn!(error = %e, "LVM's shell cannot be used; each LVM command runs on its own");
+                tracing::warn!(error = %e, "LVM's shell cannot be used; each LVM command runs on its own from now on");
+                None
+            }
+            Err((e, Lasting::No)) => {
+                tracing::warn!(error = %e, "an LVM shell did not start; this command runs on its own");
                 None
             }
         }
     }
 
-    /// Starts a shell and checks that it answers in JSON (`version`).
-    async fn start(&self) -> Result<Shell> {
+    /// Starts a shell and checks that it answers in JSON (`version`). A
+    /// failure says whether the next start would fail the same way (no
+    /// lvm, or lvm exits before it takes a command: no such profile).
+    async fn start(&self) -> std::result::Result<Shell, (Error, Lasting)> {
         let fd = COPROCESS_FD.to_string();
         let process = Coprocess::spawn(
             &self.binary,
@@ -155,9 +173,20 @@ impl Shells {
                 ("LVM_SUPPRESS_FD_WARNINGS", "1"),
                 // A long-lived lvm must not stop when its log grows.
                 ("LVM_LOG_FILE_MAX_LINES", "0"),
+                // Bytes pass the line editor as they are; `line` sends
+                // ASCII only.
+                ("LC_ALL", "C"),
             ],
             Stop::Interrupt,
-        )?;
+        )
+        .map_err(|e| {
+            let lasting = if matches!(e, Error::MissingTool { .. }) {
+                Lasting::Yes
+            } else {
+                Lasting::No
+            };
+            (e, lasting)
+        })?;
         let pid = process.child.id();
         let mut shell = Shell {
             process,
@@ -172,16 +201,18 @@ impl Shells {
                 tracing::info!(pid, profile = PROFILE, "lvm shell started");
                 Ok(shell)
             }
+            Ended::Broken(Err(e @ Error::Timeout { .. })) => {
+                shell.close();
+                Err((e, Lasting::No))
+            }
             Ended::Done(Err(e)) | Ended::Broken(Err(e)) => {
                 shell.close();
-                Err(e)
+                Err((e, Lasting::Yes))
             }
             Ended::Broken(Ok(_)) | Ended::NotSent => {
                 shell.close();
-                Err(Error::Internal(format!(
-                    "{} exited before it took a command",
-                    self.binary
-                )))
+                let e = Error::Internal(format!("{} exited before it took a command", self.binary));
+                Err((e, Lasting::Yes))
             }
         }
     }
@@ -282,49 +313,59 @@ impl Shell {
                 after: timeout,
             }));
         }
+        let subcommand = argv.first().map(String::as_str).unwrap_or_default();
         match status(&answer.doc) {
-            Some(1) => Ended::Done(Ok(Output {
+            Some((name, 1)) if name == subcommand => Ended::Done(Ok(Output {
                 stdout: answer.text,
                 stderr: answer.stderr,
             })),
-            Some(code) => {
+            Some((name, code)) if name == subcommand => {
                 let messages = self.last_errors(binary, timeout).await;
-                let stderr = [answer.stderr.trim(), messages.trim()]
-                    .into_iter()
-                    .filter(|t| !t.is_empty())
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                Ended::Done(Err(Error::Command {
+                let stderr = [
+                    answer.stderr.trim(),
+                    messages.as_deref().unwrap_or("").trim(),
+                ]
+                .into_iter()
+                .filter(|t| !t.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n");
+                let failed = Err(Error::Command {
                     program: binary.to_string(),
                     argv: argv.to_vec(),
                     code: Some(code),
                     signal: None,
                     stderr,
-                }))
+                });
+                match messages {
+                    Some(_) => Ended::Done(failed),
+                    // `lastlog` went unanswered: the shell is out of step.
+                    None => Ended::Broken(failed),
+                }
             }
-            None => Ended::Broken(Err(Error::Internal(format!(
+            _ => Ended::Broken(Err(Error::Internal(format!(
                 "LVM's shell gave no status for {argv:?}: {}",
                 answer.text
             )))),
         }
     }
 
-    /// The error messages of the last command (`lastlog`); empty if they
-    /// cannot be read.
-    async fn last_errors(&mut self, binary: &str, timeout: Duration) -> String {
+    /// The error messages of the last command (`lastlog`), within a short
+    /// bound of their own; `None` when the shell did not answer in full.
+    async fn last_errors(&mut self, binary: &str, timeout: Duration) -> Option<String> {
         let argv = vec!["lastlog".to_string()];
-        if self.process.stdin.write_all(b"lastlog\n").await.is_err() {
-            return String::new();
-        }
-        match self.answer(binary, &argv, timeout).await {
-            Ok(a) => errors(&a.doc),
-            Err(_) => String::new(),
-        }
+        self.process.stdin.write_all(b"lastlog\n").await.ok()?;
+        let answer = self
+            .answer(binary, &argv, timeout.min(LASTLOG_TIMEOUT))
+            .await
+            .ok()?;
+        (!answer.interrupted).then(|| errors(&answer.doc))
     }
 
     /// Reads until the shell's JSON document for the command is complete,
-    /// keeping stdout and stderr drained meanwhile. Past `timeout` the
-    /// shell gets SIGINT, and its command is waited for.
+    /// keeping stdout and stderr drained meanwhile (before the report: LVM
+    /// writes its stderr before the document, so none is left for the
+    /// next command). Past `timeout` the shell gets SIGINT, and its command
+    /// is waited for. A shell that exits is an error.
     async fn answer(&mut self, binary: &str, argv: &[String], timeout: Duration) -> Result<Answer> {
         let started = Instant::now();
         let (mut report, mut out, mut err) = (Vec::new(), Vec::new(), Vec::new());
@@ -334,21 +375,9 @@ impl Shell {
         let p = &mut self.process;
         loop {
             tokio::select! {
-                n = p.extra.read_buf(&mut report) => {
-                    let n = n.map_err(|e| Error::io(format!("reading {binary}'s report"), e))?;
-                    if n == 0 {
-                        return Err(exited(binary, argv, &mut p.child, &err).await);
-                    }
-                    if report.ends_with(b"}\n") {
-                        if let Ok(doc) = serde_json::from_slice::<Value>(&report) {
-                            return Ok(Answer {
-                                doc,
-                                text: String::from_utf8_lossy(&report).into_owned(),
-                                stderr: String::from_utf8_lossy(&err).into_owned(),
-                                interrupted,
-                            });
-                        }
-                    }
+                biased;
+                n = p.stderr.read_buf(&mut err), if err_open => {
+                    err_open = matches!(n, Ok(k) if k > 0);
                 }
                 n = p.stdout.read_buf(&mut out), if out_open => {
                     // Nothing is read from stdout: the profile sends all to
@@ -356,8 +385,26 @@ impl Shell {
                     out_open = matches!(n, Ok(k) if k > 0);
                     out.clear();
                 }
-                n = p.stderr.read_buf(&mut err), if err_open => {
-                    err_open = matches!(n, Ok(k) if k > 0);
+                n = p.extra.read_buf(&mut report) => {
+                    let n = n.map_err(|e| Error::io(format!("reading {binary}'s report"), e))?;
+                    if n == 0 {
+                        return Err(exited(binary, argv, p, &mut err).await);
+                    }
+                    if let Some(doc) = complete(&report) {
+                        p.read_stderr_now(&mut err);
+                        return Ok(Answer {
+                            doc,
+                            text: String::from_utf8(report)
+                                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+                            stderr: String::from_utf8_lossy(&err).into_owned(),
+                            interrupted,
+                        });
+                    }
+                }
+                // A shell that exits while a program it ran keeps the report
+                // pipe open: its exit ends the wait all the same.
+                _ = p.child.wait() => {
+                    return Err(exited(binary, argv, p, &mut err).await);
                 }
                 _ = tokio::time::sleep_until(wake) => {
                     wake = tokio::time::Instant::now() + INTERRUPT_NAG;
@@ -379,8 +426,36 @@ impl Shell {
     }
 }
 
+/// The log of the JSON document in `report` once the document is
+/// complete. The report part (a whole `lvs`) is checked and skipped, not
+/// kept: the caller parses it once, from the text.
+fn complete(report: &[u8]) -> Option<Doc> {
+    if !report.ends_with(b"}\n") {
+        return None;
+    }
+    serde_json::from_slice(report).ok()
+}
+
+/// What the driver reads of a shell's document: its log.
+#[derive(Debug, Default, Deserialize)]
+struct Doc {
+    #[serde(default)]
+    log: Vec<Entry>,
+}
+
+/// One line of LVM's command log (every value is a string in its JSON).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Entry {
+    log_type: String,
+    log_context: String,
+    log_object_name: String,
+    log_message: String,
+    log_ret_code: String,
+}
+
 struct Answer {
-    doc: Value,
+    doc: Doc,
     text: String,
     stderr: String,
     interrupted: bool,
@@ -388,14 +463,10 @@ struct Answer {
 
 /// The error of a shell that exited before it answered: what the command
 /// did is unknown, like that of a command that died.
-async fn exited(
-    binary: &str,
-    argv: &[String],
-    child: &mut tokio::process::Child,
-    err: &[u8],
-) -> Error {
+async fn exited(binary: &str, argv: &[String], p: &mut Coprocess, err: &mut Vec<u8>) -> Error {
     use std::os::unix::process::ExitStatusExt;
-    let status = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+    let status = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
+    p.read_stderr_now(err);
     let (code, signal) = match status {
         Ok(Ok(s)) => (s.code(), s.signal()),
         _ => (None, None),
@@ -409,37 +480,48 @@ async fn exited(
     }
 }
 
-/// The command's status in its log: LVM's return code (1 is success,
-/// anything else is the exit code `lvm` would have had).
-fn status(doc: &Value) -> Option<i32> {
-    doc.get("log")?
-        .as_array()?
-        .iter()
-        .rev()
-        .find(|e| e.get("log_context").and_then(Value::as_str) == Some("shell"))?
-        .get("log_ret_code")?
-        .as_str()?
-        .parse()
-        .ok()
+/// The command's status in its log: the command it is for, and LVM's
+/// return code (1 is success, anything else is the exit code `lvm` would
+/// have had).
+fn status(doc: &Doc) -> Option<(String, i32)> {
+    let entry = doc.log.iter().rev().find(|e| e.log_context == "shell")?;
+    if entry.log_object_name.is_empty() {
+        return None;
+    }
+    let code = entry.log_ret_code.parse().ok()?;
+    Some((entry.log_object_name.clone(), code))
 }
 
 /// The error messages of a log, one per line.
-fn errors(doc: &Value) -> String {
-    let Some(log) = doc.get("log").and_then(Value::as_array) else {
-        return String::new();
-    };
-    log.iter()
-        .filter(|e| e.get("log_type").and_then(Value::as_str) == Some("error"))
-        .filter_map(|e| e.get("log_message").and_then(Value::as_str))
+fn errors(doc: &Doc) -> String {
+    doc.log
+        .iter()
+        .filter(|e| e.log_type == "error")
+        .map(|e| e.log_message.as_str())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Whether a shell takes `argv`: a report, or a change that cannot stop
+/// to ask a question. A question would read the shell's stdin (an exec'd
+/// lvm reads /dev/null and is told no at once), so `lvcreate` and
+/// `lvremove` go only with `--yes`, and `pvcreate`, `vgcreate` and the
+/// like (one-off, at start-up) always run on their own. `lvchange` as the
+/// driver runs it (activation, tags, read-ahead) asks nothing.
+fn takes(argv: &[String]) -> bool {
+    match argv.first().map(String::as_str) {
+        Some("lvs" | "vgs" | "pvs" | "lvchange") => true,
+        Some("lvcreate" | "lvremove") => argv.iter().any(|a| a == "--yes"),
+        _ => false,
+    }
 }
 
 /// `argv` as one line of LVM's shell, which splits on white space and
 /// takes an argument that starts with `'` or `"` up to the same quote,
 /// with no escapes. `None` for what that cannot carry: an argument with
 /// both quotes, a line break or another control character (the line
-/// editor acts on those), or too many arguments.
+/// editor acts on those), a byte that is not ASCII (the line editor
+/// decodes by locale), or too many arguments.
 pub fn line(argv: &[String]) -> Option<String> {
     // LVM's shell takes at most 64 words and drops the rest.
     const MAX_ARGS: usize = 63;
@@ -448,7 +530,7 @@ pub fn line(argv: &[String]) -> Option<String> {
     }
     let mut words = Vec::with_capacity(argv.len());
     for a in argv {
-        if a.chars().any(char::is_control) {
+        if !a.is_ascii() || a.chars().any(|c| c.is_ascii_control()) {
             return None;
         }
         let plain = !a.is_empty()
@@ -498,7 +580,16 @@ mod tests {
         assert!(line(&v(&["lvs", "both ' and \""])).is_none());
         assert!(line(&v(&["lvs", "a\nb"])).is_none());
         assert!(line(&v(&["lvs", "a\tb"])).is_none());
+        assert!(line(&v(&["lvs", "caf\u{e9}"])).is_none());
         assert!(line(&[]).is_none());
+        // Only what cannot stop to ask a question goes to a shell.
+        assert!(takes(&v(&["lvs", "vg1"])));
+        assert!(takes(&v(&["lvchange", "--activate", "n", "vg1/a"])));
+        assert!(takes(&v(&["lvremove", "--yes", "vg1/a"])));
+        assert!(!takes(&v(&["lvremove", "vg1/a"])));
+        assert!(!takes(&v(&["lvcreate", "--type", "thin-pool", "vg1"])));
+        assert!(!takes(&v(&["pvcreate", "/dev/loop0"])));
+        assert!(!takes(&v(&["lvextend", "--size", "8b", "vg1/a"])));
         assert!(line(&vec!["x".to_string(); 64]).is_none());
     }
 
@@ -509,20 +600,21 @@ mod tests {
     fn fake_shell(dir: &std::path::Path, start: &str) -> (Arc<Shells>, std::path::PathBuf) {
         use std::os::unix::fs::PermissionsExt;
         let log = dir.join("lines");
-        let ok = r#"{"log":[{"log_type":"status","log_context":"shell","log_ret_code":"1"}]}"#;
         let body = format!(
             r#"#!/bin/sh
 {start}
 [ "$LVM_COMMAND_PROFILE" = lvmdbusd ] || exit 5
 trap 'echo INT >> {log}' INT
+st() {{ echo "{{\"log\":[{{\"log_type\":\"status\",\"log_context\":\"shell\",\"log_object_name\":\"$1\",\"log_ret_code\":\"$2\"}}]}}" >&$LVM_REPORT_FD; }}
 while IFS= read -r line; do
   echo "$line" >> {log}
   case "$line" in
-    version) echo '{ok}' >&$LVM_REPORT_FD ;;
-    lvs*) echo '{{"report":[{{"lv":[]}}],"log":[{{"log_type":"status","log_context":"shell","log_ret_code":"1"}}]}}' >&$LVM_REPORT_FD ;;
-    lvremove*) echo 'partial' >&2; echo '{{"log":[{{"log_type":"status","log_context":"shell","log_ret_code":"5"}}]}}' >&$LVM_REPORT_FD ;;
+    version) st version 1 ;;
+    lvs*) echo '{{"report":[{{"lv":[]}}],"log":[{{"log_type":"status","log_context":"shell","log_object_name":"lvs","log_ret_code":"1"}}]}}' >&$LVM_REPORT_FD ;;
+    lvremove*) echo 'partial' >&2; st lvremove 5 ;;
     lastlog) echo '{{"log":[{{"log_type":"error","log_context":"processing","log_message":"LV vg1/x not found","log_ret_code":"0"}}]}}' >&$LVM_REPORT_FD ;;
-    lvchange*) sleep 2; echo '{ok}' >&$LVM_REPORT_FD ;;
+    lvchange*) sleep 2; st lvchange 1 ;;
+    pvs*) st lvs 1 ;;
     *) exit 9 ;;
   esac
 done
@@ -553,7 +645,8 @@ done
             .await
             .expect("the shell takes it")
             .unwrap();
-        assert!(status(&serde_json::from_str(&out.stdout).unwrap()) == Some(1));
+        let doc: Doc = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(status(&doc), Some(("lvs".to_string(), 1)));
         assert!(out.stdout.contains("\"report\""), "{}", out.stdout);
         let e = shells
             .run(&v(&["lvremove", "--yes", "vg1/x"]))
@@ -587,15 +680,23 @@ done
         let dir = tempfile::tempdir().unwrap();
         let (shells, log) = fake_shell(dir.path(), "");
         let e = shells
-            .run(&v(&["lvextend", "vg1/x"]))
+            .run(&v(&["lvcreate", "--yes", "vg1"]))
             .await
             .expect("the shell takes it")
             .unwrap_err();
         assert!(matches!(e, Error::Command { code: Some(9), .. }), "{e:?}");
         assert_eq!(shells.idle(), 0, "a dead shell is not kept");
         shells.run(&v(&["lvs"])).await.unwrap().unwrap();
+        // An answer for another command: the shell is out of step.
+        let e = shells.run(&v(&["pvs"])).await.unwrap().unwrap_err();
+        assert!(matches!(e, Error::Internal(_)), "{e:?}");
+        assert_eq!(shells.idle(), 0, "a shell out of step is not kept");
+        shells.run(&v(&["lvs"])).await.unwrap().unwrap();
         let starts = lines(&log).iter().filter(|l| *l == "version").count();
-        assert_eq!(starts, 2, "the next command gets a new shell");
+        assert_eq!(
+            starts, 3,
+            "each command after a broken shell gets a new one"
+        );
     }
 
     #[tokio::test]
@@ -639,20 +740,25 @@ done
 
     #[test]
     fn the_status_is_the_shell_entry_of_the_log() {
-        let doc: Value = serde_json::from_str(
+        let doc: Doc = serde_json::from_str(
             r#"{"log":[{"log_type":"error","log_context":"processing","log_message":"VG x not found","log_ret_code":"0"},
                        {"log_type":"status","log_context":"processing","log_message":"failure","log_ret_code":"5"},
-                       {"log_type":"status","log_context":"shell","log_message":"failure","log_ret_code":"5"}]}"#,
+                       {"log_type":"status","log_context":"shell","log_object_name":"lvs","log_message":"failure","log_ret_code":"5"}]}"#,
         )
         .unwrap();
-        assert_eq!(status(&doc), Some(5));
+        assert_eq!(status(&doc), Some(("lvs".to_string(), 5)));
         assert_eq!(errors(&doc), "VG x not found");
-        let ok: Value = serde_json::from_str(
-            r#"{"report":[{"lv":[]}],"log":[{"log_type":"status","log_context":"shell","log_ret_code":"1"}]}"#,
+        let ok: Doc = serde_json::from_str(
+            r#"{"report":[{"lv":[]}],"log":[{"log_type":"status","log_context":"shell","log_object_name":"lvs","log_ret_code":"1"}]}"#,
         )
         .unwrap();
-        assert_eq!(status(&ok), Some(1));
-        let none: Value = serde_json::from_str(r#"{"report":[{"lv":[]}]}"#).unwrap();
+        assert_eq!(status(&ok), Some(("lvs".to_string(), 1)));
+        let unnamed: Doc = serde_json::from_str(
+            r#"{"log":[{"log_type":"status","log_context":"shell","log_ret_code":"1"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(status(&unnamed), None, "no command named");
+        let none: Doc = serde_json::from_str(r#"{"report":[{"lv":[]}]}"#).unwrap();
         assert_eq!(status(&none), None);
     }
 }

@@ -822,3 +822,123 @@ async fn writes_skip_lvms_metadata_archive_unless_configured() {
         }
     }
 }
+
+/// The driver sends its LVM commands, one line each, to LVM's own shell
+/// with the profile lvm2 ships (one start-up check, `version`, per shell),
+/// a shell that dies while idle is replaced, and `lvm_shell = false`
+/// starts `lvm` for each command.
+#[tokio::test(flavor = "multi_thread")]
+async fn lvm_commands_go_to_lvms_shell_unless_turned_off() {
+    use std::os::unix::fs::PermissionsExt;
+    fn lines(log: &std::path::Path) -> Vec<String> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+    // What the wrapper wrote for `sub`: a shell line carries the whole
+    // command, an exec'd lvm only its subcommand.
+    fn count(lines: &[String], sub: &str, in_shell: bool) -> usize {
+        let prefix = format!("{sub} ");
+        lines
+            .iter()
+            .filter(|l| {
+                if in_shell {
+                    l.starts_with(&prefix)
+                } else {
+                    *l == sub
+                }
+            })
+            .count()
+    }
+    for (tag, extra, shell) in [
+        ("shell", "", true),
+        ("noshell", "lvm_shell = false\n", false),
+    ] {
+        let tools = tempfile::tempdir().unwrap();
+        let log = tools.path().join("calls");
+        let wrapper = tools.path().join("lvm");
+        std::fs::write(&wrapper, crate::harness::counting_lvm(&log)).unwrap();
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let d = TestDriver::start(
+            tag,
+            64 * MIB,
+            &format!("{extra}lvm_binary = \"{}\"\n", wrapper.display()),
+        )
+        .await;
+        let mut c = d.controller().await;
+        let before = lines(&log);
+        let mut ids = Vec::new();
+        for name in ["a", "b"] {
+            let v = c
+                .create_volume(create_req(
+                    &format!("pvc-{tag}-{name}"),
+                    4 * MIB,
+                    block_cap(),
+                ))
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap();
+            ids.push(v.volume_id);
+        }
+        c.delete_volume(del(&ids[0])).await.unwrap();
+        let all = lines(&log);
+        let during = &all[before.len()..];
+        let said: Vec<String> = d
+            .log()
+            .lines()
+            .filter(|l| l.contains("shell"))
+            .map(String::from)
+            .collect();
+        assert_eq!(
+            count(during, "lvcreate", shell),
+            2,
+            "{tag}: {during:?}; the driver said: {said:?}"
+        );
+        assert_eq!(count(during, "lvremove", shell), 1, "{tag}: {during:?}");
+        assert_eq!(count(during, "lvcreate", !shell), 0, "{tag}: {during:?}");
+        let starts = |l: &[String]| l.iter().filter(|l| *l == "version").count();
+        if !shell {
+            assert_eq!(starts(&all), 0, "{tag}: a shell was started: {all:?}");
+            continue;
+        }
+        assert!(starts(&all) >= 1, "no shell was started: {all:?}");
+        let shells: Vec<i32> = crate::harness::descendants(d.pid() as i32)
+            .into_iter()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "lvm")
+            })
+            .collect();
+        assert!(!shells.is_empty(), "no lvm shell waits after the calls");
+        // An idle shell that gets SIGINT ends; the next command gets a new one.
+        for p in &shells {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGINT,
+            );
+        }
+        for _ in 0..100 {
+            if shells.iter().all(|p| {
+                !std::path::Path::new(&format!("/proc/{p}")).exists()
+                    || std::fs::read_to_string(format!("/proc/{p}/stat"))
+                        .is_ok_and(|s| s.contains(") Z "))
+            }) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let started = starts(&lines(&log));
+        c.create_volume(create_req(&format!("pvc-{tag}-c"), 4 * MIB, block_cap()))
+            .await
+            .unwrap();
+        assert_eq!(
+            starts(&lines(&log)),
+            started + 1,
+            "the create after the shells ended did not start a new one: {:?}",
+            lines(&log)
+        );
+    }
+}

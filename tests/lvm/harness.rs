@@ -325,10 +325,14 @@ pub fn try_lvm(args: &[&str]) -> Result<String, String> {
 /// command, and is written to `log` as it passes (a shell's first line is
 /// its start-up check, `version`).
 pub fn counting_lvm(log: &std::path::Path) -> String {
-    // fd 3 is the shell's report pipe: only lvm keeps it, so that the
-    // driver sees the pipe close when lvm ends.
+    // lvm replaces the script, so the driver's signals (timeout, parent
+    // death) reach lvm itself; it reads what tee passes on through a FIFO
+    // beside the log (the VM has no /dev/fd for `<(...)`). tee gets the
+    // driver's pipe as fd 4, since sh gives a background job /dev/null as
+    // its stdin. fd 3 is the shell's report pipe, which tee does not keep,
+    // so that the driver sees it close when lvm ends.
     format!(
-        "#!/bin/sh\nif [ $# -eq 0 ]; then\n  tee -a {log} 3>&- | lvm\nelse\n  echo \"$1\" >> {log}\n  exec lvm \"$@\"\nfi\n",
+        "#!/bin/sh\nif [ $# -eq 0 ]; then\n  f={log}.shell-$$\n  mkfifo \"$f\"\n  exec 4<&0\n  tee -a {log} <&4 >\"$f\" 3>&- 4<&- &\n  exec lvm <\"$f\" 4<&-\nelse\n  echo \"$1\" >> {log}\n  exec lvm \"$@\"\nfi\n",
         log = log.display()
     )
 }
@@ -354,7 +358,7 @@ pub fn sh(cmd: &str, args: &[&str]) -> String {
 }
 
 /// Every process below `pid` (children, grandchildren, ...), from /proc.
-fn descendants(pid: i32) -> Vec<i32> {
+pub fn descendants(pid: i32) -> Vec<i32> {
     let mut parent_of: Vec<(i32, i32)> = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
