@@ -10,7 +10,7 @@
 mod harness;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -206,19 +206,6 @@ fn limit(l: f64) -> String {
     }
 }
 
-/// A wrapper the driver runs as its `lvm_binary`: it logs each command,
-/// then runs the real `lvm`. Started without arguments it is LVM's shell,
-/// and each line the driver sends it (one command each) is logged too.
-fn lvm_wrapper(dir: &Path) -> (PathBuf, PathBuf) {
-    let log = dir.join("lvm-calls.log");
-    let script = dir.join("lvm-counting");
-    std::fs::write(&script, harness::counting_lvm(&log)).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(&log, "").unwrap();
-    (script, log)
-}
-
 fn calls(log: &Path) -> usize {
     std::fs::read_to_string(log).unwrap().lines().count()
 }
@@ -327,7 +314,9 @@ async fn main() {
     let n = samples();
 
     let work = tempfile::tempdir().unwrap();
-    let (wrapper, log) = lvm_wrapper(work.path());
+    // A wrapper the driver runs as its `lvm_binary`: it logs each LVM
+    // command (in a shell too), then runs the real `lvm`.
+    let (wrapper, log) = harness::counting_lvm(work.path());
     let root = work.path().join("kubelet");
     std::fs::create_dir_all(&root).unwrap();
     // The deployment defaults (report cache 10 s, udev off as in a

@@ -829,14 +829,7 @@ async fn writes_skip_lvms_metadata_archive_unless_configured() {
 /// starts `lvm` for each command.
 #[tokio::test(flavor = "multi_thread")]
 async fn lvm_commands_go_to_lvms_shell_unless_turned_off() {
-    use std::os::unix::fs::PermissionsExt;
-    fn lines(log: &std::path::Path) -> Vec<String> {
-        std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .lines()
-            .map(String::from)
-            .collect()
-    }
+    use crate::harness::{counting_lvm, descendants, file_lines as lines};
     // What the wrapper wrote for `sub`: a shell line carries the whole
     // command, an exec'd lvm only its subcommand.
     fn count(lines: &[String], sub: &str, in_shell: bool) -> usize {
@@ -857,10 +850,7 @@ async fn lvm_commands_go_to_lvms_shell_unless_turned_off() {
         ("noshell", "lvm_shell = false\n", false),
     ] {
         let tools = tempfile::tempdir().unwrap();
-        let log = tools.path().join("calls");
-        let wrapper = tools.path().join("lvm");
-        std::fs::write(&wrapper, crate::harness::counting_lvm(&log)).unwrap();
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (wrapper, log) = counting_lvm(tools.path());
         let d = TestDriver::start(
             tag,
             64 * MIB,
@@ -906,7 +896,7 @@ async fn lvm_commands_go_to_lvms_shell_unless_turned_off() {
             continue;
         }
         assert!(starts(&all) >= 1, "no shell was started: {all:?}");
-        let shells: Vec<i32> = crate::harness::descendants(d.pid() as i32)
+        let shells: Vec<i32> = descendants(d.pid() as i32)
             .into_iter()
             .filter(|p| {
                 std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "lvm")

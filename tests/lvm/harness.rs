@@ -319,22 +319,38 @@ pub fn try_lvm(args: &[&str]) -> Result<String, String> {
     stdout_or_stderr(out)
 }
 
-/// A shell script to use as the driver's `lvm_binary`: it writes one line
-/// to `log` per LVM command, then runs the real `lvm`. Started without
-/// arguments it is LVM's shell: each line the driver sends it is one
-/// command, and is written to `log` as it passes (a shell's first line is
-/// its start-up check, `version`).
-pub fn counting_lvm(log: &std::path::Path) -> String {
+/// Writes `dir/lvm`, a script to use as the driver's `lvm_binary`: it
+/// writes one line to `dir/lvm-calls.log` per LVM command, then runs the
+/// real `lvm`. Started without arguments it is LVM's shell: each line the
+/// driver sends it is one command, and is written to the log as it passes
+/// (a shell's first line is its start-up check, `version`). Returns the
+/// script and the log.
+pub fn counting_lvm(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let log = dir.join("lvm-calls.log");
+    let script = dir.join("lvm");
     // lvm replaces the script, so the driver's signals (timeout, parent
     // death) reach lvm itself; it reads what tee passes on through a FIFO
     // beside the log (the VM has no /dev/fd for `<(...)`). tee gets the
     // driver's pipe as fd 4, since sh gives a background job /dev/null as
     // its stdin. fd 3 is the shell's report pipe, which tee does not keep,
     // so that the driver sees it close when lvm ends.
-    format!(
+    let text = format!(
         "#!/bin/sh\nif [ $# -eq 0 ]; then\n  f={log}.shell-$$\n  mkfifo \"$f\"\n  exec 4<&0\n  tee -a {log} <&4 >\"$f\" 3>&- 4<&- &\n  exec lvm <\"$f\" 4<&-\nelse\n  echo \"$1\" >> {log}\n  exec lvm \"$@\"\nfi\n",
         log = log.display()
-    )
+    );
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script, log)
+}
+
+/// The lines of a text file; none when it is missing.
+pub fn file_lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
 }
 
 /// `lvs` of one VG, parsed by the driver's own parser.

@@ -4,7 +4,6 @@
 //! unchanged pool runs no LVM command, and each call has its log line.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
 use crate::controller::{block_cap, create_req, mount_cap};
-use crate::harness::{counting_lvm, lvm, lvs, sh, TestDriver, MIB};
+use crate::harness::{counting_lvm, file_lines, lvm, lvs, sh, TestDriver, MIB};
 
 /// GET /metrics: the samples by series (`name{labels}`).
 async fn scrape(addr: &str) -> BTreeMap<String, f64> {
@@ -74,11 +73,7 @@ fn loopback_up() {
 /// LVM shell (`version`, which reads no device): whether the driver starts
 /// a new shell or reuses one must not change the count.
 fn lvm_calls(log: &Path) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| *l != "version")
-        .count()
+    file_lines(log).iter().filter(|l| *l != "version").count()
 }
 
 #[tokio::test]
@@ -86,10 +81,7 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
     // Every LVM command the driver runs goes through this wrapper, which
     // writes a line per call.
     let tools = tempfile::tempdir().unwrap();
-    let calls = tools.path().join("lvm-calls.log");
-    let wrapper = tools.path().join("lvm");
-    std::fs::write(&wrapper, counting_lvm(&calls)).unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (wrapper, calls) = counting_lvm(tools.path());
     loopback_up();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
