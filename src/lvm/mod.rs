@@ -50,8 +50,8 @@ pub struct Lvm {
     refresh: tokio::sync::Mutex<()>,
     /// Bounds the LVM commands that change something and run at once.
     /// LVM serialises their commits on the VG lock; a second one can get
-    /// through its start-up meanwhile, and more would only wait, each an
-    /// `lvm` process in memory.
+    /// through its start-up (in a shell: its parsing) meanwhile, and more
+    /// would only wait, each an `lvm` process in memory.
     writers: tokio::sync::Semaphore,
     /// A pool holds one metadata snapshot at a time (`thin`).
     metadata_lock: tokio::sync::Mutex<()>,
