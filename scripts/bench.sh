@@ -5,7 +5,7 @@
 #
 #   scripts/bench.sh
 #
-# It builds with the bench (release) profile and takes about 17 minutes
+# It builds with the bench (release) profile and takes about 12 minutes
 # under TCG. It is not part of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
