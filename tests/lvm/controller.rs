@@ -903,23 +903,31 @@ async fn lvm_commands_go_to_lvms_shell_unless_turned_off() {
             })
             .collect();
         assert!(!shells.is_empty(), "no lvm shell waits after the calls");
-        // An idle shell that gets SIGINT ends; the next command gets a new one.
-        for p in &shells {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*p),
-                nix::sys::signal::Signal::SIGINT,
-            );
-        }
-        for _ in 0..100 {
-            if shells.iter().all(|p| {
-                !std::path::Path::new(&format!("/proc/{p}")).exists()
-                    || std::fs::read_to_string(format!("/proc/{p}/stat"))
-                        .is_ok_and(|s| s.contains(") Z "))
-            }) {
+        // An idle shell that gets SIGINT ends; the next command gets a new
+        // one. A shell still busy (a background lvs) finishes its command
+        // first, so SIGINT goes again until every one has ended.
+        let ended = |p: &i32| {
+            !std::path::Path::new(&format!("/proc/{p}")).exists()
+                || std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .is_ok_and(|s| s.contains(") Z "))
+        };
+        for _ in 0..200 {
+            let left: Vec<&i32> = shells.iter().filter(|p| !ended(p)).collect();
+            if left.is_empty() {
                 break;
+            }
+            for p in left {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(*p),
+                    nix::sys::signal::Signal::SIGINT,
+                );
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+        assert!(
+            shells.iter().all(ended),
+            "an lvm shell outlived SIGINT for 10 s"
+        );
         let started = starts(&lines(&log));
         c.create_volume(create_req(&format!("pvc-{tag}-c"), 4 * MIB, block_cap()))
             .await
