@@ -206,26 +206,9 @@ fn limit(l: f64) -> String {
     }
 }
 
+/// The LVM commands the counting wrapper has logged so far.
 fn calls(log: &Path) -> usize {
-    std::fs::read_to_string(log).unwrap().lines().count()
-}
-
-/// How many processes have `pid` as their parent.
-fn children(pid: u32) -> usize {
-    let ppid = |stat: &str| -> Option<u32> {
-        // After the command name in parentheses: state, then the parent.
-        stat.rsplit_once(") ")?
-            .1
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
-    };
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
-        .filter(|stat| ppid(stat) == Some(pid))
-        .count()
+    harness::file_lines(log).len()
 }
 
 /// VmRSS and VmHWM of a process, in MiB.
@@ -748,9 +731,9 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(60)).await;
     let idle_calls = calls(&log) - n0;
     let (rss_after, _) = rss(d.pid());
-    let shells_left = children(d.pid());
+    let shells_left = harness::descendants(d.pid() as i32).len();
     notes.push(format!(
-        "P4: an idle minute ran {idle_calls} LVM commands (target 0), and left {shells_left} child processes (LVM shells close after 30 s idle). RSS idle {idle_rss:.1} MiB before the load, and {rss_after:.1} MiB idle after a restart with {MANY} volumes (target ≤ 20); peak RSS under {CLIENTS} clients filling {MANY} volumes {load_hwm:.1} MiB (target ≤ 40)."
+        "P4: an idle minute ran {idle_calls} LVM commands (target 0), and left {shells_left} processes below the driver (LVM shells close after 30 s idle). RSS idle {idle_rss:.1} MiB before the load, and {rss_after:.1} MiB idle after a restart with {MANY} volumes (target ≤ 20); peak RSS under {CLIENTS} clients filling {MANY} volumes {load_hwm:.1} MiB (target ≤ 40)."
     ));
 
     eprintln!("bench: capacity");

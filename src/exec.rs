@@ -216,6 +216,16 @@ pub struct Coprocess {
 pub const COPROCESS_FD: i32 = 3;
 
 impl Coprocess {
+    /// Sends the program SIGINT (LVM stops at a safe point).
+    pub fn interrupt(&self) {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGINT,
+            );
+        }
+    }
+
     /// Appends to `into` what the program's stderr holds right now,
     /// without waiting (a read of the pipe until it is empty).
     pub fn read_stderr_now(&self, into: &mut Vec<u8>) {

@@ -413,12 +413,7 @@ impl Shell {
                         continue;
                     }
                     interrupted = true;
-                    if let Some(pid) = p.child.id().and_then(|p| i32::try_from(p).ok()) {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(pid),
-                            nix::sys::signal::Signal::SIGINT,
-                        );
-                    }
+                    p.interrupt();
                     tracing::warn!(?argv, ?timeout, "lvm shell command timed out, interrupted; waiting for it to stop");
                 }
             }
