@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs kubernetes-csi's conformance suite, csi-sanity, against the real
 # driver on a fresh loop-backed thin pool: once with mount volumes, once
-# with raw block volumes. Keeps one JUnit report per access type.
+# with raw block volumes. Keeps one JUnit report per access type. It is an
+# optional check for users who have csi-sanity; the project's own
+# conformance suite (tests/lvm/conformance/) covers every spec it checks.
 #
 #   scripts/csi-sanity.sh [CSI-SANITY FLAGS...]   # e.g. -ginkgo.focus=Snapshot
 #
-#   CSI_SANITY=PATH       the csi-sanity binary
-#                         (default: ../shared/tools/csi-sanity/csi-sanity)
+#   CSI_SANITY=PATH       the csi-sanity binary (default: `csi-sanity` on PATH;
+#                         scripts/csi-sanity-bin.sh says how to get one)
 #   SANITY_REPORTS=DIR    where the JUnit reports go (default target/csi-sanity)
 #   SANITY_ACCESS="mount block"   the access types to run
 #
@@ -17,18 +19,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-sanity=${CSI_SANITY:-$root/../shared/tools/csi-sanity/csi-sanity}
+# shellcheck source=scripts/csi-sanity-bin.sh
+source scripts/csi-sanity-bin.sh
 reports=${SANITY_REPORTS:-$root/target/csi-sanity}
 access=${SANITY_ACCESS:-mount block}
 
 say() { echo "csi-sanity.sh: $*" >&2; }
 
-if [[ ! -x $sanity ]]; then
-    say "ERROR: no csi-sanity binary at $sanity: CONFORMANCE DID NOT RUN."
-    say "Set CSI_SANITY to a build, or: go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@latest"
+if ! sanity=$(csi_sanity_bin); then
+    say "ERROR: csi-sanity DID NOT RUN: $(csi_sanity_missing)"
     exit 1
 fi
-sanity=$(readlink -f "$sanity")
 
 # Outside the VM: build, then run this very script in the guest and collect
 # its reports.

@@ -1,32 +1,46 @@
 #!/usr/bin/env bash
 # Runs every test: the native suite (unit tests, root-only loop/mount
 # tests, and the packaging and docs checks) on this machine, then the LVM
-# suite and csi-sanity against real LVM. Where this kernel has
-# device-mapper (scripts/have-dm.sh: a Debian VM, bare metal, the
-# Vagrant box) they run right here; where it has not (the CI machines)
-# they run inside a QEMU VM with Debian's kernel (scripts/vm-run.sh).
+# suite with the project's own conformance suite against real LVM. Where
+# this kernel has device-mapper (scripts/have-dm.sh: a Debian VM, bare
+# metal, the Vagrant box) they run right here; where it has not (the CI
+# machines) they run inside a QEMU VM with Debian's kernel
+# (scripts/vm-run.sh). It installs the Debian packages it lacks first
+# (scripts/install-deps.sh), so it works on a fresh machine by itself.
 #
-#   scripts/test.sh           # everything
+#   scripts/test.sh           # everything (csi-sanity only where a binary is found)
 #   scripts/test.sh native    # native only (no LVM needed)
 #   scripts/test.sh vm        # the LVM suite (tests/lvm/), natively or in the VM
-#   scripts/test.sh sanity    # csi-sanity (scripts/csi-sanity.sh), natively or in the VM
+#   scripts/test.sh sanity    # kubernetes-csi's csi-sanity (scripts/csi-sanity.sh); fails without it
+#   scripts/test.sh lint      # cargo fmt --check, clippy --all-targets, shellcheck, the bench builds
 #
 # Arguments after `vm` go to the LVM test binary (a name filter:
 # `scripts/test.sh vm node::stage`), after `sanity` to csi-sanity.
 #
-# SANITY_FOCUS, when set, is csi-sanity's -ginkgo.focus (a regex of spec
-# names); by default every spec runs.
+# csi-sanity is an optional extra: the project's conformance suite
+# (tests/lvm/conformance/, part of `vm`) carries every spec it checks. The
+# binary is CSI_SANITY, else `csi-sanity` on PATH. SANITY_FOCUS, when set,
+# is csi-sanity's -ginkgo.focus (a regex of spec names).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 what=${1:-all}
 shift || true
 extra=("$@")
+case $what in
+    all | native | vm | sanity | lint) ;;
+    *) echo "usage: $0 [all|native|vm|sanity|lint]" >&2; exit 2 ;;
+esac
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "test.sh: the suite needs root (loop devices, mounts, the VM's LVM); run it as root" >&2
     exit 1
 fi
+
+case $what in
+    lint) scripts/install-deps.sh lint ;;
+    all | native | vm | sanity) scripts/install-deps.sh test ;;
+esac
 
 native() {
     echo "== native tests"
@@ -56,6 +70,10 @@ vm() {
     fi
 }
 
+# The one way to find csi-sanity, and to say how to get it.
+# shellcheck source=scripts/csi-sanity-bin.sh
+source scripts/csi-sanity-bin.sh
+
 sanity() {
     echo "== csi-sanity"
     local focus=${SANITY_FOCUS:-}
@@ -66,10 +84,33 @@ sanity() {
     fi
 }
 
+# Everything: csi-sanity runs where a binary is found, and is skipped with
+# one line otherwise (the conformance suite in `vm` covers its specs).
+sanity_if_found() {
+    if csi_sanity_bin >/dev/null; then
+        sanity
+    else
+        echo "== csi-sanity skipped: $(csi_sanity_missing)"
+    fi
+}
+
+lint() {
+    echo "== cargo fmt --check"
+    cargo fmt --check
+    echo "== cargo clippy --all-targets -- -D warnings"
+    cargo clippy --all-targets -- -D warnings
+    echo "== the benchmark builds (scripts/bench.sh runs it)"
+    cargo build --benches
+    echo "== shellcheck"
+    # vm-guest-init is the VM's /init under busybox sh, not bash.
+    shellcheck scripts/*.sh .ci/run
+    shellcheck -s sh scripts/vm-guest-init
+}
+
 case $what in
     native) native ;;
     vm) vm ;;
     sanity) sanity ;;
-    all) native; vm; sanity ;;
-    *) echo "usage: $0 [all|native|vm|sanity]" >&2; exit 2 ;;
+    lint) lint ;;
+    all) native; vm; sanity_if_found ;;
 esac

@@ -274,8 +274,9 @@ main() {
 		;;
 	esac
 	if [ -n "${VM_OUT:-}" ]; then
-		mkdir -p "$VM_OUT" && cp -a "$run/out/." "$VM_OUT/" ||
+		if ! { mkdir -p "$VM_OUT" && cp -a "$run/out/." "$VM_OUT/"; }; then
 			msg "ERROR: could not copy the guest's output to $VM_OUT"
+		fi
 	fi
 	if [ "$VM_KEEP" = 1 ]; then
 		msg "run folder kept: $run ($((SECONDS - start)) s)"
