@@ -4,7 +4,7 @@
 
 # The release of kubernetes-csi/csi-test this project's notes were checked
 # against; `go install` of its cmd/csi-sanity builds the binary.
-CSI_SANITY_VERSION=v5.3.1
+CSI_SANITY_VERSION=v5.6.0
 
 # Prints the csi-sanity binary (CSI_SANITY, else `csi-sanity` on PATH);
 # returns 1 when there is none.

@@ -49,7 +49,7 @@ native() {
     scripts/check-packaging.sh --setup
     # --test deploy: static checks of the Dockerfile and deploy/kubernetes;
     # --test docs: README's configuration reference and commands.
-    cargo test --lib --bins --test deploy --test docs
+    cargo test --lib --bins --test deploy --test docs --test conformance_table
     echo "== packaging checks (Dockerfile parser, Kubernetes schemas, Vagrantfile)"
     scripts/check-packaging.sh
 }

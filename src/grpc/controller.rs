@@ -330,11 +330,11 @@ impl ControllerService {
         req: ControllerModifyVolumeRequest,
     ) -> Result<ControllerModifyVolumeResponse> {
         let id = validate::volume_id(&req.volume_id)?;
-        if req.mutable_parameters.is_empty() {
-            return Err(Error::InvalidArgument(
-                "mutable_parameters is required: name at least one parameter to modify".into(),
-            ));
-        }
+        // An empty map is "nothing to change", not a missing field: a
+        // VolumeAttributesClass may carry no parameters, and csi-sanity at
+        // its defaults sends none, expecting OK for a volume that exists
+        // and NOT_FOUND for one that does not. modify_volume still looks
+        // the volume up, so both answers hold.
         let mutable = validate::mutable_parameters(&req.mutable_parameters)?;
         let id = validate::known_volume(id, &req.volume_id)?;
         self.driver.modify_volume(id, mutable).await?;

@@ -13,6 +13,10 @@
 //! or from the trailers at the end of the body (a success, or a stream
 //! that failed later); a call whose future or body is dropped first was
 //! cancelled by its client (or its deadline passed).
+//!
+//! It also gives tonic's answer to a method no service serves (a bare
+//! UNIMPLEMENTED with no message) the message CSI's Error Scheme asks for:
+//! which method, and that the driver does not advertise it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -105,9 +109,10 @@ where
     }
 
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let path = req.uri().path().to_string();
         let call = Call::start(
             self.metrics.clone(),
-            req.uri().path(),
+            &path,
             req.headers()
                 .get("grpc-timeout")
                 .and_then(|v| v.to_str().ok())
@@ -120,7 +125,8 @@ where
             let mut call = call;
             let res = fut.await;
             Ok(match res {
-                Ok(resp) => {
+                Ok(mut resp) => {
+                    name_unserved(&mut resp, &path);
                     // An error answered at once has its status in the
                     // headers and no body to wait for.
                     let call = match Status::from_header_map(resp.headers()) {
@@ -138,6 +144,31 @@ where
                 }
             })
         })
+    }
+}
+
+/// tonic answers a path no service serves with UNIMPLEMENTED and no
+/// message; the Error Scheme wants a human-readable one. Other answers,
+/// UNIMPLEMENTED with a message of the driver's own included, pass as
+/// they are.
+fn name_unserved<B>(resp: &mut http::Response<B>, path: &str) {
+    let bare = Status::from_header_map(resp.headers())
+        .is_some_and(|s| s.code() == Code::Unimplemented && s.message().is_empty());
+    if !bare {
+        return;
+    }
+    // grpc-message is percent-encoded: a path with a '%' is not repeated.
+    let what = if path.contains('%') {
+        "this method"
+    } else {
+        path
+    };
+    let message = format!(
+        "{what} is not served by this driver{}do not call it: it is not advertised (GetPluginCapabilities, ControllerGetCapabilities, NodeGetCapabilities and the CSI-Addons GetCapabilities list what is served)",
+        crate::error::REMEDY
+    );
+    if let Ok(v) = http::HeaderValue::from_str(&message) {
+        resp.headers_mut().insert("grpc-message", v);
     }
 }
 
@@ -379,6 +410,43 @@ mod tests {
         series(m, "thinpool_csi_rpc_requests_total")
             .first()
             .map_or(0, |l| l.rsplit_once(' ').unwrap().1.parse().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_bare_unimplemented_gets_a_message_and_others_stay() {
+        use tower_layer::Layer;
+        use tower_service::Service;
+        let layer = ObserveLayer::new(Arc::new(Metrics::default()));
+        let answer = |headers| {
+            let layer = layer.clone();
+            async move {
+                let resp = layer
+                    .layer(Fake {
+                        delay: Duration::ZERO,
+                        headers,
+                        frames: vec![],
+                    })
+                    .call(request(None))
+                    .await
+                    .unwrap();
+                Status::from_header_map(resp.headers()).unwrap()
+            }
+        };
+        // tonic's answer to a path no service serves.
+        let s = answer(vec![("grpc-status", "12")]).await;
+        assert_eq!(s.code(), Code::Unimplemented);
+        assert!(
+            s.message().starts_with(
+                "/csi.v1.Controller/DeleteVolume is not served by this driver. What to do: "
+            ),
+            "{}",
+            s.message()
+        );
+        // The driver's own UNIMPLEMENTED, and other codes, pass unchanged.
+        let s = answer(vec![("grpc-status", "12"), ("grpc-message", "ours")]).await;
+        assert_eq!(s.message(), "ours");
+        let s = answer(vec![("grpc-status", "5")]).await;
+        assert_eq!((s.code(), s.message()), (Code::NotFound, ""));
     }
 
     #[tokio::test]

@@ -290,7 +290,9 @@ impl Driver {
     }
 
     /// ControllerModifyVolume: applies each mutable parameter that is not
-    /// in effect yet (LV and tag), each in one `lvchange`.
+    /// in effect yet (LV and tag), each in one `lvchange`. An empty
+    /// `mutable` changes nothing but still answers NOT_FOUND for a volume
+    /// that does not exist.
     pub async fn modify_volume(
         self: &Arc<Self>,
         id: VolumeId,

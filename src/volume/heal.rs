@@ -58,12 +58,17 @@ impl Driver {
         })?;
         let staging = self.resolve_optional(staging.as_ref()).await?;
         self.detached(&id.clone(), "NodeHealer", move |d, _| async move {
-            let record = d.load_record(&id).await?.ok_or_else(|| {
-                Error::FailedPrecondition(format!(
+            let Some(record) = d.load_record(&id).await? else {
+                // The Healer spec's table: a volume that does not exist is
+                // NOT_FOUND; one that exists but is not staged here is a
+                // precondition the caller can meet.
+                let report = d.lvm.fresh_report().await?;
+                d.must_own(&report, &id)?;
+                return Err(Error::FailedPrecondition(format!(
                     "volume {id} is not staged on this node (it has no node record): nothing to heal"
                 ))
-                .advise("call NodeStageVolume (and NodePublishVolume) instead: only a staged volume can be healed")
-            })?;
+                .advise("call NodeStageVolume (and NodePublishVolume) instead: only a staged volume can be healed"));
+            };
             if let Some(st) = staging.as_ref().filter(|st| **st != record.staging) {
                 return Err(Error::FailedPrecondition(format!(
                     "volume {id} is staged at {}, not at {}",

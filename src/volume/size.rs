@@ -37,10 +37,12 @@ pub fn size(range: Option<&SizeRange>, extent: u64, default: u64) -> Result<u64>
     Ok(rounded)
 }
 
-/// mkfs.xfs refuses filesystems under 300 MB. A thin volume costs only
-/// what is written, so an xfs volume is raised to that minimum, unless
+/// mkfs.xfs (5.19 and later) refuses filesystems under 300 MiB: its
+/// "Filesystem must be larger than 300MB" counts in MiB (6.1 refused
+/// 288 MiB and took 300 MiB, exactly). A thin volume costs only what is
+/// written, so an xfs volume is raised to that minimum, unless
 /// limit_bytes forbids it (OUT_OF_RANGE).
-pub const XFS_MIN_BYTES: u64 = 300 * 1000 * 1000;
+pub const XFS_MIN_BYTES: u64 = 300 * 1024 * 1024;
 
 pub fn fs_minimum(
     access: Option<&Access>,

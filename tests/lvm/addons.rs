@@ -22,7 +22,7 @@ async fn create(
     name: &str,
     cap: thinpool_csi::proto::csi::v1::VolumeCapability,
 ) -> String {
-    // XFS refuses filesystems under 300 MB; thin volumes cost only what
+    // XFS refuses filesystems under 300 MiB; thin volumes cost only what
     // is written, so every test volume can be that large.
     c.create_volume(create_req(name, 320 * MIB, cap))
         .await

@@ -684,7 +684,7 @@ async fn ext4_lifecycle_readonly_and_online_expand() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn xfs_lifecycle_readonly_and_online_expand() {
-    // mkfs.xfs refuses filesystems under 300 MB.
+    // mkfs.xfs refuses filesystems under 300 MiB.
     fs_lifecycle("nxfs", "xfs", 320 * MIB, 480 * MIB).await;
 }
 

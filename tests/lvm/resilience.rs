@@ -359,7 +359,7 @@ async fn abandoned_first_stage(fs: &str) {
     let k = Kubelet::new(&tag);
     let d = TestDriver::start(&tag, 256 * MIB, &k.extra()).await;
     let co = Co::new(&d).await;
-    // mkfs.xfs refuses filesystems under 300 MB; thin volumes cost only
+    // mkfs.xfs refuses filesystems under 300 MiB; thin volumes cost only
     // what is written.
     let size = if fs == "xfs" { 320 * MIB } else { 32 * MIB };
     let mut volumes = 0;
