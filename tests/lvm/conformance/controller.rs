@@ -458,12 +458,9 @@ async fn controller_volume_rules() {
     );
     for u in unknown_ids() {
         r.code(
-            &format!(
-                "{} (a REQUIRED map has at least 1 element; volume {u} unknown)",
-                rule("ControllerModifyVolume", "mutable_parameters")
-            ),
+            &format!("ControllerModifyVolume: empty mutable_parameters, volume {u} does not exist → NOT_FOUND (an empty map is \"nothing to change\", and the volume is still looked up) [\"Volume does not exist: 5 NOT_FOUND\"]"),
             c.controller_modify_volume(modify(&u, &[])).await,
-            Code::InvalidArgument,
+            Code::NotFound,
         );
         r.code(
             &format!("ControllerModifyVolume: volume {u} does not exist → NOT_FOUND [\"Volume does not exist: 5 NOT_FOUND\"]"),
@@ -475,6 +472,22 @@ async fn controller_volume_rules() {
         "ControllerModifyVolume: an unknown mutable parameter → INVALID_ARGUMENT [\"Parameters not supported: 3 INVALID_ARGUMENT\"]",
         c.controller_modify_volume(modify(&id, &[("iops", "5")])).await,
         Code::InvalidArgument,
+    );
+    let read_ahead = |vg: &str| {
+        lvs(vg)
+            .find(&id)
+            .map(|lv| lv.read_ahead.clone())
+            .unwrap_or_default()
+    };
+    let before = read_ahead(&d.vg);
+    r.ok(
+        "ControllerModifyVolume: empty mutable_parameters on a volume that exists → OK (a VolumeAttributesClass may carry no parameters)",
+        c.controller_modify_volume(modify(&id, &[])).await,
+    );
+    r.check(
+        "ControllerModifyVolume: empty mutable_parameters change nothing",
+        read_ahead(&d.vg) == before,
+        format!("read-ahead {before:?} → {:?}", read_ahead(&d.vg)),
     );
     for _ in 0..2 {
         r.ok(

@@ -119,10 +119,31 @@ async fn identity_rules() {
     }
     if services.contains(&Service::GroupControllerService) {
         let mut g = GroupControllerClient::connect(d.uri()).await.unwrap();
-        r.ok(
+        let got = r.ok(
             "GROUP_CONTROLLER_SERVICE advertised: GroupControllerGetCapabilities answers",
             g.group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest {})
                 .await,
+        );
+        let types: Vec<Option<i32>> = got
+            .as_ref()
+            .map(|g| {
+                g.capabilities
+                    .iter()
+                    .map(|c| {
+                        c.r#type.as_ref().map(|t| match t {
+                            group_controller_service_capability::Type::Rpc(r) => r.r#type,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        r.check(
+            "GroupControllerGetCapabilities: the only type advertised is CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",
+            !types.is_empty()
+                && types.iter().all(|t| {
+                    *t == Some(group_controller_service_capability::rpc::Type::CreateDeleteGetVolumeGroupSnapshot as i32)
+                }),
+            format!("{types:?}"),
         );
     }
     if services.contains(&Service::SnapshotMetadataService) {

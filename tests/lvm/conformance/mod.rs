@@ -3,17 +3,185 @@
 //! table of cases on one driver and reports every broken rule by name,
 //! with the words of `csi-spec.md` it breaks, instead of stopping at the
 //! first.
+//!
+//! It stands where kubernetes-csi's csi-sanity stood in CI: `sanity.rs`
+//! checks what csi-sanity checks, with its inputs, where no other module
+//! does; `addons.rs` checks every row of the CSI-Addons error tables.
+//!
+//! ## The csi-sanity table
+//!
+//! Every spec of kubernetes-csi's csi-sanity (csi-test `pkg/sanity` at
+//! v5.6.0: 98 specs and one pending, by their full names as csi-sanity
+//! prints them), what csi-sanity does with this driver at its defaults
+//! (endpoint, paths and sizes only), and the rule of ours that checks the
+//! same thing: `file::function` under `tests/lvm/` and words of the rule
+//! as they stand in that function. `tests/docs.rs` fails when a rule named
+//! here does not exist. csi-sanity itself is an optional extra
+//! (`scripts/csi-sanity.sh`); these rules run in every CI run.
+//!
+//! | # | csi-sanity spec | csi-sanity with us | our rule |
+//! |---|---|---|---|
+//! | S1 | Controller Service [Controller Server] ControllerGetCapabilities should return appropriate capabilities | runs | `conformance::sanity::sanity_controller_specs` `every advertised RPC is a type of the spec` |
+//! | S2 | Controller Service [Controller Server] GetCapacity should return capacity (no optional values added) | runs | `conformance::controller::controller_volume_rules` `GetCapacityRequest::default()` |
+//! | S3 | Controller Service [Controller Server] ListVolumes should return appropriate values (no optional values added) | runs | `conformance::sanity::sanity_controller_specs` `every entry carries a volume with a volume_id` |
+//! | S4 | Controller Service [Controller Server] ListVolumes should fail when an invalid starting_token is passed | runs | `conformance::sanity::sanity_controller_specs` `ListVolumes: starting_token` |
+//! | S5 | Controller Service [Controller Server] ListVolumes check the presence of new volumes and absence of deleted ones in the volume list | runs | `conformance::sanity::sanity_controller_specs` `a deleted volume is not listed (count back)` |
+//! | S6 | Controller Service [Controller Server] CreateVolume should fail when no name is provided | runs | `conformance::sanity::sanity_controller_specs` `CreateVolume: no name and no volume_capabilities` |
+//! | S7 | Controller Service [Controller Server] CreateVolume should fail when no volume capabilities are provided | runs | `conformance::controller::controller_volume_rules` `rule("CreateVolume", "volume_capabilities")` |
+//! | S8 | Controller Service [Controller Server] CreateVolume should return appropriate values SingleNodeWriter NoCapacity | runs | `conformance::sanity::sanity_controller_specs` `volume_id set, capacity_bytes` |
+//! | S9 | Controller Service [Controller Server] CreateVolume should return appropriate values SingleNodeWriter WithCapacity 1Gi | runs | `conformance::sanity::sanity_controller_specs` `SINGLE_NODE_WRITER with a capacity` |
+//! | S10 | Controller Service [Controller Server] CreateVolume should not fail when requesting to create a volume with already existing name and same capacity | runs | `conformance::controller::controller_volume_rules` `the repeated call returns the same volume` |
+//! | S11 | Controller Service [Controller Server] CreateVolume should fail when requesting to create a volume with already existing name and different capacity | runs | `conformance::sanity::sanity_controller_specs` `twice the required and limit bytes` |
+//! | S12 | Controller Service [Controller Server] CreateVolume should not fail when creating volume with maximum-length name | runs | `conformance::controller::controller_volume_rules` `a 128-byte name is accepted` |
+//! | S13 | Controller Service [Controller Server] CreateVolume should create volume from an existing source snapshot | runs | `conformance::sanity::sanity_controller_specs` `the reply's content_source is set` |
+//! | S14 | Controller Service [Controller Server] CreateVolume should fail when the volume source snapshot is not found | runs | `conformance::sanity::sanity_controller_specs` `non-existing-snapshot-id` |
+//! | S15 | Controller Service [Controller Server] CreateVolume should create volume from an existing source volume | runs | `conformance::sanity::sanity_controller_specs` `CreateVolume from an existing volume (a clone)` |
+//! | S16 | Controller Service [Controller Server] CreateVolume should fail when the volume source volume is not found | runs | `conformance::sanity::sanity_controller_specs` `CreateVolume from a volume that does not exist` |
+//! | S17 | Controller Service [Controller Server] CreateVolume should create volume with a volume attribute class | runs; at csi-sanity's defaults the map is empty | `conformance::sanity::sanity_controller_specs` `an empty mutable_parameters map (a VolumeAttributesClass with no parameters)` |
+//! | S18 | Controller Service [Controller Server] CreateVolume should not create volume with an invalid volume attribute class | runs | `conformance::sanity::sanity_controller_specs` `CreateVolume: mutable_parameters {XXX_FakeKey` |
+//! | S19 | Controller Service [Controller Server] DeleteVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_controller_specs` `DeleteVolume: no volume_id` |
+//! | S20 | Controller Service [Controller Server] DeleteVolume should succeed when an invalid volume id is used | runs | `conformance::sanity::sanity_controller_specs` `fake-vol-id` |
+//! | S21 | Controller Service [Controller Server] DeleteVolume should return appropriate values (no optional values added) | runs | `conformance::sanity::sanity_controller_specs` `DeleteVolume of a volume` |
+//! | S22 | Controller Service [Controller Server] ValidateVolumeCapabilities should fail when no volume id is provided | runs | `conformance::sanity::sanity_controller_specs` `ValidateVolumeCapabilities: an empty request` |
+//! | S23 | Controller Service [Controller Server] ValidateVolumeCapabilities should fail when no volume capabilities are provided | runs | `conformance::sanity::sanity_controller_specs` `a volume and no volume_capabilities` |
+//! | S24 | Controller Service [Controller Server] ValidateVolumeCapabilities should return appropriate values (no optional values added) | runs | `conformance::sanity::sanity_controller_specs` `a set confirmed lists its capabilities` |
+//! | S25 | Controller Service [Controller Server] ValidateVolumeCapabilities should fail when the requested volume does not exist | runs | `conformance::sanity::sanity_controller_specs` `ValidateVolumeCapabilities: a volume that does not exist` |
+//! | S26 | Controller Service [Controller Server] ControllerPublishVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_controller_specs` `ControllerPublishVolume: an empty request` |
+//! | S27 | Controller Service [Controller Server] ControllerPublishVolume should fail when no node id is provided | runs | `conformance::sanity::sanity_controller_specs` `ControllerPublishVolume: no node_id` |
+//! | S28 | Controller Service [Controller Server] ControllerPublishVolume should fail when no volume capability is provided | runs | `conformance::sanity::sanity_controller_specs` `ControllerPublishVolume: no volume_capability` |
+//! | S29 | Controller Service [Controller Server] ControllerPublishVolume should fail when publishing more volumes than the node max attach limit | skipped: no -csi.testnodevolumeattachlimit, and max_volumes_per_node is 0 | `conformance::sanity::sanity_controller_specs` `max_volumes_per_node is 0 (no limit` |
+//! | S30 | Controller Service [Controller Server] ControllerPublishVolume should fail when the volume does not exist | runs | `conformance::sanity::sanity_controller_specs` `a volume and a node that do not exist` |
+//! | S31 | Controller Service [Controller Server] ControllerPublishVolume should fail when the node does not exist | runs | `conformance::sanity::sanity_controller_specs` `ControllerPublishVolume: a node that does not exist` |
+//! | S32 | Controller Service [Controller Server] ControllerPublishVolume should fail when the volume is already published but is incompatible | skipped: PUBLISH_READONLY is not advertised | `conformance::sanity::sanity_controller_specs` `readonly after a read-write publish` |
+//! | S33 | Controller Service [Controller Server] volume lifecycle should work | runs | `conformance::sanity::sanity_controller_specs` `volume lifecycle: ControllerPublishVolume` |
+//! | S34 | Controller Service [Controller Server] volume lifecycle should be idempotent | runs | `conformance::sanity::sanity_controller_specs` `the same call {REPEAT} times` |
+//! | S35 | Controller Service [Controller Server] ControllerUnpublishVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_controller_specs` `ControllerUnpublishVolume: an empty request` |
+//! | S36 | ListSnapshots [Controller Server] should return appropriate values (no optional values added) | runs | `conformance::sanity::sanity_controller_specs` `every entry has snapshot_id, source_volume_id and creation_time` |
+//! | S37 | ListSnapshots [Controller Server] should return snapshots that match the specified snapshot id | runs | `conformance::sanity::sanity_controller_specs` `ListSnapshots by snapshot_id` |
+//! | S38 | ListSnapshots [Controller Server] should return empty when the specified snapshot id does not exist | runs | `conformance::sanity::sanity_controller_specs` `none-exist-id` |
+//! | S39 | ListSnapshots [Controller Server] should return snapshots that match the specified source volume id | runs | `conformance::sanity::sanity_controller_specs` `ListSnapshots by source_volume_id` |
+//! | S40 | ListSnapshots [Controller Server] should return empty when the specified source volume id does not exist | runs | `conformance::sanity::sanity_controller_specs` `a source_volume_id that does not exist` |
+//! | S41 | ListSnapshots [Controller Server] check the presence of new snapshots in the snapshot list | runs | `conformance::sanity::sanity_controller_specs` `a deleted snapshot is not listed (count back)` |
+//! | S42 | ListSnapshots [Controller Server] should return next token when a limited number of entries are requested | runs | `conformance::sanity::sanity_controller_specs` `exactly 2 entries and a next_token` |
+//! | S43 | GetSnapshot [Controller Server] should return an error | skipped: GET_SNAPSHOT is not advertised | `conformance::sanity::sanity_controller_specs` `GetSnapshot: not served` |
+//! | S44 | GetSnapshot [Controller Server] should return snapshot that match the specified snapshot id | skipped: GET_SNAPSHOT is not advertised | `conformance::sanity::sanity_controller_specs` `GET_SNAPSHOT is not advertised` |
+//! | S45 | GetSnapshot [Controller Server] should return an error when the specified snapshot id does not exist | skipped: GET_SNAPSHOT is not advertised | `conformance::sanity::sanity_controller_specs` `/csi.v1.Controller/GetSnapshot` |
+//! | S46 | DeleteSnapshot [Controller Server] should fail when no snapshot id is provided | runs | `conformance::sanity::sanity_controller_specs` `DeleteSnapshot: no snapshot_id` |
+//! | S47 | DeleteSnapshot [Controller Server] should succeed when an invalid snapshot id is used | runs | `conformance::sanity::sanity_controller_specs` `reallyfakesnapshotid` |
+//! | S48 | DeleteSnapshot [Controller Server] should return appropriate values (no optional values added) | runs | `conformance::sanity::sanity_controller_specs` `ready_to_use, with snapshot_id, source_volume_id and creation_time` |
+//! | S49 | CreateSnapshot [Controller Server] should fail when no name is provided | runs | `conformance::sanity::sanity_controller_specs` `CreateSnapshot: no name, source` |
+//! | S50 | CreateSnapshot [Controller Server] should fail when no source volume id is provided | runs | `conformance::sanity::sanity_controller_specs` `CreateSnapshot: no source_volume_id` |
+//! | S51 | CreateSnapshot [Controller Server] should succeed when requesting to create a snapshot with already existing name and same source volume ID | runs | `conformance::sanity::sanity_controller_specs` `the same name and source twice` |
+//! | S52 | CreateSnapshot [Controller Server] should fail when requesting to create a snapshot with already existing name and different source volume ID | runs | `conformance::sanity::sanity_controller_specs` `the same name, another source volume` |
+//! | S53 | CreateSnapshot [Controller Server] should succeed when creating snapshot with maximum-length name | runs | `conformance::sanity::sanity_controller_specs` `a 128-character name` |
+//! | S54 | ExpandVolume [Controller Server] should fail if no volume id is given | runs | `conformance::sanity::sanity_controller_specs` `no volume_id (capacity given)` |
+//! | S55 | ExpandVolume [Controller Server] should fail if no capacity range is given | runs | `conformance::sanity::sanity_controller_specs` `no volume_id and no capacity_range` |
+//! | S56 | ExpandVolume [Controller Server] should work | runs | `conformance::sanity::sanity_controller_specs` `capacity_bytes is exactly the size asked for` |
+//! | S57 | ModifyVolume [Controller Server] should fail if no volume id is given | runs; at csi-sanity's defaults the map is empty | `conformance::sanity::sanity_controller_specs` `no volume_id, empty mutable_parameters` |
+//! | S58 | ModifyVolume [Controller Server] should fail if volume does not exist | runs; at csi-sanity's defaults the map is empty | `conformance::sanity::sanity_controller_specs` `non-existing-volume-id` |
+//! | S59 | ModifyVolume [Controller Server] should fail if specified mutable parameters are not supported by the volume | runs | `conformance::sanity::sanity_controller_specs` `ControllerModifyVolume: {XXX_FakeKey` |
+//! | S60 | ModifyVolume [Controller Server] should modify a volume created without a volume attribute class | runs; at csi-sanity's defaults the map is empty | `conformance::sanity::sanity_controller_specs` `a volume created without mutable parameters` |
+//! | S61 | ModifyVolume [Controller Server] should modify a volume created with a volume attribute class | runs; at csi-sanity's defaults the map is empty | `conformance::sanity::sanity_controller_specs` `a volume created with (empty) mutable parameters` |
+//! | S62 | ModifyVolume [Controller Server] should fail to modify a volume created with a volume attribute class if new mutable parameters are not supported by volume | runs | `conformance::sanity::sanity_controller_specs` `a volume created with mutable parameters, then` |
+//! | S63 | Controller Service [Controller Server] ListVolumes pagination should detect volumes added between pages and accept tokens when the last volume from a page is deleted | pending in csi-sanity (XIt): never runs | `controller::pagination_across_creates_and_deletes` `Nothing from page 1 repeats` |
+//! | S64 | Node Service NodeGetCapabilities should return appropriate capabilities | runs | `conformance::sanity::sanity_node_and_identity_specs` `every advertised RPC is a type of the spec this driver serves` |
+//! | S65 | Node Service NodeGetInfo should return appropriate values | runs | `conformance::sanity::sanity_node_and_identity_specs` `node_id set, max_volumes_per_node` |
+//! | S66 | Node Service NodePublishVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodePublishVolume: an empty request` |
+//! | S67 | Node Service NodePublishVolume should fail when no target path is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodePublishVolume: a volume_id only` |
+//! | S68 | Node Service NodePublishVolume should fail when no volume capability is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `a volume_id and target_path, no volume_capability` |
+//! | S69 | Node Service NodePublishVolume with single node multi writer capability should fail when volume with single node single writer access mode is already mounted at a different target path | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodePublishVolume at another target` |
+//! | S70 | Node Service NodeUnpublishVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeUnpublishVolume: an empty request` |
+//! | S71 | Node Service NodeUnpublishVolume should fail when no target path is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `a volume_id and no target_path` |
+//! | S72 | Node Service NodeUnpublishVolume should remove target path | runs | `conformance::sanity::sanity_node_and_identity_specs` `removes the target path` |
+//! | S73 | Node Service NodeStageVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeStageVolume: an empty request` |
+//! | S74 | Node Service NodeStageVolume should fail when no staging target path is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeStageVolume: a volume_id and no staging_target_path` |
+//! | S75 | Node Service NodeStageVolume should fail when no volume capability is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `a volume that exists, no volume_capability` |
+//! | S76 | Node Service NodeUnstageVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeUnstageVolume: an empty request` |
+//! | S77 | Node Service NodeUnstageVolume should fail when no staging target path is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeUnstageVolume: a volume_id and no staging_target_path` |
+//! | S78 | Node Service NodeGetVolumeStats should fail when no volume id is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `and no volume_id` |
+//! | S79 | Node Service NodeGetVolumeStats should fail when no volume path is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeGetVolumeStats: a volume_id and no volume_path` |
+//! | S80 | Node Service NodeGetVolumeStats should fail when volume is not found | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeGetVolumeStats: a volume that does not exist at` |
+//! | S81 | Node Service NodeGetVolumeStats should fail when volume does not exist on the specified path | runs | `conformance::sanity::sanity_node_and_identity_specs` `a published volume asked at` |
+//! | S82 | Node Service NodeExpandVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeExpandVolume: an empty request` |
+//! | S83 | Node Service NodeExpandVolume should fail when no volume path is provided | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeExpandVolume: a volume that exists and no volume_path` |
+//! | S84 | Node Service NodeExpandVolume should fail when volume is not found | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeExpandVolume: a volume that does not exist at` |
+//! | S85 | Node Service NodeExpandVolume should work if node-expand is called after node-publish | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeExpandVolume at the target` |
+//! | S86 | Node Service NodeGetVolumeHealth should fail when no volume id is provided | skipped: GET_VOLUME_HEALTH is not advertised | `conformance::sanity::sanity_node_and_identity_specs` `/csi.v1.Node/NodeGetVolumeHealth` |
+//! | S87 | Node Service NodeGetVolumeHealth should return health for a valid volume | skipped: GET_VOLUME_HEALTH is not advertised | `conformance::sanity::sanity_node_and_identity_specs` `GET_VOLUME_HEALTH and GET_STORAGE_HEALTH are not advertised` |
+//! | S88 | Node Service NodeGetStorageHealth should return appropriate response | skipped: GET_STORAGE_HEALTH is not advertised | `conformance::sanity::sanity_node_and_identity_specs` `/csi.v1.Node/NodeGetStorageHealth` |
+//! | S89 | Node Service should work | runs | `conformance::sanity::sanity_node_and_identity_specs` `NodeGetVolumeStats reports usage` |
+//! | S90 | Node Service should be idempotent | runs | `conformance::sanity::sanity_node_and_identity_specs` `should be idempotent ({kind}): NodePublishVolume` |
+//! | S91 | Identity Service GetPluginCapabilities should return appropriate capabilities | runs (its allow-list predates SNAPSHOT_METADATA_SERVICE, which we advertise where thin tools run) | `conformance::sanity::sanity_node_and_identity_specs` `every service is a type of the spec` |
+//! | S92 | Identity Service Probe should return appropriate information | runs | `conformance::sanity::sanity_node_and_identity_specs` `ready is true or unset` |
+//! | S93 | Identity Service GetPluginInfo should return appropriate information | runs | `conformance::sanity::sanity_node_and_identity_specs` `starting and ending with a letter` |
+//! | S94 | GroupController Service [GroupController Server] GroupControllerGetCapabilities should return appropriate capabilities | runs | `conformance::identity::identity_rules` `the only type advertised is CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT` |
+//! | S95 | GroupController Service [GroupController VolumeGroupSnapshots] CreateVolumeGroupSnapshot should fail when no name is provided | runs | `conformance::group::group_controller_rules` `required("CreateVolumeGroupSnapshot", "name")` |
+//! | S96 | GroupController Service [GroupController VolumeGroupSnapshots] GetVolumeGroupSnapshot should fail when no volume id is provided | runs | `conformance::group::group_controller_rules` `required("GetVolumeGroupSnapshot", "group_snapshot_id")` |
+//! | S97 | GroupController Service [GroupController VolumeGroupSnapshots] GetVolumeGroupSnapshot should fail when an invalid volume id is used | runs | `conformance::group::group_controller_rules` `GetVolumeGroupSnapshot: group {u} does not exist` |
+//! | S98 | GroupController Service [GroupController VolumeGroupSnapshots] DeleteVolumeGroupSnapshot should fail when no volume id is provided | runs | `conformance::group::group_controller_rules` `required("DeleteVolumeGroupSnapshot", "group_snapshot_id")` |
+//! | S99 | GroupController Service [GroupController VolumeGroupSnapshots] DeleteVolumeGroupSnapshot should succeed when an invalid volume id is used | runs | `conformance::group::group_controller_rules` `DeleteVolumeGroupSnapshot: group {u} does not exist` |
+//!
+//! ## The CSI-Addons error tables
+//!
+//! Every row of the error tables of `csi-addons-reclaimspace.md` and
+//! `csi-addons-healer.md`, and the rule that checks it. This driver takes
+//! no secrets, so "Not authenticated" is checked as: secrets are accepted
+//! and ignored, never UNAUTHENTICATED; "Error is Unknown" as: no rule of
+//! this suite may be answered UNKNOWN.
+//!
+//! | # | spec | RPC | condition | code | our rule |
+//! |---|---|---|---|---|---|
+//! | A1 | ReclaimSpace | ControllerReclaimSpace | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_error_tables` `ControllerReclaimSpace: volume_id is REQUIRED` |
+//! | A2 | ReclaimSpace | ControllerReclaimSpace | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_error_tables` `ControllerReclaimSpace: {what}` |
+//! | A3 | ReclaimSpace | ControllerReclaimSpace | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_error_tables` `while another operation on the volume is pending` |
+//! | A4 | ReclaimSpace | ControllerReclaimSpace | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_error_tables` `ControllerReclaimSpace with secrets` |
+//! | A5 | ReclaimSpace | ControllerReclaimSpace | Error is Unknown | 2 UNKNOWN | `conformance::mod::code` `never UNKNOWN` |
+//! | A6 | ReclaimSpace | NodeReclaimSpace | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_error_tables` `NodeReclaimSpace: volume_path is REQUIRED` |
+//! | A7 | ReclaimSpace | NodeReclaimSpace | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_error_tables` `NodeReclaimSpace: {what}` |
+//! | A8 | ReclaimSpace | NodeReclaimSpace | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_error_tables` `while another operation on the volume is pending` |
+//! | A9 | ReclaimSpace | NodeReclaimSpace | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_error_tables` `NodeReclaimSpace with secrets` |
+//! | A10 | ReclaimSpace | NodeReclaimSpace | Error is Unknown | 2 UNKNOWN | `conformance::mod::code` `never UNKNOWN` |
+//! | A11 | Healer | NodeHealer | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_error_tables` `NodeHealer: volume_path is REQUIRED` |
+//! | A12 | Healer | NodeHealer | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_error_tables` `NodeHealer: {what}` |
+//! | A13 | Healer | NodeHealer | Call not implemented | 12 UNIMPLEMENTED | `conformance::addons::addons_error_tables` `a CSI-Addons service not served` |
+//! | A14 | Healer | NodeHealer | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_error_tables` `while another operation on the volume is pending` |
+//! | A15 | Healer | NodeHealer | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_error_tables` `NodeHealer with secrets` |
+//! | A16 | Healer | NodeHealer | Error is Unknown | 2 UNKNOWN | `conformance::mod::code` `never UNKNOWN` |
 
+mod addons;
 mod controller;
 mod group;
 mod identity;
 mod metadata;
 mod node;
+mod sanity;
 
 use std::fmt::Display;
 
 use thinpool_csi::error::REMEDY;
+use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
+
+/// A unary call of `path` with an empty message on the socket at `uri`:
+/// for RPCs no client of ours is generated for (services or methods this
+/// driver does not serve).
+pub async fn raw_call(uri: &str, path: &'static str) -> Result<Response<()>, Status> {
+    // As the generated clients' `connect` does: `Endpoint::new` takes the
+    // unix: scheme.
+    let ch: Channel = tonic::transport::Endpoint::new(uri.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut g = tonic::client::Grpc::new(ch);
+    g.ready().await.unwrap();
+    g.unary(
+        tonic::Request::new(()),
+        http::uri::PathAndQuery::from_static(path),
+        tonic_prost::ProstCodec::<(), ()>::default(),
+    )
+    .await
+}
 
 /// A status message in the driver's shape: what was wrong, [`REMEDY`],
 /// then a clause of at least three words saying what to do.
@@ -73,8 +241,16 @@ impl Rules {
             }
             Err(s) => {
                 if s.code() != want {
+                    // The CSI-Addons tables' "Error is Unknown: 2 UNKNOWN"
+                    // row: the driver's failures are typed, so it never
+                    // answers UNKNOWN.
+                    let unknown = if s.code() == Code::Unknown {
+                        " [never UNKNOWN: every failure of the driver has a typed code]"
+                    } else {
+                        ""
+                    };
                     self.broken.push(format!(
-                        "{rule}\n      got {:?} ({}), want {want:?}",
+                        "{rule}\n      got {:?} ({}), want {want:?}{unknown}",
                         s.code(),
                         s.message()
                     ));

@@ -1,0 +1,282 @@
+//! CSI-Addons: every row of the error tables of ReclaimSpace (Controller
+//! and Node) and NodeHealer (`csi-addons-reclaimspace.md`,
+//! `csi-addons-healer.md`), and UNIMPLEMENTED for the CSI-Addons services
+//! this driver does not serve.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use thinpool_csi::naming;
+use thinpool_csi::proto::csi::v1::DeleteVolumeRequest;
+use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
+use thinpool_csi::proto::healer::NodeHealerRequest;
+use thinpool_csi::proto::identity::capability::Type as AddonsCap;
+use thinpool_csi::proto::identity::identity_client::IdentityClient as AddonsIdentityClient;
+use thinpool_csi::proto::identity::GetCapabilitiesRequest;
+use thinpool_csi::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
+use thinpool_csi::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
+use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeReclaimSpaceRequest};
+use tonic::Code;
+
+use super::{raw_call, Rules};
+use crate::controller::{block_cap, mount_cap};
+use crate::harness::{TestDriver, MIB};
+use crate::node::{create, publish_req, stage_req, Kubelet};
+
+/// The rows of the CSI-Addons error tables, as quoted by the rules.
+const MISSING: &str = "\"Missing required field: 3 INVALID_ARGUMENT\"";
+const NO_VOLUME: &str = "\"Volume does not exist: 5 NOT_FOUND\"";
+const PENDING: &str = "\"Operation pending for volume: 10 ABORTED\"";
+const NOT_IMPLEMENTED: &str = "\"Call not implemented: 12 UNIMPLEMENTED\"";
+const AUTH: &str =
+    "\"Not authenticated: 16 UNAUTHENTICATED\" (we take no secrets: any are ignored)";
+
+fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+fn secrets() -> HashMap<String, String> {
+    [("user".to_string(), "not-a-real-secret".to_string())].into()
+}
+
+fn ctl_req(id: &str) -> ControllerReclaimSpaceRequest {
+    ControllerReclaimSpaceRequest {
+        volume_id: id.into(),
+        ..Default::default()
+    }
+}
+
+fn node_req(id: &str, path: &str) -> NodeReclaimSpaceRequest {
+    NodeReclaimSpaceRequest {
+        volume_id: id.into(),
+        volume_path: path.into(),
+        ..Default::default()
+    }
+}
+
+fn heal_req(id: &str, path: &str) -> NodeHealerRequest {
+    NodeHealerRequest {
+        volume_id: id.into(),
+        volume_path: path.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn addons_error_tables() {
+    let k = Kubelet::new("cfadd");
+    let d = TestDriver::start("cfadd", 512 * MIB, &k.extra()).await;
+    let mut r = Rules::new("CSI-Addons error tables");
+    let uri = d.addons_uri();
+    let mut ctl = ReclaimSpaceControllerClient::connect(uri.clone())
+        .await
+        .unwrap();
+    let mut rn = ReclaimSpaceNodeClient::connect(uri.clone()).await.unwrap();
+    let mut h = HealerNodeClient::connect(uri.clone()).await.unwrap();
+    let mut n = d.node().await;
+    let mut c = d.controller().await;
+
+    // A staged and published volume, an unstaged one, and a deleted one.
+    let live = create(&d, "cfadd-live", 32 * MIB, mount_cap("ext4")).await;
+    let staging = k.staging("live");
+    let target = k.target("live");
+    n.node_stage_volume(stage_req(&live, &staging, mount_cap("ext4")))
+        .await
+        .expect("stage");
+    n.node_publish_volume(publish_req(
+        &live,
+        &staging,
+        &target,
+        mount_cap("ext4"),
+        false,
+    ))
+    .await
+    .expect("publish");
+    let idle = create(&d, "cfadd-idle", 16 * MIB, block_cap()).await;
+    let gone = create(&d, "cfadd-gone", 16 * MIB, block_cap()).await;
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: gone.clone(),
+        secrets: HashMap::new(),
+    })
+    .await
+    .expect("delete");
+    let (tgt, stg) = (s(&target), s(&staging));
+
+    // -- Missing required field ---------------------------------------------
+    r.code(
+        &format!("ControllerReclaimSpace: volume_id is REQUIRED → INVALID_ARGUMENT [{MISSING}]"),
+        ctl.controller_reclaim_space(ctl_req("")).await,
+        Code::InvalidArgument,
+    );
+    r.code(
+        &format!("NodeReclaimSpace: volume_id is REQUIRED → INVALID_ARGUMENT [{MISSING}]"),
+        rn.node_reclaim_space(node_req("", &tgt)).await,
+        Code::InvalidArgument,
+    );
+    r.code(
+        &format!("NodeReclaimSpace: volume_path is REQUIRED → INVALID_ARGUMENT [{MISSING}]"),
+        rn.node_reclaim_space(node_req(&live, "")).await,
+        Code::InvalidArgument,
+    );
+    r.code(
+        &format!("NodeHealer: volume_id is REQUIRED → INVALID_ARGUMENT [{MISSING}]"),
+        h.node_healer(heal_req("", &tgt)).await,
+        Code::InvalidArgument,
+    );
+    r.code(
+        &format!("NodeHealer: volume_path is REQUIRED → INVALID_ARGUMENT [{MISSING}]"),
+        h.node_healer(heal_req(&live, "")).await,
+        Code::InvalidArgument,
+    );
+
+    // -- Volume does not exist ----------------------------------------------
+    let never = naming::lv_name_for("cfadd-never");
+    for (what, u) in [
+        ("a foreign id", "vg0/root"),
+        ("an id of our shape never created", never.as_str()),
+        ("a deleted volume", gone.as_str()),
+    ] {
+        r.code(
+            &format!("ControllerReclaimSpace: {what} → NOT_FOUND [{NO_VOLUME}]"),
+            ctl.controller_reclaim_space(ctl_req(u)).await,
+            Code::NotFound,
+        );
+        r.code(
+            &format!("NodeReclaimSpace: {what} → NOT_FOUND [{NO_VOLUME}]"),
+            rn.node_reclaim_space(node_req(u, &tgt)).await,
+            Code::NotFound,
+        );
+        r.code(
+            &format!("NodeHealer: {what} → NOT_FOUND [{NO_VOLUME}]"),
+            h.node_healer(heal_req(u, &tgt)).await,
+            Code::NotFound,
+        );
+    }
+    // Not in the table, but apart from NOT_FOUND: a volume that exists
+    // and is not staged here is a precondition the caller can meet.
+    r.code(
+        "NodeHealer: a volume that exists but is not staged on this node → FAILED_PRECONDITION (not NOT_FOUND: it exists)",
+        h.node_healer(heal_req(&idle, &tgt)).await,
+        Code::FailedPrecondition,
+    );
+
+    // -- Not authenticated: secrets are taken and ignored ----------------------
+    let mut q = ctl_req(&idle);
+    q.secrets = secrets();
+    r.ok(
+        &format!("ControllerReclaimSpace with secrets, on an unused volume → OK, never UNAUTHENTICATED [{AUTH}]"),
+        ctl.controller_reclaim_space(q).await,
+    );
+    let mut q = node_req(&live, &tgt);
+    q.secrets = secrets();
+    r.ok(
+        &format!("NodeReclaimSpace with secrets, on a published volume → OK, never UNAUTHENTICATED [{AUTH}]"),
+        rn.node_reclaim_space(q).await,
+    );
+    let mut q = heal_req(&live, &tgt);
+    q.secrets = secrets();
+    q.staging_target_path = stg.clone();
+    let healed = r.ok(
+        &format!("NodeHealer with secrets, on a published volume → OK, never UNAUTHENTICATED [{AUTH}]; NodeHealer is served, so never UNIMPLEMENTED [{NOT_IMPLEMENTED}]"),
+        h.node_healer(q).await,
+    );
+    r.check(
+        "NodeHealer: a healthy published volume is not abnormal, and the message is REQUIRED",
+        healed
+            .as_ref()
+            .is_some_and(|v| !v.abnormal && !v.message.is_empty()),
+        format!("{healed:?}"),
+    );
+
+    // -- Call not implemented: services we do not serve are UNIMPLEMENTED
+    // and not advertised.
+    for path in [
+        "/fence.FenceController/FenceClusterNetwork",
+        "/encryptionkeyrotation.EncryptionKeyRotationController/EncryptionKeyRotate",
+        "/replication.Controller/EnableVolumeReplication",
+    ] {
+        r.code(
+            &format!("{path}: a CSI-Addons service not served → UNIMPLEMENTED [{NOT_IMPLEMENTED}]"),
+            raw_call(&uri, path).await,
+            Code::Unimplemented,
+        );
+    }
+    let mut id = AddonsIdentityClient::connect(uri.clone()).await.unwrap();
+    let caps = r.ok(
+        "CSI-Addons GetCapabilities answers",
+        id.get_capabilities(GetCapabilitiesRequest {}).await,
+    );
+    let unserved: Vec<String> = caps
+        .map(|c| c.capabilities)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|c| c.r#type)
+        .filter(|t| !matches!(t, AddonsCap::Service(_) | AddonsCap::ReclaimSpace(_)))
+        .map(|t| format!("{t:?}"))
+        .collect();
+    r.check(
+        &format!("CSI-Addons GetCapabilities advertises only what is served (no NetworkFence, VolumeReplication, VolumeGroup, EncryptionKeyRotation) [{NOT_IMPLEMENTED}]"),
+        unserved.is_empty(),
+        format!("advertised {unserved:?}"),
+    );
+
+    // -- Operation pending: while a stage of `busy` runs (mkfs), each
+    // CSI-Addons call on it is ABORTED.
+    let busy = create(&d, "cfadd-busy", 256 * MIB, mount_cap("xfs")).await;
+    let busy_staging = k.staging("busy");
+    let stage = {
+        let (mut n, id, st) = (n.clone(), busy.clone(), busy_staging.clone());
+        tokio::spawn(async move {
+            n.node_stage_volume(stage_req(&id, &st, mount_cap("xfs")))
+                .await
+        })
+    };
+    // Let the stage take the volume's guard first.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let bst = s(&busy_staging);
+    let mut seen: Vec<(&str, Code)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut turn = 0;
+    while !stage.is_finished() && Instant::now() < deadline {
+        let (what, got) = match turn % 3 {
+            0 => (
+                "ControllerReclaimSpace",
+                ctl.controller_reclaim_space(ctl_req(&busy)).await.err(),
+            ),
+            1 => (
+                "NodeReclaimSpace",
+                rn.node_reclaim_space(node_req(&busy, &bst)).await.err(),
+            ),
+            _ => (
+                "NodeHealer",
+                h.node_healer(heal_req(&busy, &bst)).await.err(),
+            ),
+        };
+        turn += 1;
+        if !stage.is_finished() {
+            seen.push((what, got.map(|s| s.code()).unwrap_or(Code::Ok)));
+        }
+    }
+    stage
+        .await
+        .unwrap()
+        .expect("the NodeStageVolume the calls waited on succeeds");
+    // The last answer may have raced the end of the stage.
+    let during = &seen[..seen.len().saturating_sub(1)];
+    for rpc in ["ControllerReclaimSpace", "NodeReclaimSpace", "NodeHealer"] {
+        let codes: Vec<Code> = during
+            .iter()
+            .filter(|(w, _)| *w == rpc)
+            .map(|(_, c)| *c)
+            .collect();
+        r.check(
+            &format!(
+                "{rpc}: while another operation on the volume is pending → ABORTED [{PENDING}]"
+            ),
+            !codes.is_empty() && codes.iter().all(|c| *c == Code::Aborted),
+            format!("answers while NodeStageVolume ran: {seen:?}"),
+        );
+    }
+    r.finish();
+}
