@@ -98,6 +98,11 @@ const NO_ARCHIVE: &str = "backup { archive = 0 }";
 /// Keep's limit: staging may write at most this share of a volume's size.
 const KEEP_LIMIT: f64 = 0.01;
 
+/// [`KEEP_LIMIT`] in words.
+fn keep_limit() -> String {
+    format!("{} % of size", KEEP_LIMIT * 100.0)
+}
+
 fn cap(block: bool, fs: &str) -> VolumeCapability {
     VolumeCapability {
         access_mode: Some(AccessMode {
@@ -1071,7 +1076,7 @@ async fn run() -> usize {
                 mib_pct(ours, size),
                 ours / size as f64,
                 KEEP_LIMIT,
-                "1 % of size".into(),
+                keep_limit(),
             );
             keep_check(&mut table, fs, size, &grew);
         }
@@ -1470,6 +1475,6 @@ fn keep_check(table: &mut Table, fs: &str, size: u64, grew: &Samples) {
         figure,
         worst / size as f64,
         KEEP_LIMIT,
-        "1 % of size".into(),
+        keep_limit(),
     );
 }
