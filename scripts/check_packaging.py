@@ -7,8 +7,11 @@ scripts/packaging-requirements.txt into a venv). Checks:
 - Dockerfile, parsed by `dockerfile` (buildkit's own parser): the stages,
   their base images, every path a COPY takes from the build context (it
   exists and .dockerignore does not drop it), the binary copied from the
-  builder, the runtime packages, CSI_ENDPOINT, the entry point, and the
-  image's LVM settings agreeing with the driver's own no-udev settings.
+  builder, the runtime packages, CSI_ENDPOINT, the entry point (tini, then
+  the driver), and the image's LVM system directory (LVM_SYSTEM_DIR: the
+  host's lvm.conf, the image's lvmlocal.conf and command profiles), whose
+  settings agree with the driver's own no-udev settings and start no
+  dmeventd.
 - Every manifest under deploy/kubernetes (examples included), parsed by
   PyYAML and validated by `kubernetes-validate` in strict mode (unknown
   fields are errors) against the oldest Kubernetes release the deploy
@@ -46,7 +49,7 @@ DEPLOY = ROOT / "deploy" / "kubernetes"
 MIN_KUBERNETES = "1.34.0"
 KUBERNETES_VERSIONS = [MIN_KUBERNETES, kubernetes_validate.latest_version()]
 
-RUNTIME_PACKAGES = ["lvm2", "thin-provisioning-tools", "e2fsprogs", "xfsprogs", "util-linux"]
+RUNTIME_PACKAGES = ["lvm2", "thin-provisioning-tools", "e2fsprogs", "xfsprogs", "util-linux", "tini"]
 
 # Flags each sidecar release accepts, as far as the manifests may use them.
 # A flag not listed here fails the check: read the pinned release's docs,
@@ -241,6 +244,19 @@ def _():
     return p
 
 
+# The init the image runs as PID 1 (Debian's tini package), in front of the driver.
+INIT = ["/usr/bin/tini", "--"]
+
+
+def runtime_env():
+    """ENV of the runtime stage, in order."""
+    env = {}
+    for c in stages()[-1]["cmds"]:
+        if c.cmd == "ENV":
+            env.update(zip(c.value[0::2], c.value[1::2]))
+    return env
+
+
 @check("Dockerfile: the runtime gets the built binary, the tools, LVM settings, CSI_ENDPOINT and an entry point")
 def _():
     st = stages()
@@ -295,16 +311,27 @@ def _():
     dests = {c.value[-1]: c.value[0] for c in rt["cmds"] if c.cmd == "COPY" and flag_value(c, "from") is None}
     if dests.get("/etc/lvm/lvmlocal.conf") != "deploy/lvm/lvmlocal.conf":
         p.append("deploy/lvm/lvmlocal.conf must be installed as /etc/lvm/lvmlocal.conf")
-    env = {}
-    for c in rt["cmds"]:
-        if c.cmd == "ENV":
-            env.update(zip(c.value[0::2], c.value[1::2]))
+    env = runtime_env()
     if not re.fullmatch(r"unix:///\S+", env.get("CSI_ENDPOINT", "")):
         p.append(f"ENV CSI_ENDPOINT must be unix:///<path>, is {env.get('CSI_ENDPOINT')!r}")
+    # LVM's system directory: the image's own, with the host's lvm.conf (a
+    # link into the host's /etc/lvm the DaemonSet mounts), the image's
+    # lvmlocal.conf and lvm2's command profiles.
+    sysdir = env.get("LVM_SYSTEM_DIR", "")
+    if not sysdir.startswith("/") or sysdir.rstrip("/") == "/etc/lvm":
+        p.append(f"ENV LVM_SYSTEM_DIR must be a directory of the image's own, not the host's /etc/lvm; is {sysdir!r}")
+    else:
+        if dests.get(f"{sysdir}/lvmlocal.conf") != "deploy/lvm/lvmlocal.conf":
+            p.append(f"deploy/lvm/lvmlocal.conf must be installed as {sysdir}/lvmlocal.conf (LVM_SYSTEM_DIR)")
+        made = re.sub(r"\s+", " ", runs.replace("$LVM_SYSTEM_DIR", sysdir).replace('"', ""))
+        for want, why in ((f"ln -s /etc/lvm/lvm.conf {sysdir}/lvm.conf", "the host's lvm.conf"),
+                          (f"cp -a /etc/lvm/profile {sysdir}/profile", "lvm2's command profiles (lvmdbusd)")):
+            if want not in made:
+                p.append(f"the runtime stage must run `{want}`: {why} in LVM_SYSTEM_DIR")
     entry = [c for c in rt["cmds"] if c.cmd == "ENTRYPOINT"]
     cmd = [c for c in rt["cmds"] if c.cmd == "CMD"]
-    if not entry or not entry[-1].json or entry[-1].value[0] != binary:
-        p.append(f"ENTRYPOINT must be the exec form [\"{binary}\", ...]")
+    if not entry or not entry[-1].json or list(entry[-1].value[:3]) != INIT + [binary]:
+        p.append(f"ENTRYPOINT must be the exec form {INIT + [binary]!r} + args: tini reaps what the driver's children leave")
     argv = (list(entry[-1].value) if entry else []) + (list(cmd[-1].value) if cmd else [])
     if "--config" in argv:
         cfg = argv[argv.index("--config") + 1]
@@ -321,7 +348,7 @@ def lvm_settings(text):
     return {k: v.strip('"') for k, v in re.findall(r"(\w+)\s*=\s*(\"[^\"]*\"|\S+)", text)}
 
 
-@check("LVM settings: the image's lvmlocal.conf agrees with the driver's no-udev settings")
+@check("LVM settings: the image's lvmlocal.conf agrees with the driver's no-udev settings, starts no dmeventd")
 def _():
     src = (ROOT / "src" / "lvm" / "mod.rs").read_text()
     m = re.search(r'const NO_UDEV_CONFIG: &str = "((?:[^"\\]|\\.)*)";', src, re.S)
@@ -337,6 +364,14 @@ def _():
             p.append(f"lvmlocal.conf: {k} = {image.get(k)!r}, the driver passes {k} = {v}")
     if image.get("locking_dir") != "/run/lock/lvm":
         p.append("lvmlocal.conf: locking_dir must be the host's /run/lock/lvm (mounted by the DaemonSet)")
+    if image.get("monitoring") != "0":
+        p.append("lvmlocal.conf: monitoring must be 0 (a dmeventd started in the container lives and dies there)")
+    sysdir = runtime_env().get("LVM_SYSTEM_DIR", "")
+    if image.get("profile_dir") != f"{sysdir}/profile":
+        p.append(f"lvmlocal.conf: profile_dir must be {sysdir}/profile (the image's lvm2 profiles), is {image.get('profile_dir')!r}")
+    for k in ("backup_dir", "archive_dir"):
+        if not image.get(k, "").startswith("/etc/lvm/"):
+            p.append(f"lvmlocal.conf: {k} must be under the host's /etc/lvm (else LVM puts it under LVM_SYSTEM_DIR), is {image.get(k)!r}")
     return p
 
 
