@@ -12,16 +12,26 @@ scripts/packaging-requirements.txt into a venv). Checks:
   host's lvm.conf, the image's lvmlocal.conf and command profiles), whose
   settings agree with the driver's own no-udev settings and start no
   dmeventd.
-- Every manifest under deploy/kubernetes (examples included), parsed by
+- What the deployment installs, as rendered: `kubectl kustomize` (kustomize
+  v5, kubectl's own) of the base, of every overlay (deploy/kubernetes/
+  overlays/*), and of each of those with every combination of the
+  components (deploy/kubernetes/components/*: a temporary kustomization
+  that names the overlay and the components). Each rendered document, and
+  each example (deploy/kubernetes/examples, not installed), is parsed by
   PyYAML and validated by `kubernetes-validate` in strict mode (unknown
   fields are errors) against the oldest Kubernetes release the deploy
   README supports and the newest the package carries. Kinds that are
   CustomResourceDefinitions of other projects (VolumeSnapshotClass,
-  VolumeSnapshot, ReclaimSpaceCronJob), kustomize's Kustomization and
-  kind's Cluster have no schema there: they are checked structurally
-  below, against the fields their projects define.
-- Every sidecar flag in the DaemonSet exists in the release its image
-  pins (SIDECARS below, with where each list was read).
+  VolumeSnapshot, ReclaimSpaceCronJob, PodMonitor, PrometheusRule) have no
+  schema there: they are checked structurally below, against the fields
+  their projects define; a render without components has none of them (it
+  installs on a cluster without those CRDs). The source files kustomize
+  reads (Kustomizations, Components) and kind's Cluster are checked
+  structurally. The number of objects each render holds is printed.
+- The kubelet directory is set in one place: with another value in
+  base/settings.yaml, every render names only that one.
+- Every sidecar flag in every rendered DaemonSet exists in the release its
+  image pins (SIDECARS below, with where each list was read).
 - vagrant/Vagrantfile: `ruby -c` accepts it, every scripts/, config/
   and .ci/ path it names exists (scripts executable), and it runs .ci/run,
   the command CI runs.
@@ -31,11 +41,15 @@ failed`; the exit status is non-zero when any check failed.
 """
 
 import fnmatch
+import itertools
+import json
+import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 
 import dockerfile
@@ -63,6 +77,14 @@ SIDECARS = {
         {"v", "csi-address", "kubelet-registration-path", "plugin-registration-path",
          "http-endpoint", "health-port", "timeout", "version"},
     ),
+    "registry.k8s.io/sig-storage/livenessprobe": (
+        "v2.20.0",
+        # kubernetes-csi/livenessprobe cmd/livenessprobe/main.go (flag
+        # definitions; --http-endpoint excludes the deprecated --health-port,
+        # whose default 9808 is the driver's metrics port).
+        {"v", "csi-address", "probe-timeout", "health-port", "http-endpoint",
+         "metrics-address", "metrics-path", "version"},
+    ),
     "registry.k8s.io/sig-storage/csi-provisioner": (
         "v6.3.0",
         # kubernetes-csi/external-provisioner cmd/csi-provisioner/csi-provisioner.go
@@ -86,8 +108,9 @@ SIDECARS = {
          "version"},
     ),
     "registry.k8s.io/sig-storage/csi-resizer": (
-        "v2.2.0",
-        # kubernetes-csi/external-resizer README.md "Command line options".
+        "v2.2.1",
+        # kubernetes-csi/external-resizer README.md "Command line options"
+        # (2.2.1 is a patch release of 2.2.0: no flag added or removed).
         {"v", "csi-address", "timeout", "workers", "leader-election",
          "leader-election-namespace", "http-endpoint", "metrics-path",
          "retry-interval-start", "retry-interval-max", "kube-api-qps", "kube-api-burst",
@@ -380,13 +403,94 @@ def _():
 
 
 def manifests():
-    """(file, index, document) of every YAML document under deploy/kubernetes."""
+    """(file, index, document) of every YAML document under deploy/kubernetes
+    (the source files; a symlinked directory is not followed)."""
     out = []
-    for f in sorted(DEPLOY.rglob("*.yaml")):
-        for i, doc in enumerate(yaml.safe_load_all(f.read_text())):
-            if doc is not None:
-                out.append((f, i, doc))
-    return out
+    for dirpath, dirnames, filenames in os.walk(DEPLOY):
+        dirnames.sort()
+        for name in sorted(filenames):
+            f = pathlib.Path(dirpath) / name
+            if f.suffix == ".yaml" and not f.is_symlink():
+                for i, doc in enumerate(yaml.safe_load_all(f.read_text())):
+                    if doc is not None:
+                        out.append((f, i, doc))
+    return sorted(out, key=lambda x: (str(x[0]), x[1]))
+
+
+# ---------------------------------------------------------------------------
+# Renders: what `kubectl apply -k` would install.
+
+BASE = DEPLOY / "base"
+OVERLAYS = DEPLOY / "overlays"
+COMPONENTS = DEPLOY / "components"
+# The kinds a component brings that need another project's CRDs.
+CRD_KINDS = {"VolumeSnapshotClass", "PodMonitor", "PrometheusRule", "VolumeSnapshot",
+             "VolumeGroupSnapshotClass", "ReclaimSpaceCronJob", "SnapshotMetadataService"}
+
+
+def kubectl():
+    k = shutil.which("kubectl")
+    if k is None:
+        raise RuntimeError("kubectl is not installed: it renders the kustomizations (kubectl kustomize, "
+                           "kustomize v5); install kubectl and run again")
+    return k
+
+
+def render_dir(d):
+    """The documents `kubectl kustomize d` renders."""
+    r = subprocess.run([kubectl(), "kustomize", str(d)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {d}: {r.stderr.strip()}")
+    return [doc for doc in yaml.safe_load_all(r.stdout) if doc is not None]
+
+
+def targets(deploy=DEPLOY):
+    """The base and every overlay: what a component combination goes over."""
+    overlays = sorted(p.parent for p in (deploy / "overlays").glob("*/kustomization.yaml"))
+    return [deploy / "base"] + overlays
+
+
+def components(deploy=DEPLOY):
+    return sorted(p.parent for p in (deploy / "components").glob("*/kustomization.yaml"))
+
+
+def combinations(items):
+    return [list(c) for n in range(len(items) + 1) for c in itertools.combinations(items, n)]
+
+
+def render(target, comps):
+    """`kubectl kustomize` of target, or of a temporary kustomization that
+    names target and the components comps."""
+    if not comps:
+        return render_dir(target)
+    with tempfile.TemporaryDirectory(prefix="thinpool-kustomize-") as tmp:
+        # kustomize takes relative paths only.
+        relp = lambda d: os.path.relpath(d, tmp)
+        text = yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [relp(target)],
+            "components": [relp(c) for c in comps],
+        })
+        (pathlib.Path(tmp) / "kustomization.yaml").write_text(text)
+        return render_dir(tmp)
+
+
+_renders = None
+
+
+def renders():
+    """{name: documents} of every target with every combination of the
+    components, rendered once."""
+    global _renders
+    if _renders is None:
+        out = {}
+        for t in targets():
+            for comps in combinations(components()):
+                name = " + ".join([str(t.relative_to(DEPLOY))] + [c.name for c in comps])
+                out[name] = render(t, comps)
+        _renders = out
+    return _renders
 
 
 def expect(p, where, cond, msg):
@@ -515,36 +619,64 @@ def prometheus_rule(p, w, d):
 
 
 def kustomization(p, w, d, f):
-    only_keys(p, w, d, {"apiVersion", "kind", "resources", "patches", "images", "namespace",
-                        "configMapGenerator", "generatorOptions"})
+    """kustomize.config.k8s.io/v1beta1 Kustomization and v1alpha1 Component
+    (sigs.k8s.io/kustomize api/types/kustomization.go), as far as used here."""
+    want = {"Kustomization": "kustomize.config.k8s.io/v1beta1",
+            "Component": "kustomize.config.k8s.io/v1alpha1"}[d["kind"]]
+    expect(p, w, d.get("apiVersion") == want, f"apiVersion must be {want}")
+    expect(p, w, f.name == "kustomization.yaml", "must be a directory's kustomization.yaml")
+    only_keys(p, w, d, {"apiVersion", "kind", "resources", "components", "patches", "images",
+                        "replacements", "namespace", "configMapGenerator", "generatorOptions"})
     for r in d.get("resources", []):
         expect(p, w, (f.parent / r).exists(), f"resource {r} does not exist")
+    for c in d.get("components", []):
+        k = f.parent / c / "kustomization.yaml"
+        expect(p, w, k.is_file() and (yaml.safe_load(k.read_text()) or {}).get("kind") == "Component",
+               f"component {c} is not a directory with a Component kustomization.yaml")
     for patch in d.get("patches", []):
         if only_keys(p, f"{w} patch", patch, {"path", "target"}):
             expect(p, w, (f.parent / patch.get("path", "")).is_file(), f"patch {patch.get('path')} does not exist")
+    for i, img in enumerate(d.get("images", [])):
+        if only_keys(p, f"{w} images[{i}]", img, {"name", "newName", "newTag", "digest"}):
+            expect(p, w, isinstance(img.get("name"), str) and img["name"], f"images[{i}] needs a name")
+            if "digest" in img:
+                expect(p, w, re.fullmatch(r"sha256:[0-9a-f]{64}", str(img["digest"])),
+                       f"images[{i}] digest must be sha256:<64 hex>")
+    for i, r in enumerate(d.get("replacements", [])):
+        rw = f"{w} replacements[{i}]"
+        if not only_keys(p, rw, r, {"source", "targets"}):
+            continue
+        only_keys(p, f"{rw} source", r.get("source"), {"kind", "name", "namespace", "fieldPath", "group", "version"})
+        for j, t in enumerate(r.get("targets") or []):
+            if only_keys(p, f"{rw} targets[{j}]", t, {"select", "reject", "fieldPaths", "options"}):
+                expect(p, rw, t.get("fieldPaths"), f"targets[{j}] names no fieldPaths")
+                only_keys(p, f"{rw} targets[{j}] options", t.get("options", {}), {"delimiter", "index", "create"})
 
 
 def patch_files():
-    """Strategic merge patches the Kustomizations name: partial objects,
-    checked against what they patch instead of against a schema."""
+    """Strategic merge patches the Kustomizations and Components name:
+    partial objects, checked in what they render into instead of against a
+    schema."""
     out = set()
     for f, _, d in manifests():
-        if d.get("kind") == "Kustomization":
+        if d.get("kind") in ("Kustomization", "Component"):
             out.update((f.parent / x["path"]).resolve() for x in d.get("patches", []) if "path" in x)
     return out
 
 
-def strategic_patch(p, w, d, base):
-    """A patch names an object of the base by kind, name and namespace, and
-    (for a workload) only containers the base has."""
+def local_config(d):
+    """A document kustomize reads and leaves out of what it renders."""
+    ann = (d.get("metadata") or {}).get("annotations") or {}
+    return ann.get("config.kubernetes.io/local-config") == "true"
+
+
+def strategic_patch(p, w, d):
+    """A patch names an object the base renders, by kind, name and namespace
+    (a patch of something missing would make it, half)."""
     key = (d.get("kind"), d.get("metadata", {}).get("name"), d.get("metadata", {}).get("namespace"))
-    target = [b for b in base if (b.get("kind"), b["metadata"].get("name"), b["metadata"].get("namespace")) == key]
-    if not target:
-        p.append(f"{w}: patches {key}, which the base does not have")
-        return
-    have = {c["name"] for c in target[0].get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])}
-    for c in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
-        expect(p, w, c.get("name") in have, f"patches container {c.get('name')!r}, which the base does not run")
+    base = renders()["base"]
+    expect(p, w, any((b.get("kind"), b["metadata"].get("name"), b["metadata"].get("namespace")) == key for b in base),
+           f"patches {key}, which the base does not render")
 
 
 def kind_cluster(p, w, d):
@@ -612,32 +744,129 @@ def _():
     return p
 
 
-@check(f"manifests: every document passes the Kubernetes {' and '.join(KUBERNETES_VERSIONS)} schemas (strict), or its CRD's structure")
+def check_document(p, w, doc, _cache={}):
+    """A full object: the Kubernetes schemas (strict), or its CRD's
+    structure. Identical documents (the same object in several renders) are
+    checked once."""
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    if key in STRUCTURAL:
+        STRUCTURAL[key](p, w, doc)
+        return
+    text = json.dumps(doc, sort_keys=True)
+    if text not in _cache:
+        _cache[text] = [f"Kubernetes {v}: {err}" for v in KUBERNETES_VERSIONS if (err := validate(doc, v))]
+    p.extend(f"{w}: {e}" for e in _cache[text])
+
+
+def doc_name(doc):
+    return f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+
+
+@check("kustomize: the base, every overlay and every combination of components render")
+def _():
+    p = []
+    kubectl()
+    comps = components()
+    expect(p, "deploy/kubernetes/overlays", len(targets()) > 1, "has no overlay")
+    expect(p, "deploy/kubernetes/components", comps, "has no component")
+    for name, docs in renders().items():
+        kinds = {}
+        for d in docs:
+            kinds[d.get("kind")] = kinds.get(d.get("kind"), 0) + 1
+        print(f"     {name}: {len(docs)} objects ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})")
+        names = [(d.get("kind"), (d.get("metadata") or {}).get("namespace"), (d.get("metadata") or {}).get("name"))
+                 for d in docs]
+        expect(p, name, len(names) == len(set(names)), "renders an object twice")
+        for d in docs:
+            expect(p, name, not local_config(d), f"renders {doc_name(d)}, a local-config object kustomize should drop")
+    return p
+
+
+@check(f"rendered: every object passes the Kubernetes {' and '.join(KUBERNETES_VERSIONS)} schemas (strict), or its CRD's structure")
+def _():
+    p = []
+    for name, docs in renders().items():
+        with_components = " + " in name
+        for i, doc in enumerate(docs):
+            w = f"[{name}][{i}] {doc_name(doc)}"
+            check_document(p, w, doc)
+            # The base and the overlays install on a cluster without the
+            # snapshot, CSI-Addons and Prometheus CRDs.
+            expect(p, w, with_components or doc.get("kind") not in CRD_KINDS,
+                   "needs another project's CRD: it belongs in a component")
+    return p
+
+
+@check("sources: Kustomizations, Components, patches, kind's cluster and the examples")
 def _():
     p = []
     docs = manifests()
     if not docs:
         return ["no manifests found under deploy/kubernetes"]
     patches = patch_files()
-    base = [d for f, _, d in docs if f.parent == DEPLOY and d.get("kind") != "Kustomization"]
+    used = set(patches)
+    for f, _, d in docs:
+        if d.get("kind") in ("Kustomization", "Component"):
+            used.update((f.parent / r).resolve() for r in d.get("resources", []))
     for f, i, doc in docs:
-        w = f"{rel(f)}[{i}] {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+        w = f"{rel(f)}[{i}] {doc_name(doc)}"
         key = (doc.get("apiVersion"), doc.get("kind"))
         if f.resolve() in patches:
-            strategic_patch(p, w, doc, base)
-        elif key[1] == "Kustomization":
+            strategic_patch(p, w, doc)
+        elif key[1] in ("Kustomization", "Component"):
             kustomization(p, w, doc, f)
-        elif key in STRUCTURAL:
-            STRUCTURAL[key](p, w, doc)
+        elif key[1] == "Cluster" or f.parent.name == "examples":
+            check_document(p, w, doc)
         else:
-            for v in KUBERNETES_VERSIONS:
-                err = validate(doc, v)
-                if err:
-                    p.append(f"{w}: Kubernetes {v}: {err}")
+            # Everything else is a resource of a kustomization; the renders
+            # check it as installed.
+            expect(p, w, f.resolve() in used, "is named by no kustomization (examples go to examples/)")
     kinds = {d.get("kind") for _, _, d in docs}
-    for want in ("CSIDriver", "DaemonSet", "StorageClass", "VolumeSnapshotClass", "ReclaimSpaceCronJob",
-                 "PersistentVolumeClaim", "Pod", "Cluster"):
+    for want in ("ReclaimSpaceCronJob", "PersistentVolumeClaim", "Pod", "VolumeSnapshot", "Cluster"):
         expect(p, "deploy/kubernetes", want in kinds, f"has no {want}")
+    return p
+
+
+@check("kubelet directory: one value in base/settings.yaml, and every render names only it")
+def _():
+    p = []
+    other = "/var/lib/k0s/kubelet"
+    with tempfile.TemporaryDirectory(prefix="thinpool-kubelet-dir-") as tmp:
+        copy = pathlib.Path(tmp) / "kubernetes"
+        shutil.copytree(DEPLOY, copy, symlinks=True)
+        settings = copy / "base" / "settings.yaml"
+        text = settings.read_text()
+        new, n = re.subn(r"(?m)^(  kubeletDir: ).*$", rf"\g<1>{other}", text)
+        if n != 1:
+            return ["base/settings.yaml has no `  kubeletDir: ` line"]
+        settings.write_text(new)
+        for t in targets(copy):
+            docs = render(t, components(copy))
+            where = f"{t.relative_to(copy)} + every component, kubeletDir {other}"
+            strings = []
+
+            def walk(x):
+                if isinstance(x, dict):
+                    for v in x.values():
+                        walk(v)
+                elif isinstance(x, list):
+                    for v in x:
+                        walk(v)
+                elif isinstance(x, str):
+                    strings.append(x)
+
+            walk(docs)
+            stale = [x for x in strings if "/var/lib/kubelet" in x]
+            expect(p, where, not stale, f"still names /var/lib/kubelet: {stale}")
+            named = [x for x in strings if other in x]
+            # socket-dir, registration-dir and kubelet-dir host paths, the
+            # driver's mount, KUBELET_DIR of the registrar and csi-addons,
+            # allowed_roots.
+            expect(p, where, len(named) >= 7, f"names {other} in {len(named)} places, expected 7: {named}")
+            for d in docs:
+                if d.get("kind") == "ConfigMap" and "config.toml" in (d.get("data") or {}):
+                    roots = tomllib.loads(d["data"]["config.toml"]).get("allowed_roots")
+                    expect(p, where, roots == [other], f"config.toml allowed_roots is {roots}, not [{other!r}]")
     return p
 
 
@@ -666,32 +895,46 @@ def _():
     return p
 
 
-@check("sidecars: images pinned to the checked release, every flag exists in it")
+def split_image(image):
+    """(repository, tag) of `repo[:tag][@digest]`."""
+    image = image.split("@", 1)[0]
+    repo, sep, tag = image.rpartition(":")
+    if not sep or "/" in tag:
+        return image, ""
+    return repo, tag
+
+
+@check("sidecars: images pinned to the checked release, every flag exists in it, in every render")
 def _():
     p = []
-    patches = patch_files()
-    ds = [d for f, _, d in manifests() if d.get("kind") == "DaemonSet" and f.resolve() not in patches]
-    if len(ds) != 1:
-        return [f"expected one DaemonSet, found {len(ds)}"]
     seen = set()
-    for c in ds[0]["spec"]["template"]["spec"]["containers"]:
-        repo, _, tag = c["image"].rpartition(":")
-        if repo == DRIVER_IMAGE:
+    for name, docs in renders().items():
+        ds = [d for d in docs if d.get("kind") == "DaemonSet"]
+        if len(ds) != 1:
+            p.append(f"[{name}]: expected one DaemonSet, found {len(ds)}")
             continue
-        if repo not in SIDECARS:
-            p.append(f"{c['name']}: image {c['image']} has no entry in SIDECARS")
-            continue
-        seen.add(repo)
-        pinned, flags = SIDECARS[repo]
-        expect(p, c["name"], tag == pinned, f"image tag {tag} differs from the checked {pinned}: re-read its flags")
-        for a in c.get("args", []):
-            m = re.fullmatch(r"--?([a-z0-9-]+)(=.*)?", a)
-            if not m:
-                p.append(f"{c['name']}: argument {a!r} is not a --flag[=value]")
-            elif m.group(1) not in flags:
-                p.append(f"{c['name']}: {repo}:{pinned} has no flag --{m.group(1)}")
+        for c in ds[0]["spec"]["template"]["spec"]["containers"]:
+            w = f"[{name}] {c['name']}"
+            if not c.get("image"):
+                p.append(f"{w}: no image (a patch that names a container the DaemonSet lacks makes half of one)")
+                continue
+            repo, tag = split_image(c["image"])
+            if repo == DRIVER_IMAGE:
+                continue
+            if repo not in SIDECARS:
+                p.append(f"{w}: image {c['image']} has no entry in SIDECARS")
+                continue
+            seen.add(repo)
+            pinned, flags = SIDECARS[repo]
+            expect(p, w, tag == pinned, f"image tag {tag} differs from the checked {pinned}: re-read its flags")
+            for a in c.get("args", []):
+                m = re.fullmatch(r"--?([a-z0-9-]+)(=.*)?", a)
+                if not m:
+                    p.append(f"{w}: argument {a!r} is not a --flag[=value]")
+                elif m.group(1) not in flags:
+                    p.append(f"{w}: {repo}:{pinned} has no flag --{m.group(1)}")
     for repo in SIDECARS:
-        expect(p, "DaemonSet", repo in seen, f"runs no {repo}")
+        expect(p, "renders", repo in seen, f"no render runs {repo}")
     return p
 
 

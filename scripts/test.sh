@@ -47,10 +47,11 @@ native() {
     # The pinned venv first: a native test calls the driver with Python's
     # grpcio from it (scripts/grpcio_call.py).
     scripts/check-packaging.sh --setup
-    # --test deploy: static checks of the Dockerfile and deploy/kubernetes;
+    # --test deploy: deploy/kubernetes rendered with `kubectl kustomize`
+    # (every overlay and component combination) and checked;
     # --test docs: README's configuration reference and commands.
     cargo test --lib --bins --test deploy --test docs --test conformance_table
-    echo "== packaging checks (Dockerfile parser, Kubernetes schemas, Vagrantfile)"
+    echo "== packaging checks (Dockerfile parser, rendered manifests against the Kubernetes schemas, Vagrantfile)"
     scripts/check-packaging.sh
 }
 

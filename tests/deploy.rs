@@ -1,36 +1,118 @@
-//! Static checks of the Kubernetes manifests in deploy/kubernetes. Nothing
-//! here needs a container engine, a cluster or root: the files are parsed
-//! (a small YAML subset parser below, enough for these manifests) and
-//! checked against each other, against the repository and against the
-//! driver's own configuration parser. The Dockerfile, .dockerignore, the
-//! Kubernetes schemas and the sidecar flags are checked with real parsers
-//! by scripts/check_packaging.py.
+//! Static checks of what deploy/kubernetes installs. Nothing here needs a
+//! container engine, a cluster or root. `kubectl kustomize` (kubectl's own
+//! kustomize v5; the tests fail when kubectl is missing) renders the base,
+//! every overlay, and each of those with every combination of the
+//! components; the rendered documents are parsed (a small YAML subset
+//! parser below, enough for these manifests) and checked against each
+//! other, against the repository, against the driver's own configuration
+//! parser and against the capabilities the driver advertises. The
+//! Dockerfile, .dockerignore, the Kubernetes schemas and the sidecar flags
+//! are checked with real parsers by scripts/check_packaging.py.
 //!
-//! Run: `cargo test --test deploy`
+//! Run: `cargo test --test deploy` (`-- --nocapture` prints the number of
+//! objects each render holds).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
 use thinpool_csi::config::{parse_endpoint, Config, UdevMode};
+use thinpool_csi::proto::csi::v1::controller_service_capability::rpc::Type as Ctrl;
+use thinpool_csi::proto::csi::v1::node_service_capability::rpc::Type as NodeCap;
+use thinpool_csi::proto::identity::capability::service::Type as AddonsService;
+use thinpool_csi::proto::identity::capability::Type as AddonsCap;
 
 // ---------------------------------------------------------------------------
 // What the packaging must contain.
 
-/// Every container of the node DaemonSet, by image repository.
-const SIDECAR_IMAGES: &[&str] = &[
-    "registry.k8s.io/sig-storage/csi-node-driver-registrar",
-    "registry.k8s.io/sig-storage/csi-provisioner",
-    "registry.k8s.io/sig-storage/csi-attacher",
-    "registry.k8s.io/sig-storage/csi-resizer",
-    "registry.k8s.io/sig-storage/csi-snapshotter",
-    "quay.io/csiaddons/k8s-sidecar",
+/// A sidecar container of the node DaemonSet.
+struct Sidecar {
+    repo: &'static str,
+    /// The component that adds it; None: the base runs it.
+    component: Option<&'static str>,
+    /// The flags (with their values) of its per-node mode, which also needs
+    /// env NODE_NAME from spec.nodeName; empty: the release it pins has none.
+    per_node: &'static [(&'static str, &'static str)],
+}
+
+const REGISTRAR: &str = "registry.k8s.io/sig-storage/csi-node-driver-registrar";
+const LIVENESS: &str = "registry.k8s.io/sig-storage/livenessprobe";
+const PROVISIONER: &str = "registry.k8s.io/sig-storage/csi-provisioner";
+const ATTACHER: &str = "registry.k8s.io/sig-storage/csi-attacher";
+const RESIZER: &str = "registry.k8s.io/sig-storage/csi-resizer";
+const SNAPSHOTTER: &str = "registry.k8s.io/sig-storage/csi-snapshotter";
+const CSI_ADDONS: &str = "quay.io/csiaddons/k8s-sidecar";
+/// Sidecars no deployment here may run: the snapshot-metadata sidecar has
+/// one address per driver, so it cannot reach the node that holds a
+/// snapshot (SnapshotMetadata is socket-only, deploy/kubernetes/README.md).
+const NEVER: &[&str] = &["registry.k8s.io/sig-storage/csi-snapshot-metadata"];
+
+/// Every sidecar, with where it comes from and its per-node mode
+/// (read from each sidecar's source: deploy/kubernetes/README.md, "Sidecars").
+const SIDECARS: &[Sidecar] = &[
+    // Per node by nature: it registers its own node's socket.
+    Sidecar {
+        repo: REGISTRAR,
+        component: None,
+        per_node: &[],
+    },
+    Sidecar {
+        repo: LIVENESS,
+        component: None,
+        per_node: &[],
+    },
+    Sidecar {
+        repo: PROVISIONER,
+        component: None,
+        per_node: &[("--node-deployment", "true")],
+    },
+    // external-attacher and external-resizer have no per-node mode.
+    Sidecar {
+        repo: ATTACHER,
+        component: None,
+        per_node: &[],
+    },
+    Sidecar {
+        repo: RESIZER,
+        component: None,
+        per_node: &[],
+    },
+    Sidecar {
+        repo: SNAPSHOTTER,
+        component: Some("snapshots"),
+        per_node: &[("--node-deployment", "true")],
+    },
+    // Per node through --node-id=$(NODE_NAME) (checked below).
+    Sidecar {
+        repo: CSI_ADDONS,
+        component: Some("csi-addons"),
+        per_node: &[],
+    },
 ];
 /// The driver's own image (built from the Dockerfile), tagged with the
 /// crate version.
 const DRIVER_IMAGE: &str = "thinpool-csi";
-/// Where the kubelet keeps plugins, pods and registrations.
-const KUBELET_DIR: &str = "/var/lib/kubelet";
+/// Kinds that need another project's CRDs: only components may render them.
+const CRD_KINDS: &[&str] = &[
+    "VolumeSnapshotClass",
+    "VolumeSnapshot",
+    "VolumeGroupSnapshotClass",
+    "PodMonitor",
+    "PrometheusRule",
+    "ReclaimSpaceCronJob",
+    "SnapshotMetadataService",
+];
+/// What each component must render, besides its container.
+const COMPONENT_KINDS: &[(&str, &[&str])] = &[
+    ("snapshots", &["VolumeSnapshotClass"]),
+    ("csi-addons", &[]),
+    ("monitoring", &["PodMonitor", "PrometheusRule"]),
+];
+/// The label that takes the plugin off a node for maintenance
+/// (deploy/kubernetes/README.md, "Maintenance").
+const MAINTENANCE_LABEL: &str = "thinpool.csi.storage.dev/maintenance";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -66,9 +148,10 @@ impl Problems {
 }
 
 // ---------------------------------------------------------------------------
-// A YAML subset: block mappings and sequences, plain/quoted scalars, flow
-// sequences and mappings of scalars, literal/folded block scalars, comments
-// and `---` document separators. Anything else is an error naming the line.
+// A YAML subset: block mappings and sequences, plain/quoted scalars (also
+// over several lines, as kustomize writes long strings), flow sequences and
+// mappings of scalars, literal/folded block scalars, comments and `---`
+// document separators. Anything else is an error naming the line.
 
 #[derive(Debug, Clone, PartialEq)]
 enum Y {
@@ -215,6 +298,51 @@ fn split_flow(s: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `s` opens a quoted scalar that its line does not close.
+fn quote_open(s: &str) -> bool {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some('\'') => {
+            let rest: Vec<char> = chars.collect();
+            let mut i = 0;
+            while i < rest.len() {
+                if rest[i] == '\'' {
+                    if rest.get(i + 1) == Some(&'\'') {
+                        i += 2;
+                        continue;
+                    }
+                    return false;
+                }
+                i += 1;
+            }
+            true
+        }
+        Some('"') => {
+            let mut escaped = false;
+            for c in chars {
+                match c {
+                    '\\' if !escaped => escaped = true,
+                    '"' if !escaped => return false,
+                    _ => escaped = false,
+                }
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Joins the next line of a scalar written over several lines: a line
+/// break folds into a space, except after a `\` in a double-quoted one.
+fn fold_into(text: &mut String, line: &str) {
+    if text.starts_with('"') && text.ends_with('\\') {
+        text.pop();
+    } else {
+        text.push(' ');
+    }
+    text.push_str(line.trim());
+}
+
 fn scalar(s: &str) -> Result<Y, String> {
     let s = s.trim();
     if s.starts_with('&') || s.starts_with('*') || s.starts_with('!') {
@@ -345,9 +473,40 @@ impl<'a> Parser<'a> {
             }
             _ => {
                 self.i += 1;
-                scalar(rest).map_err(|e| self.err(no, e))
+                let text = self.continued(indent, rest);
+                scalar(&text).map_err(|e| self.err(no, e))
             }
         }
+    }
+
+    /// A flow scalar that started on the line just read (`first`, after
+    /// `key:` or `-` at `indent`), with the lines that continue it: to
+    /// its closing quote, or (plain) every line indented deeper.
+    fn continued(&mut self, indent: usize, first: &str) -> String {
+        let mut text = first.to_string();
+        if quote_open(&text) {
+            while self.i < self.lines.len() && quote_open(&text) {
+                let raw = self.lines[self.i].raw.clone();
+                fold_into(&mut text, &raw);
+                self.i += 1;
+            }
+            // A comment after the closing quote.
+            text = strip_comment(&text);
+        } else if !text.starts_with(['[', '{', '\'', '"']) {
+            while let Some(j) = self.next_content() {
+                if self.lines[j].indent <= indent {
+                    break;
+                }
+                let line = strip_comment(&self.lines[j].raw);
+                if split_key(&line).is_some() || line.starts_with("- ") {
+                    // Structure, not text: left for the caller to refuse.
+                    break;
+                }
+                fold_into(&mut text, &line);
+                self.i += 1;
+            }
+        }
+        text
     }
 
     fn map(&mut self, indent: usize) -> Result<Y, String> {
@@ -401,8 +560,10 @@ impl<'a> Parser<'a> {
                 l.indent = offset;
                 v.push(self.map(offset)?);
             } else {
+                let rest = rest.to_string();
                 self.i += 1;
-                v.push(scalar(rest).map_err(|e| self.err(no, e))?);
+                let text = self.continued(indent, &rest);
+                v.push(scalar(&text).map_err(|e| self.err(no, e))?);
             }
         }
         Ok(Y::Seq(v))
@@ -460,15 +621,28 @@ fn yaml_subset_parser() {
     assert_eq!(docs[0].s(&["c"]), Some("l1\n# kept\n\nl2\n"));
     assert_eq!(docs[1].get("d"), Some(&Y::Map(vec![])));
     assert_eq!(docs[1].seq(&["e"])[0].s(&["k"]), Some("it's"));
+    // Long strings as kustomize writes them: plain and quoted, folded over
+    // lines indented deeper than their key.
+    let docs = parse_yaml(
+        "t.yaml",
+        "a: one two\n  three\nb: 'it''s\n  long'\nc:\n- \"x \\\n  y\" # c\n- p\n  q\nd: 1\n",
+    )
+    .unwrap();
+    assert_eq!(docs[0].s(&["a"]), Some("one two three"));
+    assert_eq!(docs[0].s(&["b"]), Some("it's long"));
+    assert_eq!(docs[0].strs(&["c"]), ["x y", "p q"]);
+    assert_eq!(docs[0].s(&["d"]), Some("1"));
     assert!(parse_yaml("t", "a: 1\n  b: 2\n").is_err());
+    assert!(parse_yaml("t", "a:\n  b: 2\n   c: 3\n").is_err());
     assert!(parse_yaml("t", "a: &x 1\n").is_err());
     assert!(parse_yaml("t", "a: 1\na: 2\n").is_err());
 }
 
 // ---------------------------------------------------------------------------
-// The manifests.
+// The sources and the renders.
 
 struct Doc {
+    /// The file (relative to deploy/kubernetes) or the render it came from.
     file: String,
     y: Y,
 }
@@ -484,12 +658,14 @@ impl Doc {
         self.y.s(&["metadata", "namespace"]).unwrap_or("")
     }
     fn at(&self) -> String {
-        format!("{} {}/{}", self.file, self.kind(), self.name())
+        format!("[{}] {}/{}", self.file, self.kind(), self.name())
     }
 }
 
 const DEPLOY: &str = "deploy/kubernetes";
 
+/// The YAML files under `dir`, sorted; a symlinked directory is not
+/// followed (deploy/kubernetes/monitoring may be a link to the component).
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
@@ -497,17 +673,20 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
         .collect();
     entries.sort();
     for p in entries {
-        if p.is_dir() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        if meta.is_dir() {
             yaml_files(&p, out);
-        } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+        } else if meta.is_file()
+            && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+        {
             out.push(p);
         }
     }
 }
 
-/// Every document of every YAML file under deploy/kubernetes, with the
-/// file it came from (relative to deploy/kubernetes).
-fn all_docs() -> Vec<Doc> {
+/// Every document of every YAML source file under deploy/kubernetes, with
+/// its file (relative to deploy/kubernetes).
+fn source_docs() -> Vec<Doc> {
     let base = root().join(DEPLOY);
     let mut files = Vec::new();
     yaml_files(&base, &mut files);
@@ -529,64 +708,177 @@ fn all_docs() -> Vec<Doc> {
     docs
 }
 
-/// The documents kustomization.yaml installs.
-fn installed_docs() -> Vec<Doc> {
-    let listed = kustomize_resources();
-    all_docs()
-        .into_iter()
-        .filter(|d| listed.contains(&d.file))
-        .collect()
+/// The one document of a source file.
+fn source_doc(rel: &str) -> Y {
+    let text = read(&format!("{DEPLOY}/{rel}"));
+    let mut docs = parse_yaml(rel, &text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(docs.len(), 1, "{DEPLOY}/{rel}: one document expected");
+    docs.remove(0)
 }
 
-fn kustomize_resources() -> Vec<String> {
-    let text = read(&format!("{DEPLOY}/kustomization.yaml"));
-    let docs = parse_yaml("kustomization.yaml", &text).unwrap();
-    assert_eq!(docs.len(), 1, "kustomization.yaml: one document expected");
-    docs[0].strs(&["resources"])
+/// The kubelet directory, from its one place (base/settings.yaml).
+fn kubelet_dir() -> String {
+    source_doc("base/settings.yaml")
+        .s(&["data", "kubeletDir"])
+        .expect("base/settings.yaml has no data.kubeletDir")
+        .to_string()
 }
 
-fn one<'a>(docs: &'a [Doc], kind: &str) -> &'a Doc {
-    let found: Vec<&Doc> = docs.iter().filter(|d| d.kind() == kind).collect();
-    assert_eq!(
-        found.len(),
-        1,
-        "expected exactly one {kind} in {DEPLOY}/kustomization.yaml's resources, found {}",
-        found.len()
+/// Directories under deploy/kubernetes/`sub` that hold a kustomization.
+fn kustomize_dirs(sub: &str) -> Vec<PathBuf> {
+    let dir = root().join(DEPLOY).join(sub);
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("kustomization.yaml").is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+/// kubectl from PATH; a test that renders fails without it.
+fn kubectl() -> PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("kubectl"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "kubectl is not installed: these tests render deploy/kubernetes with \
+                 `kubectl kustomize` (kustomize v5); install kubectl and run them again"
+            )
+        })
+}
+
+/// `to` relative to the directory `from` (both absolute): kustomize takes
+/// relative paths only.
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (f, t): (Vec<Component>, Vec<Component>) =
+        (from.components().collect(), to.components().collect());
+    let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..f.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c);
+    }
+    out
+}
+
+/// What `kubectl kustomize dir` renders.
+fn kustomize(dir: &Path) -> String {
+    let out = Command::new(kubectl())
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run kubectl: {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
     );
-    found[0]
+    String::from_utf8(out.stdout).expect("kubectl's output is UTF-8")
 }
 
-/// The driver configuration of the ConfigMap, through the driver's own
-/// parser, with the file name the DaemonSet passes to --config.
-fn configmap_config(docs: &[Doc], ds: &Doc) -> (Config, String) {
-    let driver = driver_container(ds);
-    let args = driver.strs(&["args"]);
-    let path = args
-        .iter()
-        .position(|a| a == "--config")
-        .and_then(|i| args.get(i + 1))
-        .unwrap_or_else(|| panic!("{}: the driver has no `--config FILE` args", ds.at()))
-        .clone();
-    let (dir, key) = path.rsplit_once('/').unwrap();
-    let mount = driver
-        .seq(&["volumeMounts"])
-        .iter()
-        .find(|m| m.s(&["mountPath"]) == Some(dir))
-        .unwrap_or_else(|| panic!("{}: nothing is mounted at {dir} (--config {path})", ds.at()));
-    let vol = pod_volume(ds, mount.s(&["name"]).unwrap());
-    let cm_name = vol
-        .s(&["configMap", "name"])
-        .unwrap_or_else(|| panic!("{}: {dir} is not a ConfigMap volume", ds.at()));
-    let cm = docs
-        .iter()
-        .find(|d| d.kind() == "ConfigMap" && d.name() == cm_name && d.ns() == ds.ns())
-        .unwrap_or_else(|| panic!("ConfigMap {}/{cm_name} is not installed", ds.ns()));
-    let text =
-        cm.y.s(&["data", key])
-            .unwrap_or_else(|| panic!("{}: no data key {key:?}", cm.at()));
-    let cfg = Config::parse(text)
-        .unwrap_or_else(|e| panic!("{}: the driver refuses {key}: {e}", cm.at()));
-    (cfg, path)
+/// One render: the base or an overlay, with some components.
+struct Render {
+    /// `overlays/plain + snapshots + monitoring`.
+    name: String,
+    components: Vec<String>,
+    docs: Vec<Doc>,
+}
+
+impl Render {
+    fn has(&self, component: &str) -> bool {
+        self.components.iter().any(|c| c == component)
+    }
+    fn one(&self, kind: &str) -> &Doc {
+        let found: Vec<&Doc> = self.docs.iter().filter(|d| d.kind() == kind).collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "[{}]: expected exactly one {kind}, found {}",
+            self.name,
+            found.len()
+        );
+        found[0]
+    }
+    fn all<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Doc> {
+        self.docs.iter().filter(move |d| d.kind() == kind)
+    }
+}
+
+/// Every render, made once: the base and every overlay, each alone and
+/// with every combination of the components (a temporary kustomization
+/// naming the overlay and the components, as an operator's would).
+fn renders() -> &'static [Render] {
+    static RENDERS: OnceLock<Vec<Render>> = OnceLock::new();
+    RENDERS.get_or_init(|| {
+        let deploy = root().join(DEPLOY).canonicalize().unwrap();
+        let mut targets = vec![deploy.join("base")];
+        targets.extend(kustomize_dirs("overlays"));
+        let components = kustomize_dirs("components");
+        assert!(targets.len() > 1, "{DEPLOY}/overlays holds no overlay");
+        assert!(!components.is_empty(), "{DEPLOY}/components holds no component");
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("deploy-renders-{}", std::process::id()));
+        let mut out = Vec::new();
+        for t in &targets {
+            let t = t.canonicalize().unwrap();
+            for mask in 0..(1u32 << components.len()) {
+                let comps: Vec<&PathBuf> = components
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, c)| c)
+                    .collect();
+                let names: Vec<String> = comps
+                    .iter()
+                    .map(|c| c.file_name().unwrap().to_str().unwrap().to_string())
+                    .collect();
+                let name = std::iter::once(t.strip_prefix(&deploy).unwrap().display().to_string())
+                    .chain(names.iter().cloned())
+                    .collect::<Vec<_>>()
+                    .join(" + ");
+                let text = if comps.is_empty() {
+                    kustomize(&t)
+                } else {
+                    let dir = tmp.join(format!("r{}", out.len()));
+                    std::fs::create_dir_all(&dir).unwrap();
+                    let dir = dir.canonicalize().unwrap();
+                    let mut k = String::from(
+                        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n",
+                    );
+                    let _ = writeln!(k, "  - {}", relative(&dir, &t).display());
+                    k.push_str("components:\n");
+                    for c in &comps {
+                        let c = c.canonicalize().unwrap();
+                        let _ = writeln!(k, "  - {}", relative(&dir, &c).display());
+                    }
+                    std::fs::write(dir.join("kustomization.yaml"), k).unwrap();
+                    kustomize(&dir)
+                };
+                let docs = parse_yaml(&name, &text)
+                    .unwrap_or_else(|e| panic!("the render does not parse: {e}"))
+                    .into_iter()
+                    .map(|y| Doc {
+                        file: name.clone(),
+                        y,
+                    })
+                    .collect();
+                out.push(Render {
+                    name,
+                    components: names,
+                    docs,
+                });
+            }
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
+        out
+    })
 }
 
 fn pod_spec(ds: &Doc) -> &Y {
@@ -598,18 +890,32 @@ fn containers(ds: &Doc) -> &[Y] {
     pod_spec(ds).seq(&["containers"])
 }
 
+/// The repository of `repo[:tag][@digest]`.
 fn image_repo(image: &str) -> &str {
+    let image = image.split('@').next().unwrap_or(image);
     match image.rsplit_once(':') {
         Some((repo, tag)) if !tag.contains('/') => repo,
         _ => image,
     }
 }
 
-fn container_by_image<'a>(ds: &'a Doc, repo: &str) -> &'a Y {
+/// The tag of `repo[:tag][@digest]`, "" without one.
+fn image_tag(image: &str) -> &str {
+    let image = image.split('@').next().unwrap_or(image);
+    match image.rsplit_once(':') {
+        Some((_, tag)) if !tag.contains('/') => tag,
+        _ => "",
+    }
+}
+
+fn find_container<'a>(ds: &'a Doc, repo: &str) -> Option<&'a Y> {
     containers(ds)
         .iter()
         .find(|c| c.s(&["image"]).map(image_repo) == Some(repo))
-        .unwrap_or_else(|| panic!("{}: no container runs {repo}", ds.at()))
+}
+
+fn container_by_image<'a>(ds: &'a Doc, repo: &str) -> &'a Y {
+    find_container(ds, repo).unwrap_or_else(|| panic!("{}: no container runs {repo}", ds.at()))
 }
 
 fn driver_container(ds: &Doc) -> &Y {
@@ -640,17 +946,73 @@ fn socket_path(addr: &str) -> String {
     addr.strip_prefix("unix://").unwrap_or(addr).to_string()
 }
 
-/// `--flag=value` of a container's args.
-fn flag<'a>(c: &'a Y, name: &str) -> Option<&'a str> {
+/// `--flag=value` of a container's args, with `$(VAR)` expanded from the
+/// container's literal env values (as the kubelet expands them).
+fn flag(c: &Y, name: &str) -> Option<String> {
     let prefix = format!("{name}=");
     c.seq(&["args"])
         .iter()
         .filter_map(Y::str)
         .find_map(|a| a.strip_prefix(prefix.as_str()))
+        .map(|v| expand(c, v))
+}
+
+/// A container's env var: its literal value, or `fieldRef:<path>`.
+fn env(c: &Y, name: &str) -> Option<String> {
+    c.seq(&["env"])
+        .iter()
+        .find(|e| e.s(&["name"]) == Some(name))
+        .map(|e| {
+            e.s(&["value"])
+                .map(str::to_string)
+                .or_else(|| {
+                    e.s(&["valueFrom", "fieldRef", "fieldPath"])
+                        .map(|f| format!("fieldRef:{f}"))
+                })
+                .unwrap_or_default()
+        })
+}
+
+/// `s` with every `$(VAR)` whose env value is literal replaced by it.
+fn expand(c: &Y, s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(start) = rest.find("$(") {
+        out.push_str(&rest[..start]);
+        let Some(end) = rest[start..].find(')').map(|e| start + e) else {
+            break;
+        };
+        let var = &rest[start + 2..end];
+        match env(c, var) {
+            Some(v) if !v.starts_with("fieldRef:") => out.push_str(&v),
+            _ => out.push_str(&rest[start..=end]),
+        }
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn cname(c: &Y) -> &str {
     c.s(&["name"]).unwrap_or("?")
+}
+
+/// The port number a probe's `port` names in container `c` (a number, or
+/// the name of one of its ports).
+fn probe_port(c: &Y, probe: &str) -> Option<u16> {
+    let port = c.s(&[probe, "httpGet", "port"])?;
+    port.parse().ok().or_else(|| {
+        c.seq(&["ports"])
+            .iter()
+            .find(|p| p.s(&["name"]) == Some(port))
+            .and_then(|p| p.s(&["containerPort"]))
+            .and_then(|p| p.parse().ok())
+    })
+}
+
+/// The port of an `--http-endpoint=[host]:port` flag.
+fn endpoint_port(c: &Y) -> Option<u16> {
+    flag(c, "--http-endpoint")?.rsplit_once(':')?.1.parse().ok()
 }
 
 fn crate_version() -> String {
@@ -661,174 +1023,328 @@ fn crate_version() -> String {
         .expect("Cargo.toml has a version")
 }
 
-#[test]
-fn manifests_parse_and_are_all_installed() {
-    let docs = all_docs();
-    let mut p = Problems::default();
-    let listed = kustomize_resources();
-    let base = root().join(DEPLOY);
-    for r in &listed {
-        p.check(base.join(r).is_file(), || {
-            format!("kustomization.yaml lists {r}, which does not exist in {DEPLOY}")
-        });
-    }
-    let files: BTreeSet<&str> = docs.iter().map(|d| d.file.as_str()).collect();
-    for f in files {
-        let top_level = !f.contains('/');
-        p.check(
-            !top_level || f == "kustomization.yaml" || listed.iter().any(|r| r == f),
-            || format!("{DEPLOY}/{f} is not listed in kustomization.yaml's resources (move examples to examples/)"),
-        );
-    }
-    // Kustomizations and kind's cluster config are no API objects.
-    for d in docs
+/// The driver configuration of the ConfigMap, through the driver's own
+/// parser, with the file name the DaemonSet passes to --config.
+fn configmap_config(r: &Render, ds: &Doc) -> (Config, String) {
+    let driver = driver_container(ds);
+    let args = driver.strs(&["args"]);
+    let path = args
         .iter()
-        .filter(|d| d.kind() != "Kustomization" && d.kind() != "Cluster")
-    {
+        .position(|a| a == "--config")
+        .and_then(|i| args.get(i + 1))
+        .unwrap_or_else(|| panic!("{}: the driver has no `--config FILE` args", ds.at()))
+        .clone();
+    let (dir, key) = path.rsplit_once('/').unwrap();
+    let mount = driver
+        .seq(&["volumeMounts"])
+        .iter()
+        .find(|m| m.s(&["mountPath"]) == Some(dir))
+        .unwrap_or_else(|| panic!("{}: nothing is mounted at {dir} (--config {path})", ds.at()));
+    let vol = pod_volume(ds, mount.s(&["name"]).unwrap());
+    let cm_name = vol
+        .s(&["configMap", "name"])
+        .unwrap_or_else(|| panic!("{}: {dir} is not a ConfigMap volume", ds.at()));
+    let cm = r
+        .all("ConfigMap")
+        .find(|d| d.name() == cm_name && d.ns() == ds.ns())
+        .unwrap_or_else(|| {
+            panic!(
+                "[{}]: ConfigMap {}/{cm_name} is not rendered",
+                r.name,
+                ds.ns()
+            )
+        });
+    let text =
+        cm.y.s(&["data", key])
+            .unwrap_or_else(|| panic!("{}: no data key {key:?}", cm.at()));
+    let cfg = Config::parse(text)
+        .unwrap_or_else(|e| panic!("{}: the driver refuses {key}: {e}", cm.at()));
+    (cfg, path)
+}
+
+// ---------------------------------------------------------------------------
+// The checks.
+
+#[test]
+fn sources_parse_and_every_file_is_used() {
+    let docs = source_docs();
+    let mut p = Problems::default();
+    let deploy = root().join(DEPLOY);
+    // Every file of the base, an overlay or a component is something its
+    // kustomization names (a resource or a patch), kind's cluster config,
+    // or documentation; and what a kustomization names exists.
+    let mut dirs = vec![deploy.join("base")];
+    dirs.extend(kustomize_dirs("overlays"));
+    dirs.extend(kustomize_dirs("components"));
+    for dir in &dirs {
+        let rel = dir.strip_prefix(&deploy).unwrap().display().to_string();
+        let k = source_doc(&format!("{rel}/kustomization.yaml"));
+        let want_kind = if rel.starts_with("components/") {
+            "Component"
+        } else {
+            "Kustomization"
+        };
+        p.check(k.s(&["kind"]) == Some(want_kind), || {
+            format!("{DEPLOY}/{rel}/kustomization.yaml must be a {want_kind}")
+        });
+        let mut named: BTreeSet<String> = k.strs(&["resources"]).into_iter().collect();
+        named.extend(
+            k.seq(&["patches"])
+                .iter()
+                .filter_map(|x| x.s(&["path"]).map(str::to_string)),
+        );
+        for n in &named {
+            p.check(dir.join(n).exists(), || {
+                format!("{DEPLOY}/{rel}/kustomization.yaml names {n}, which does not exist")
+            });
+        }
+        for e in std::fs::read_dir(dir).unwrap() {
+            let f = e.unwrap().file_name().to_str().unwrap().to_string();
+            let ok = f == "kustomization.yaml"
+                || f == "kind-config.yaml"
+                || f.ends_with(".md")
+                || f.ends_with(".json")
+                || named.contains(&f);
+            p.check(ok, || {
+                format!(
+                    "{DEPLOY}/{rel}/{f} is named by no kustomization (examples go to examples/)"
+                )
+            });
+        }
+        // An overlay stands on the base, a sibling: never inside it.
+        if rel.starts_with("overlays/") {
+            p.check(named.contains("../../base"), || {
+                format!("{DEPLOY}/{rel}: an overlay's resources must name ../../base")
+            });
+        }
+    }
+    // Only these directories hold YAML; examples/ is not installed.
+    for d in &docs {
+        let top = d.file.split('/').next().unwrap_or("");
         p.check(
-            d.y.s(&["apiVersion"]).is_some() && !d.kind().is_empty() && !d.name().is_empty(),
+            ["base", "overlays", "components", "examples"].contains(&top),
             || {
                 format!(
-                    "{}: a document needs apiVersion, kind and metadata.name",
+                    "{DEPLOY}/{}: YAML outside base/, overlays/, components/ and examples/",
                     d.file
                 )
             },
         );
+        if !["Kustomization", "Component", "Cluster"].contains(&d.kind()) {
+            p.check(
+                d.y.s(&["apiVersion"]).is_some() && !d.kind().is_empty() && !d.name().is_empty(),
+                || {
+                    format!(
+                        "{}: a document needs apiVersion, kind and metadata.name",
+                        d.file
+                    )
+                },
+            );
+        }
     }
-    p.finish("manifests");
+    p.finish("sources");
+}
+
+#[test]
+fn renders_hold_what_their_components_bring_and_nothing_needing_crds_else() {
+    let mut p = Problems::default();
+    for r in renders() {
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for d in &r.docs {
+            *kinds.entry(d.kind()).or_default() += 1;
+        }
+        println!(
+            "{}: {} objects ({})",
+            r.name,
+            r.docs.len(),
+            kinds
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for d in &r.docs {
+            // The base and the overlays install on a cluster without the
+            // snapshot, CSI-Addons or Prometheus CRDs.
+            let from_component = COMPONENT_KINDS
+                .iter()
+                .any(|(c, ks)| r.has(c) && ks.contains(&d.kind()));
+            p.check(!CRD_KINDS.contains(&d.kind()) || from_component, || {
+                format!(
+                    "{}: needs another project's CRD, and no component of this render brings it",
+                    d.at()
+                )
+            });
+            p.check(
+                d.y.s(&[
+                    "metadata",
+                    "annotations",
+                    "config.kubernetes.io/local-config",
+                ])
+                .is_none(),
+                || format!("{}: a local-config object must not be rendered", d.at()),
+            );
+        }
+        for (c, ks) in COMPONENT_KINDS {
+            for k in *ks {
+                p.check(!r.has(c) || kinds.contains_key(k), || {
+                    format!("[{}]: the {c} component renders no {k}", r.name)
+                });
+            }
+        }
+        p.check(kinds.get("DaemonSet") == Some(&1), || {
+            format!("[{}]: one DaemonSet expected", r.name)
+        });
+    }
+    p.finish("renders");
 }
 
 #[test]
 fn csidriver_storageclass_and_snapshotclass_name_the_driver() {
-    let docs = installed_docs();
-    let ds = one(&docs, "DaemonSet");
-    let (cfg, _) = configmap_config(&docs, ds);
     let defaults = Config::load(&root().join("config/defaults.toml")).unwrap();
     let mut p = Problems::default();
-    p.check(cfg.driver_name == defaults.driver_name, || {
-        format!(
-            "the ConfigMap's driver_name {:?} differs from config/defaults.toml's {:?}",
-            cfg.driver_name, defaults.driver_name
-        )
-    });
-    let d = one(&docs, "CSIDriver");
-    p.check(d.name() == cfg.driver_name, || {
-        format!(
-            "{}: the CSIDriver must be named after driver_name {:?}",
-            d.at(),
-            cfg.driver_name
-        )
-    });
-    for (key, want) in [
-        ("attachRequired", "true"),
-        ("podInfoOnMount", "false"),
-        ("storageCapacity", "true"),
-        ("fsGroupPolicy", "File"),
-    ] {
-        let got = d.y.s(&["spec", key]);
-        p.check(got == Some(want), || {
-            format!("{}: spec.{key} must be {want}, is {got:?}", d.at())
+    for r in renders() {
+        let ds = r.one("DaemonSet");
+        let (cfg, _) = configmap_config(r, ds);
+        p.check(cfg.driver_name == defaults.driver_name, || {
+            format!(
+                "[{}]: the ConfigMap's driver_name {:?} differs from config/defaults.toml's {:?}",
+                r.name, cfg.driver_name, defaults.driver_name
+            )
         });
-    }
-    let modes = d.y.strs(&["spec", "volumeLifecycleModes"]);
-    p.check(modes == ["Persistent"], || {
-        format!(
-            "{}: spec.volumeLifecycleModes must be [Persistent], is {modes:?}",
-            d.at()
-        )
-    });
-
-    let sc = one(&docs, "StorageClass");
-    p.check(sc.y.s(&["provisioner"]) == Some(&cfg.driver_name), || {
-        format!("{}: provisioner must be {:?}", sc.at(), cfg.driver_name)
-    });
-    p.check(
-        sc.y.s(&["volumeBindingMode"]) == Some("WaitForFirstConsumer"),
-        || format!("{}: volumeBindingMode must be WaitForFirstConsumer (the volume lives on the pod's node)", sc.at()),
-    );
-    p.check(sc.y.s(&["allowVolumeExpansion"]) == Some("true"), || {
-        format!("{}: allowVolumeExpansion must be true", sc.at())
-    });
-    if let Some(Y::Map(params)) = sc.y.get("parameters") {
-        for (k, _) in params {
-            p.check(
-                k.starts_with("csi.storage.k8s.io/") || k == "volumeGroup" || k == "thinPool",
-                || format!("{}: the driver refuses the parameter {k:?}", sc.at()),
-            );
+        let d = r.one("CSIDriver");
+        p.check(d.name() == cfg.driver_name, || {
+            format!(
+                "{}: the CSIDriver must be named after driver_name {:?}",
+                d.at(),
+                cfg.driver_name
+            )
+        });
+        for (key, want) in [("podInfoOnMount", "false"), ("fsGroupPolicy", "File")] {
+            let got = d.y.s(&["spec", key]);
+            p.check(got == Some(want), || {
+                format!("{}: spec.{key} must be {want}, is {got:?}", d.at())
+            });
+        }
+        let modes = d.y.strs(&["spec", "volumeLifecycleModes"]);
+        p.check(modes == ["Persistent"], || {
+            format!(
+                "{}: spec.volumeLifecycleModes must be [Persistent], is {modes:?}",
+                d.at()
+            )
+        });
+        let sc = r.one("StorageClass");
+        p.check(sc.y.s(&["provisioner"]) == Some(&cfg.driver_name), || {
+            format!("{}: provisioner must be {:?}", sc.at(), cfg.driver_name)
+        });
+        p.check(
+            sc.y.s(&["volumeBindingMode"]) == Some("WaitForFirstConsumer"),
+            || format!("{}: volumeBindingMode must be WaitForFirstConsumer (the volume lives on the pod's node)", sc.at()),
+        );
+        if let Some(Y::Map(params)) = sc.y.get("parameters") {
+            for (k, _) in params {
+                p.check(
+                    k.starts_with("csi.storage.k8s.io/") || k == "volumeGroup" || k == "thinPool",
+                    || format!("{}: the driver refuses the parameter {k:?}", sc.at()),
+                );
+            }
+        }
+        for vsc in r.all("VolumeSnapshotClass") {
+            p.check(vsc.y.s(&["driver"]) == Some(&cfg.driver_name), || {
+                format!("{}: driver must be {:?}", vsc.at(), cfg.driver_name)
+            });
         }
     }
-    let vsc = one(&docs, "VolumeSnapshotClass");
-    p.check(vsc.y.s(&["driver"]) == Some(&cfg.driver_name), || {
-        format!("{}: driver must be {:?}", vsc.at(), cfg.driver_name)
-    });
-    for d in all_docs() {
-        if let Some(sc_name) = d.y.s(&["spec", "storageClassName"]) {
-            p.check(
-                docs.iter()
-                    .any(|s| s.kind() == "StorageClass" && s.name() == sc_name),
-                || format!("{}: StorageClass {sc_name:?} is not installed", d.at()),
-            );
+    // The examples name classes a render installs.
+    let all: Vec<&Doc> = renders().iter().flat_map(|r| &r.docs).collect();
+    for d in source_docs()
+        .iter()
+        .filter(|d| d.file.starts_with("examples/"))
+    {
+        for (field, kind) in [
+            ("storageClassName", "StorageClass"),
+            ("volumeSnapshotClassName", "VolumeSnapshotClass"),
+        ] {
+            if let Some(name) = d.y.s(&["spec", field]) {
+                p.check(
+                    all.iter().any(|s| s.kind() == kind && s.name() == name),
+                    || format!("{}: {kind} {name:?} is installed by no render", d.at()),
+                );
+            }
         }
     }
     p.finish("CSIDriver, StorageClass, VolumeSnapshotClass");
 }
 
 #[test]
-fn node_daemonset_runs_the_driver_and_every_sidecar() {
-    let docs = installed_docs();
-    let ds = one(&docs, "DaemonSet");
-    let (cfg, config_path) = configmap_config(&docs, ds);
+fn node_daemonset_in_every_render() {
+    let kubelet = kubelet_dir();
+    let version = crate_version();
     let mut p = Problems::default();
+    for r in renders() {
+        node_daemonset(r, &kubelet, &version, &mut p);
+    }
+    p.finish("node DaemonSet");
+}
 
-    // Images: the driver and the six sidecars, nothing else, all pinned.
+fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
+    let ds = r.one("DaemonSet");
+    let (cfg, config_path) = configmap_config(r, ds);
+    let at = ds.at();
+
+    // Images: the driver and the sidecars of the base and of this render's
+    // components, nothing else, all pinned.
     let images: Vec<&str> = containers(ds)
         .iter()
         .map(|c| c.s(&["image"]).unwrap_or(""))
         .collect();
     let repos: BTreeSet<&str> = images.iter().map(|i| image_repo(i)).collect();
-    let want: BTreeSet<&str> = SIDECAR_IMAGES
+    let want: BTreeSet<&str> = SIDECARS
         .iter()
-        .copied()
+        .filter(|s| s.component.is_none_or(|c| r.has(c)))
+        .map(|s| s.repo)
         .chain([DRIVER_IMAGE])
         .collect();
     p.check(repos == want && images.len() == want.len(), || {
-        format!(
-            "{}: containers must run exactly {want:?}, run {images:?}",
-            ds.at()
-        )
+        format!("{at}: containers must run exactly {want:?}, run {images:?}")
     });
     for img in &images {
-        let tag = img.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+        let tag = image_tag(img);
         p.check(
-            tag.starts_with('v') && tag[1..].split('.').count() == 3
-                || image_repo(img) == DRIVER_IMAGE,
-            || {
-                format!(
-                    "{}: image {img:?} must be pinned to a vX.Y.Z release tag",
-                    ds.at()
-                )
-            },
+            image_repo(img) == DRIVER_IMAGE
+                || tag.starts_with('v') && tag[1..].split('.').count() == 3,
+            || format!("{at}: image {img:?} must be pinned to a vX.Y.Z release tag"),
         );
+        p.check(!NEVER.contains(&image_repo(img)), || {
+            format!("{at}: {img} cannot work per node (socket-only, README.md)")
+        });
     }
-    let version = crate_version();
     let driver_image = format!("{DRIVER_IMAGE}:{version}");
     p.check(images.contains(&driver_image.as_str()), || {
-        format!(
-            "{}: the driver image must be {driver_image} (the crate version)",
-            ds.at()
-        )
+        format!("{at}: the driver image must be {driver_image} (the crate version)")
     });
-
     let driver = driver_container(ds);
     p.check(
         driver.s(&["securityContext", "privileged"]) == Some("true"),
-        || format!("{}: the driver container must be privileged", ds.at()),
+        || format!("{at}: the driver container must be privileged"),
+    );
+    p.check(
+        ds.y.s(&[
+            "spec",
+            "template",
+            "metadata",
+            "annotations",
+            "kubectl.kubernetes.io/default-container",
+        ]) == Some("thinpool-csi"),
+        || format!("{at}: kubectl logs/exec must default to the driver container (kubectl.kubernetes.io/default-container)"),
     );
 
-    // Host paths the driver needs, and how they are mounted.
+    // Host paths the driver needs, and how they are mounted. /dev is never
+    // Bidirectional: LVM's nodes are files in the host's devtmpfs, and what
+    // the runtime mounts under the container's /dev must not reach the host.
     for (path, propagation, read_only) in [
-        (KUBELET_DIR, Some("Bidirectional"), false),
-        ("/dev", Some("Bidirectional"), false),
+        (kubelet, Some("Bidirectional"), false),
+        ("/dev", Some("HostToContainer"), false),
         ("/sys", None, false),
         ("/lib/modules", None, true),
         ("/run/lvm", None, false),
@@ -836,42 +1352,42 @@ fn node_daemonset_runs_the_driver_and_every_sidecar() {
         ("/etc/lvm", None, false),
     ] {
         match mount_at(ds, driver, path) {
-            None => p.push(format!("{}: the driver does not mount {path}", ds.at())),
+            None => p.push(format!("{at}: the driver does not mount {path}")),
             Some((m, host)) => {
                 p.check(host == Some(path), || {
-                    format!(
-                        "{}: {path} in the driver must be the host's {path}, is {host:?}",
-                        ds.at()
-                    )
+                    format!("{at}: {path} in the driver must be the host's {path}, is {host:?}")
                 });
                 p.check(m.s(&["mountPropagation"]) == propagation, || {
                     format!(
-                        "{}: {path} needs mountPropagation {propagation:?}, has {:?}",
-                        ds.at(),
+                        "{at}: {path} needs mountPropagation {propagation:?}, has {:?}",
                         m.s(&["mountPropagation"])
                     )
                 });
                 let ro = m.s(&["readOnly"]) == Some("true");
                 p.check(ro == read_only, || {
-                    format!("{}: {path} readOnly must be {read_only}", ds.at())
+                    format!("{at}: {path} readOnly must be {read_only}")
                 });
             }
         }
     }
-    // Mounts that are not Bidirectional must not be nested under one that
-    // is, or the propagation would be lost; and only the driver may use
-    // Bidirectional (it needs privilege).
     for c in containers(ds) {
         for m in c.seq(&["volumeMounts"]) {
-            if m.s(&["mountPropagation"]) == Some("Bidirectional") {
-                p.check(std::ptr::eq(c, driver), || {
-                    format!(
-                        "{}: only the privileged driver may use Bidirectional ({})",
-                        ds.at(),
-                        cname(c)
-                    )
-                });
+            let bidi = m.s(&["mountPropagation"]) == Some("Bidirectional");
+            if !bidi {
+                continue;
             }
+            // Only the privileged driver may use Bidirectional.
+            p.check(std::ptr::eq(c, driver), || {
+                format!(
+                    "{at}: only the privileged driver may use Bidirectional ({})",
+                    cname(c)
+                )
+            });
+            let host = pod_volume(ds, m.s(&["name"]).unwrap_or("")).s(&["hostPath", "path"]);
+            let dev = |x: Option<&str>| x.is_some_and(|x| x == "/dev" || x.starts_with("/dev/"));
+            p.check(!dev(m.s(&["mountPath"])) && !dev(host), || {
+                format!("{at}: {} mounts /dev Bidirectional", cname(c))
+            });
         }
     }
 
@@ -886,34 +1402,27 @@ fn node_daemonset_runs_the_driver_and_every_sidecar() {
         .max_by_key(|(_, mp)| mp.len());
     match state_mount {
         None => p.push(format!(
-            "{}: state_dir {} is not on a mounted volume (it must survive restarts)",
-            ds.at(),
+            "{at}: state_dir {} is not on a mounted volume (it must survive restarts)",
             cfg.state_dir.display()
         )),
         Some((m, mp)) => {
             let host = pod_volume(ds, m.s(&["name"]).unwrap()).s(&["hostPath", "path"]);
-            p.check(host == Some(mp) && mp != "/" && mp != KUBELET_DIR, || {
+            p.check(host == Some(mp) && mp != "/" && mp != kubelet, || {
                 format!(
-                    "{}: state_dir {} must be on its own hostPath at the same path, is {mp} from {host:?}",
-                    ds.at(),
+                    "{at}: state_dir {} must be on its own hostPath at the same path, is {mp} from {host:?}",
                     cfg.state_dir.display()
                 )
             });
         }
     }
-    p.check(
-        cfg.allowed_roots
-            .iter()
-            .any(|r| r == Path::new(KUBELET_DIR)),
-        || {
-            format!(
-                "allowed_roots must contain {KUBELET_DIR}: {:?}",
-                cfg.allowed_roots
-            )
-        },
-    );
+    p.check(cfg.allowed_roots == [PathBuf::from(kubelet)], || {
+        format!(
+            "{at}: allowed_roots must be the kubelet directory [{kubelet:?}] (base/settings.yaml), is {:?}",
+            cfg.allowed_roots
+        )
+    });
     p.check(cfg.udev == UdevMode::Off, || {
-        "the ConfigMap must say udev = \"off\": no udevd runs in the container".to_string()
+        format!("{at}: the ConfigMap must say udev = \"off\": no udevd runs in the container")
     });
 
     // The driver's arguments and environment.
@@ -921,80 +1430,77 @@ fn node_daemonset_runs_the_driver_and_every_sidecar() {
     p.check(
         args.windows(2)
             .any(|w| w[0] == "--node-id" && w[1] == "$(NODE_NAME)"),
-        || {
-            format!(
-                "{}: the driver needs `--node-id $(NODE_NAME)`, has {args:?}",
-                ds.at()
-            )
-        },
+        || format!("{at}: the driver needs `--node-id $(NODE_NAME)`, has {args:?}"),
     );
-    let env = |c: &Y, name: &str| -> Option<String> {
-        c.seq(&["env"])
-            .iter()
-            .find(|e| e.s(&["name"]) == Some(name))
-            .map(|e| {
-                e.s(&["value"])
-                    .map(str::to_string)
-                    .or_else(|| {
-                        e.s(&["valueFrom", "fieldRef", "fieldPath"])
-                            .map(|f| format!("fieldRef:{f}"))
-                    })
-                    .unwrap_or_default()
-            })
-    };
+    p.check(
+        env(driver, "NODE_NAME") == Some("fieldRef:spec.nodeName".into()),
+        || format!("{at}: the driver needs env NODE_NAME from spec.nodeName"),
+    );
     let csi_endpoint = env(driver, "CSI_ENDPOINT").unwrap_or_default();
     let csi_sock = parse_endpoint(&csi_endpoint)
-        .unwrap_or_else(|e| panic!("{}: CSI_ENDPOINT {csi_endpoint:?}: {e}", ds.at()));
+        .unwrap_or_else(|e| panic!("{at}: CSI_ENDPOINT {csi_endpoint:?}: {e}"));
     let addons_sock = parse_endpoint(&cfg.csi_addons_endpoint)
         .unwrap_or_else(|e| panic!("csi_addons_endpoint {:?}: {e}", cfg.csi_addons_endpoint));
     p.check(
         parse_endpoint(&cfg.endpoint).ok().as_deref() == Some(csi_sock.as_path()),
         || {
             format!(
-                "the ConfigMap's endpoint {:?} and CSI_ENDPOINT {csi_endpoint:?} disagree",
+                "{at}: the ConfigMap's endpoint {:?} and CSI_ENDPOINT {csi_endpoint:?} disagree",
                 cfg.endpoint
             )
         },
     );
+    // tpcsi in the container (the readiness probe, `kubectl exec ... tpcsi
+    // probe`) finds the CSI-Addons socket through CSI_ADDONS_ENDPOINT.
+    let tpcsi_addons = env(driver, "CSI_ADDONS_ENDPOINT").unwrap_or_default();
+    p.check(
+        socket_path(&tpcsi_addons) == socket_path(&cfg.csi_addons_endpoint),
+        || {
+            format!(
+                "{at}: the driver container needs CSI_ADDONS_ENDPOINT={} (csi_addons_endpoint), has {tpcsi_addons:?}",
+                cfg.csi_addons_endpoint
+            )
+        },
+    );
     p.check(config_path.starts_with('/'), || {
-        format!("--config {config_path} must be absolute")
+        format!("{at}: --config {config_path} must be absolute")
     });
 
     // The socket directory: the kubelet's plugin dir for this driver, the
     // same for every container.
     let sock_dir = csi_sock.parent().unwrap().to_str().unwrap().to_string();
-    let plugin_dir = format!("{KUBELET_DIR}/plugins/{}", cfg.driver_name);
+    let plugin_dir = format!("{kubelet}/plugins/{}", cfg.driver_name);
     for c in containers(ds) {
         match mount_at(ds, c, &sock_dir) {
             None => p.push(format!(
-                "{}: {} does not mount the socket directory {sock_dir}",
-                ds.at(),
+                "{at}: {} does not mount the socket directory {sock_dir}",
                 cname(c)
             )),
             Some((_, host)) => p.check(host == Some(plugin_dir.as_str()), || {
                 format!(
-                    "{}: {sock_dir} of {} must be the host's {plugin_dir}, is {host:?}",
-                    ds.at(),
+                    "{at}: {sock_dir} of {} must be the host's {plugin_dir}, is {host:?}",
                     cname(c)
                 )
             }),
         }
         if !std::ptr::eq(c, driver) {
-            let want = if image_repo(c.s(&["image"]).unwrap_or("")) == SIDECAR_IMAGES[5] {
+            let want = if image_repo(c.s(&["image"]).unwrap_or("")) == CSI_ADDONS {
                 ("--csi-addons-address", cfg.csi_addons_endpoint.clone())
             } else {
                 ("--csi-address", csi_sock.display().to_string())
             };
             let got = flag(c, want.0);
-            p.check(got.map(socket_path) == Some(socket_path(&want.1)), || {
-                format!(
-                    "{}: {} needs {}={}, has {got:?}",
-                    ds.at(),
-                    cname(c),
-                    want.0,
-                    want.1
-                )
-            });
+            p.check(
+                got.as_deref().map(socket_path) == Some(socket_path(&want.1)),
+                || {
+                    format!(
+                        "{at}: {} needs {}={}, has {got:?}",
+                        cname(c),
+                        want.0,
+                        want.1
+                    )
+                },
+            );
         }
         // Every $(VAR) in args is defined in the container's env.
         for a in c.strs(&["args"]) {
@@ -1007,8 +1513,7 @@ fn node_daemonset_runs_the_driver_and_every_sidecar() {
                 let var = &rest[start + 2..end];
                 p.check(env(c, var).is_some(), || {
                     format!(
-                        "{}: {} uses $({var}) without defining it in env",
-                        ds.at(),
+                        "{at}: {} uses $({var}) without defining it in env",
                         cname(c)
                     )
                 });
@@ -1023,8 +1528,18 @@ fn node_daemonset_runs_the_driver_and_every_sidecar() {
                     .seq(&["volumes"])
                     .iter()
                     .any(|v| v.s(&["name"]) == Some(n)),
-                || format!("{}: {} mounts undefined volume {n:?}", ds.at(), cname(c)),
+                || format!("{at}: {} mounts undefined volume {n:?}", cname(c)),
             );
+        }
+        // Sizes (base/resources.yaml, or next to a component's container).
+        for (path, what) in [
+            (&["resources", "requests", "cpu"][..], "a CPU request"),
+            (&["resources", "requests", "memory"][..], "a memory request"),
+            (&["resources", "limits", "memory"][..], "a memory limit"),
+        ] {
+            p.check(c.s(path).is_some(), || {
+                format!("{at}: {} has no {what}", cname(c))
+            });
         }
     }
     p.check(addons_sock.parent() == csi_sock.parent(), || {
@@ -1033,120 +1548,195 @@ fn node_daemonset_runs_the_driver_and_every_sidecar() {
             addons_sock.display()
         )
     });
+    // Container ports are unique in the pod (one network namespace).
+    let mut ports = BTreeMap::new();
+    for c in containers(ds) {
+        for port in c.seq(&["ports"]) {
+            let n = port.s(&["containerPort"]).unwrap_or("");
+            if let Some(other) = ports.insert(n.to_string(), cname(c)) {
+                p.push(format!(
+                    "{at}: port {n} is claimed by {other} and {}",
+                    cname(c)
+                ));
+            }
+        }
+    }
 
     // node-driver-registrar tells the kubelet the host path of the socket.
-    let reg = container_by_image(ds, SIDECAR_IMAGES[0]);
+    let reg = container_by_image(ds, REGISTRAR);
     let want_reg = format!(
         "{plugin_dir}/{}",
         csi_sock.file_name().unwrap().to_str().unwrap()
     );
-    p.check(
-        flag(reg, "--kubelet-registration-path") == Some(want_reg.as_str()),
-        || {
-            format!(
-                "{}: node-driver-registrar needs --kubelet-registration-path={want_reg}",
-                ds.at()
-            )
-        },
-    );
+    let got_reg = flag(reg, "--kubelet-registration-path");
+    p.check(got_reg.as_deref() == Some(want_reg.as_str()), || {
+        format!("{at}: node-driver-registrar needs --kubelet-registration-path={want_reg}, has {got_reg:?}")
+    });
     match mount_at(ds, reg, "/registration") {
         Some((_, host)) => p.check(
-            host == Some(format!("{KUBELET_DIR}/plugins_registry").as_str()),
-            || {
-                format!(
-                    "{}: /registration must be the host's {KUBELET_DIR}/plugins_registry",
-                    ds.at()
-                )
-            },
+            host == Some(format!("{kubelet}/plugins_registry").as_str()),
+            || format!("{at}: /registration must be the host's {kubelet}/plugins_registry, is {host:?}"),
         ),
-        None => p.push(format!(
-            "{}: node-driver-registrar does not mount /registration",
-            ds.at()
-        )),
+        None => p.push(format!("{at}: node-driver-registrar does not mount /registration")),
     }
 
-    // Distributed provisioning with capacity tracking.
-    let prov = container_by_image(ds, SIDECAR_IMAGES[1]);
-    for (f, v) in [
-        ("--node-deployment", Some("true")),
-        ("--enable-capacity", Some("true")),
-        ("--capacity-ownerref-level", None),
-    ] {
-        let got = flag(prov, f);
-        p.check(got.is_some() && (v.is_none() || got == v), || {
+    // Health. The liveness-probe sidecar serves the driver's liveness (it
+    // calls Probe) on a port of its own, not the metrics port; the
+    // registrar serves its own /healthz; readiness is `tpcsi probe`.
+    let metrics_port: Option<u16> = cfg
+        .metrics_address
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok());
+    let live = container_by_image(ds, LIVENESS);
+    let live_port = endpoint_port(live);
+    p.check(live_port.is_some() && flag(live, "--health-port").is_none(), || {
+        format!("{at}: livenessprobe needs --http-endpoint=:PORT (not --health-port, whose default is 9808)")
+    });
+    p.check(live_port.is_some() && live_port != metrics_port, || {
+        format!("{at}: livenessprobe's port {live_port:?} collides with the driver's metrics ({metrics_port:?})")
+    });
+    for probe in ["livenessProbe", "startupProbe"] {
+        let port = probe_port(driver, probe);
+        p.check(port.is_some() && port == live_port, || {
             format!(
-                "{}: csi-provisioner needs {f}{}",
-                ds.at(),
-                v.map(|v| format!("={v}")).unwrap_or_default()
+                "{at}: the driver's {probe} must GET the livenessprobe's /healthz (port {live_port:?}), gets {port:?}"
             )
         });
     }
+    let ready = driver.strs(&["readinessProbe", "exec", "command"]);
+    p.check(
+        ready
+            .first()
+            .is_some_and(|c| c.rsplit('/').next() == Some("tpcsi"))
+            && ready.iter().any(|a| a == "probe"),
+        || format!("{at}: the driver's readinessProbe must exec `tpcsi probe`, is {ready:?}"),
+    );
+    let reg_port = endpoint_port(reg);
+    let reg_probe = probe_port(reg, "livenessProbe");
+    p.check(reg_port.is_some() && reg_probe == reg_port, || {
+        format!(
+            "{at}: node-driver-registrar needs --http-endpoint=:PORT and a livenessProbe on it, has {reg_port:?} and {reg_probe:?}"
+        )
+    });
+
+    // Per-node mode: the flags and NODE_NAME on every sidecar that has one.
+    for s in SIDECARS.iter().filter(|s| !s.per_node.is_empty()) {
+        let Some(c) = find_container(ds, s.repo) else {
+            continue;
+        };
+        for (f, v) in s.per_node {
+            let got = flag(c, f);
+            p.check(got.as_deref() == Some(*v), || {
+                format!(
+                    "{at}: {} needs {f}={v} (per-node mode), has {got:?}",
+                    cname(c)
+                )
+            });
+        }
+        p.check(
+            env(c, "NODE_NAME") == Some("fieldRef:spec.nodeName".into()),
+            || {
+                format!(
+                    "{at}: {} needs env NODE_NAME from spec.nodeName (per-node mode)",
+                    cname(c)
+                )
+            },
+        );
+    }
+    // Distributed provisioning with capacity tracking.
+    let prov = container_by_image(ds, PROVISIONER);
+    for (f, v) in [
+        ("--enable-capacity", Some("true")),
+        ("--capacity-ownerref-level", Some("1")),
+        ("--strict-topology", Some("true")),
+    ] {
+        let got = flag(prov, f);
+        p.check(
+            got.is_some() && (v.is_none() || got.as_deref() == v),
+            || {
+                format!(
+                    "{at}: csi-provisioner needs {f}{}",
+                    v.map(|v| format!("={v}")).unwrap_or_default()
+                )
+            },
+        );
+    }
     for (var, field) in [
-        ("NODE_NAME", "spec.nodeName"),
         ("NAMESPACE", "metadata.namespace"),
         ("POD_NAME", "metadata.name"),
     ] {
         p.check(env(prov, var) == Some(format!("fieldRef:{field}")), || {
-            format!("{}: csi-provisioner needs env {var} from {field}", ds.at())
+            format!("{at}: csi-provisioner needs env {var} from {field}")
         });
     }
-    // Distributed snapshotting.
-    let snap = container_by_image(ds, SIDECAR_IMAGES[4]);
-    p.check(flag(snap, "--node-deployment") == Some("true"), || {
-        format!("{}: csi-snapshotter needs --node-deployment=true", ds.at())
-    });
-    p.check(
-        env(snap, "NODE_NAME") == Some("fieldRef:spec.nodeName".into()),
-        || {
-            format!(
-                "{}: csi-snapshotter needs env NODE_NAME from spec.nodeName",
-                ds.at()
-            )
-        },
-    );
     // Per-node sidecars must not elect one leader for the cluster.
-    for repo in &SIDECAR_IMAGES[..5] {
-        let c = container_by_image(ds, repo);
+    for c in containers(ds) {
+        let repo = image_repo(c.s(&["image"]).unwrap_or(""));
+        if repo == CSI_ADDONS || repo == DRIVER_IMAGE {
+            continue;
+        }
         let elects = c
             .strs(&["args"])
             .iter()
             .any(|a| a == "--leader-election" || a == "--leader-election=true");
         p.check(!elects, || {
             format!(
-                "{}: {} must not use leader election: it serves its node only",
-                ds.at(),
+                "{at}: {} must not use leader election: it serves its node only",
                 cname(c)
             )
         });
     }
     // csi-addons: same node id as the driver; staging path under the
     // kubelet directory.
-    let addons = container_by_image(ds, SIDECAR_IMAGES[5]);
-    p.check(flag(addons, "--node-id") == Some("$(NODE_NAME)"), || {
-        format!(
-            "{}: csi-addons needs --node-id=$(NODE_NAME), the driver's node id",
-            ds.at()
-        )
-    });
-    let staging = flag(addons, "--stagingpath").unwrap_or("");
-    p.check(
-        Path::new(staging).starts_with(KUBELET_DIR) && !staging.contains(".."),
-        || {
-            format!(
-                "{}: csi-addons --stagingpath {staging:?} must be under {KUBELET_DIR}",
-                ds.at()
-            )
-        },
-    );
-    for f in ["--controller-port", "--pod", "--namespace", "--pod-uid"] {
-        p.check(flag(addons, f).is_some(), || {
-            format!(
-                "{}: csi-addons needs {f} (the CSI-Addons controller connects to it)",
-                ds.at()
-            )
-        });
+    if let Some(addons) = find_container(ds, CSI_ADDONS) {
+        p.check(
+            addons.strs(&["args"]).iter().any(|a| a == "--node-id=$(NODE_NAME)")
+                && env(addons, "NODE_NAME") == Some("fieldRef:spec.nodeName".into()),
+            || format!("{at}: csi-addons needs --node-id=$(NODE_NAME) from spec.nodeName, the driver's node id"),
+        );
+        let staging = flag(addons, "--stagingpath").unwrap_or_default();
+        p.check(
+            staging == format!("{kubelet}/plugins/kubernetes.io/csi/"),
+            || format!("{at}: csi-addons --stagingpath {staging:?} must be {kubelet}/plugins/kubernetes.io/csi/"),
+        );
+        for f in ["--controller-port", "--pod", "--namespace", "--pod-uid"] {
+            p.check(flag(addons, f).is_some(), || {
+                format!("{at}: csi-addons needs {f} (the CSI-Addons controller connects to it)")
+            });
+        }
     }
-    p.finish("node DaemonSet");
+
+    // Operator settings: a priority class that is rendered (or a system
+    // one), every taint tolerated, and a node affinity that the
+    // maintenance label turns off in every term.
+    let spec = pod_spec(ds);
+    let prio = spec.s(&["priorityClassName"]).unwrap_or("");
+    p.check(
+        prio.starts_with("system-") || r.all("PriorityClass").any(|d| d.name() == prio),
+        || format!("{at}: priorityClassName {prio:?} is neither rendered nor a system class"),
+    );
+    p.check(
+        spec.seq(&["tolerations"])
+            .iter()
+            .any(|t| t.s(&["operator"]) == Some("Exists") && t.get("key").is_none()),
+        || format!("{at}: the plugin must tolerate every taint (it unmounts the volumes of pods on tainted nodes)"),
+    );
+    let terms = spec.seq(&[
+        "affinity",
+        "nodeAffinity",
+        "requiredDuringSchedulingIgnoredDuringExecution",
+        "nodeSelectorTerms",
+    ]);
+    p.check(
+        !terms.is_empty()
+            && terms.iter().all(|t| {
+                t.seq(&["matchExpressions"]).iter().any(|e| {
+                    e.s(&["key"]) == Some(MAINTENANCE_LABEL)
+                        && e.s(&["operator"]) == Some("DoesNotExist")
+                })
+            }),
+        || format!("{at}: every node affinity term must exclude nodes labelled {MAINTENANCE_LABEL} (the maintenance recipe)"),
+    );
 }
 
 /// (namespace, name) of a ServiceAccount.
@@ -1155,55 +1745,26 @@ type ServiceAccountKey = (String, String);
 type Grant = (String, String, String, String);
 
 #[test]
-fn service_accounts_and_rbac_are_consistent() {
-    let docs = installed_docs();
+fn service_accounts_and_rbac_in_every_render() {
     let mut p = Problems::default();
-    let namespaces: BTreeSet<&str> = docs
-        .iter()
-        .filter(|d| d.kind() == "Namespace")
-        .map(|d| d.name())
-        .collect();
-    let cluster_scoped = [
-        "Namespace",
-        "CSIDriver",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "StorageClass",
-        "VolumeSnapshotClass",
-    ];
-    for d in &docs {
-        if cluster_scoped.contains(&d.kind()) {
-            p.check(d.ns().is_empty(), || {
-                format!("{}: cluster-scoped, has a namespace", d.at())
-            });
-        } else {
-            p.check(namespaces.contains(d.ns()), || {
-                format!("{}: namespace {:?} is not installed", d.at(), d.ns())
-            });
-        }
+    for r in renders() {
+        rbac(r, &mut p);
     }
-    let sas: BTreeSet<(&str, &str)> = docs
-        .iter()
-        .filter(|d| d.kind() == "ServiceAccount")
+    p.finish("ServiceAccounts and RBAC");
+}
+
+/// The rules each ServiceAccount of a render is granted.
+fn grants(r: &Render, p: &mut Problems) -> BTreeMap<ServiceAccountKey, BTreeSet<Grant>> {
+    let docs = &r.docs;
+    let sas: BTreeSet<(&str, &str)> = r
+        .all("ServiceAccount")
         .map(|d| (d.ns(), d.name()))
         .collect();
-    for d in docs.iter().filter(|d| d.kind() == "DaemonSet") {
-        let sa = pod_spec(d).s(&["serviceAccountName"]).unwrap_or("default");
-        p.check(sas.contains(&(d.ns(), sa)), || {
-            format!(
-                "{}: ServiceAccount {}/{sa} is not installed",
-                d.at(),
-                d.ns()
-            )
-        });
-    }
-    // Every binding names an installed role and service account.
     let roles: BTreeSet<(&str, &str, &str)> = docs
         .iter()
         .filter(|d| d.kind() == "Role" || d.kind() == "ClusterRole")
         .map(|d| (d.kind(), d.ns(), d.name()))
         .collect();
-    // Rules each ServiceAccount gets: (apiGroup, resource, verb, namespace or "").
     let mut granted: BTreeMap<ServiceAccountKey, BTreeSet<Grant>> = BTreeMap::new();
     for b in docs
         .iter()
@@ -1214,7 +1775,7 @@ fn service_accounts_and_rbac_are_consistent() {
         let ns = if kind == "Role" { b.ns() } else { "" };
         let ok_kind = kind == "ClusterRole" || (kind == "Role" && b.kind() == "RoleBinding");
         p.check(ok_kind && roles.contains(&(kind, ns, name)), || {
-            format!("{}: roleRef {kind}/{name} is not installed", b.at())
+            format!("{}: roleRef {kind}/{name} is not rendered", b.at())
         });
         let role = docs
             .iter()
@@ -1224,7 +1785,7 @@ fn service_accounts_and_rbac_are_consistent() {
             let sns = s.s(&["namespace"]).unwrap_or(b.ns());
             p.check(sk == "ServiceAccount" && sas.contains(&(sns, sn)), || {
                 format!(
-                    "{}: subject {sk} {sns}/{sn} is not an installed ServiceAccount",
+                    "{}: subject {sk} {sns}/{sn} is not a rendered ServiceAccount",
                     b.at()
                 )
             });
@@ -1239,188 +1800,510 @@ fn service_accounts_and_rbac_are_consistent() {
                 .or_default();
             for rule in role.y.seq(&["rules"]) {
                 for g in rule.strs(&["apiGroups"]) {
-                    for r in rule.strs(&["resources"]) {
+                    for res in rule.strs(&["resources"]) {
                         for v in rule.strs(&["verbs"]) {
-                            set.insert((g.clone(), r.clone(), v, scope.to_string()));
+                            set.insert((g.clone(), res.clone(), v, scope.to_string()));
                         }
                     }
                 }
             }
         }
     }
-    // Spot checks of what each sidecar cannot work without.
-    let ds = one(&docs, "DaemonSet");
+    granted
+}
+
+fn rbac(r: &Render, p: &mut Problems) {
+    let docs = &r.docs;
+    let namespaces: BTreeSet<&str> = r.all("Namespace").map(|d| d.name()).collect();
+    let cluster_scoped = [
+        "Namespace",
+        "CSIDriver",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "StorageClass",
+        "VolumeSnapshotClass",
+        "PriorityClass",
+    ];
+    for d in docs {
+        if cluster_scoped.contains(&d.kind()) {
+            p.check(d.ns().is_empty(), || {
+                format!("{}: cluster-scoped, has a namespace", d.at())
+            });
+        } else {
+            p.check(namespaces.contains(d.ns()), || {
+                format!("{}: namespace {:?} is not rendered", d.at(), d.ns())
+            });
+        }
+    }
+    let ds = r.one("DaemonSet");
     let sa = pod_spec(ds).s(&["serviceAccountName"]).unwrap_or("default");
+    p.check(
+        r.all("ServiceAccount")
+            .any(|d| d.ns() == ds.ns() && d.name() == sa),
+        || {
+            format!(
+                "{}: ServiceAccount {}/{sa} is not rendered",
+                ds.at(),
+                ds.ns()
+            )
+        },
+    );
+    let granted = grants(r, p);
     let rules = granted
         .get(&(ds.ns().to_string(), sa.to_string()))
         .cloned()
         .unwrap_or_default();
     let has = |group: &str, resource: &str, verb: &str, namespaced: bool| {
-        rules.iter().any(|(g, r, v, scope)| {
+        rules.iter().any(|(g, res, v, scope)| {
             g == group
-                && r == resource
+                && res == resource
                 && v == verb
                 && (scope.is_empty() || (namespaced && scope == ds.ns()))
         })
     };
-    for (who, group, resource, verbs, namespaced) in [
+    // What each sidecar this render runs cannot work without.
+    type Need = (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static [&'static str],
+        bool,
+    );
+    let needs: &[(&str, &[Need])] = &[
         (
-            "csi-provisioner",
-            "",
-            "persistentvolumes",
-            &["create", "delete", "watch"][..],
-            false,
+            PROVISIONER,
+            &[
+                (
+                    "csi-provisioner",
+                    "",
+                    "persistentvolumes",
+                    &["create", "delete", "watch", "patch"],
+                    false,
+                ),
+                (
+                    "csi-provisioner",
+                    "",
+                    "persistentvolumeclaims",
+                    &["update", "watch"],
+                    false,
+                ),
+                (
+                    "csi-provisioner",
+                    "storage.k8s.io",
+                    "storageclasses",
+                    &["list", "watch"],
+                    false,
+                ),
+                (
+                    "csi-provisioner",
+                    "storage.k8s.io",
+                    "volumeattachments",
+                    &["list", "watch"],
+                    false,
+                ),
+                (
+                    "csi-provisioner (capacity)",
+                    "storage.k8s.io",
+                    "csistoragecapacities",
+                    &["create", "update", "delete", "list", "watch"],
+                    true,
+                ),
+                (
+                    "csi-provisioner (capacity owner)",
+                    "",
+                    "pods",
+                    &["get"],
+                    true,
+                ),
+                (
+                    "csi-provisioner (capacity owner)",
+                    "apps",
+                    "daemonsets",
+                    &["get"],
+                    true,
+                ),
+                (
+                    "csi-provisioner (restore)",
+                    "snapshot.storage.k8s.io",
+                    "volumesnapshots",
+                    &["get", "update"],
+                    false,
+                ),
+                (
+                    "csi-provisioner (VolumeAttributesClass)",
+                    "storage.k8s.io",
+                    "volumeattributesclasses",
+                    &["get"],
+                    false,
+                ),
+                (
+                    "csi-provisioner (events)",
+                    "",
+                    "events",
+                    &["create", "patch"],
+                    false,
+                ),
+            ],
         ),
         (
-            "csi-provisioner",
-            "",
-            "persistentvolumeclaims",
-            &["update", "watch"][..],
-            false,
+            ATTACHER,
+            &[
+                (
+                    "csi-attacher",
+                    "storage.k8s.io",
+                    "volumeattachments",
+                    &["watch", "patch"],
+                    false,
+                ),
+                (
+                    "csi-attacher",
+                    "storage.k8s.io",
+                    "volumeattachments/status",
+                    &["patch"],
+                    false,
+                ),
+                (
+                    "csi-attacher",
+                    "",
+                    "persistentvolumes",
+                    &["watch", "patch"],
+                    false,
+                ),
+                (
+                    "csi-attacher",
+                    "storage.k8s.io",
+                    "csinodes",
+                    &["get", "list", "watch"],
+                    false,
+                ),
+            ],
         ),
         (
-            "csi-provisioner",
-            "storage.k8s.io",
-            "storageclasses",
-            &["list", "watch"][..],
-            false,
+            RESIZER,
+            &[
+                (
+                    "csi-resizer",
+                    "",
+                    "persistentvolumeclaims/status",
+                    &["patch"],
+                    false,
+                ),
+                (
+                    "csi-resizer",
+                    "",
+                    "persistentvolumes",
+                    &["patch", "watch"],
+                    false,
+                ),
+                (
+                    "csi-resizer (in use)",
+                    "",
+                    "pods",
+                    &["list", "watch"],
+                    false,
+                ),
+                (
+                    "csi-resizer",
+                    "storage.k8s.io",
+                    "volumeattributesclasses",
+                    &["list", "watch"],
+                    false,
+                ),
+            ],
         ),
         (
-            "csi-provisioner",
-            "storage.k8s.io",
-            "csinodes",
-            &["get", "list", "watch"][..],
-            false,
+            SNAPSHOTTER,
+            &[
+                (
+                    "csi-snapshotter",
+                    "snapshot.storage.k8s.io",
+                    "volumesnapshotcontents",
+                    &["watch", "update", "patch"],
+                    false,
+                ),
+                (
+                    "csi-snapshotter",
+                    "snapshot.storage.k8s.io",
+                    "volumesnapshotcontents/status",
+                    &["update", "patch"],
+                    false,
+                ),
+                (
+                    "csi-snapshotter",
+                    "snapshot.storage.k8s.io",
+                    "volumesnapshotclasses",
+                    &["get", "list", "watch"],
+                    false,
+                ),
+            ],
         ),
         (
-            "csi-provisioner",
-            "",
-            "nodes",
-            &["get", "list", "watch"][..],
-            false,
+            CSI_ADDONS,
+            &[
+                (
+                    "csi-addons",
+                    "csiaddons.openshift.io",
+                    "csiaddonsnodes",
+                    &["create", "get", "update", "watch", "delete"],
+                    true,
+                ),
+                (
+                    "csi-addons (leader election)",
+                    "coordination.k8s.io",
+                    "leases",
+                    &["get", "create", "update"],
+                    true,
+                ),
+                (
+                    "csi-addons (auth)",
+                    "authentication.k8s.io",
+                    "tokenreviews",
+                    &["create"],
+                    false,
+                ),
+                (
+                    "csi-addons (reclaim)",
+                    "",
+                    "persistentvolumes",
+                    &["get"],
+                    false,
+                ),
+            ],
         ),
-        (
-            "csi-provisioner (capacity)",
-            "storage.k8s.io",
-            "csistoragecapacities",
-            &["create", "update", "delete", "list", "watch"][..],
-            true,
-        ),
-        (
-            "csi-provisioner (capacity owner)",
-            "",
-            "pods",
-            &["get"][..],
-            true,
-        ),
-        (
-            "csi-provisioner (restore)",
-            "snapshot.storage.k8s.io",
-            "volumesnapshots",
-            &["get"][..],
-            false,
-        ),
-        (
-            "csi-attacher",
-            "storage.k8s.io",
-            "volumeattachments",
-            &["watch", "patch"][..],
-            false,
-        ),
-        (
-            "csi-attacher",
-            "storage.k8s.io",
-            "volumeattachments/status",
-            &["patch"][..],
-            false,
-        ),
-        (
-            "csi-attacher",
-            "",
-            "persistentvolumes",
-            &["watch", "patch"][..],
-            false,
-        ),
-        (
-            "csi-resizer",
-            "",
-            "persistentvolumeclaims/status",
-            &["patch"][..],
-            false,
-        ),
-        (
-            "csi-resizer",
-            "",
-            "persistentvolumes",
-            &["patch"][..],
-            false,
-        ),
-        (
-            "csi-snapshotter",
-            "snapshot.storage.k8s.io",
-            "volumesnapshotcontents",
-            &["watch", "update", "patch"][..],
-            false,
-        ),
-        (
-            "csi-snapshotter",
-            "snapshot.storage.k8s.io",
-            "volumesnapshotcontents/status",
-            &["update"][..],
-            false,
-        ),
-        (
-            "csi-snapshotter",
-            "snapshot.storage.k8s.io",
-            "volumesnapshotclasses",
-            &["get"][..],
-            false,
-        ),
-        (
-            "csi-addons",
-            "csiaddons.openshift.io",
-            "csiaddonsnodes",
-            &["create", "get", "update", "watch", "delete"][..],
-            true,
-        ),
-        (
-            "csi-addons (leader election)",
-            "coordination.k8s.io",
-            "leases",
-            &["get", "create", "update"][..],
-            true,
-        ),
-        (
-            "csi-addons (auth)",
-            "authentication.k8s.io",
-            "tokenreviews",
-            &["create"][..],
-            false,
-        ),
-        (
-            "csi-addons (reclaim)",
-            "",
-            "persistentvolumes",
-            &["get"][..],
-            false,
-        ),
-        (
-            "sidecars (events)",
-            "",
-            "events",
-            &["create", "patch"][..],
-            false,
-        ),
-    ] {
-        for v in verbs {
-            p.check(has(group, resource, v, namespaced), || {
+    ];
+    for (repo, list) in needs {
+        if find_container(ds, repo).is_none() {
+            continue;
+        }
+        for (who, group, resource, verbs, namespaced) in *list {
+            for v in *verbs {
+                p.check(has(group, resource, v, *namespaced), || {
+                    format!(
+                        "[{}] ServiceAccount {}/{sa}: {who} needs `{v}` on {resource} ({})",
+                        r.name,
+                        ds.ns(),
+                        if group.is_empty() { "core" } else { group }
+                    )
+                });
+            }
+        }
+    }
+    // Least privilege: what no sidecar here uses is granted to nobody.
+    for (sa_key, set) in &granted {
+        for (g, res, v, _) in set {
+            let what = format!(
+                "[{}] {}/{}: `{v}` on {res} ({g})",
+                r.name, sa_key.0, sa_key.1
+            );
+            p.check(g != "*" && res != "*" && v != "*", || {
+                format!("{what}: no wildcards")
+            });
+            p.check(res != "secrets", || {
+                format!("{what}: no secrets (no class names one)")
+            });
+            p.check(res != "nodes", || {
+                format!("{what}: per-node sidecars read no Node (the provisioner builds its own from NodeGetInfo)")
+            });
+            p.check(!(res == "events" && (v == "list" || v == "watch")), || {
+                format!("{what}: events are only written")
+            });
+            p.check(g != "groupsnapshot.storage.k8s.io", || {
+                format!("{what}: group snapshots are socket-only")
+            });
+            p.check(res != "leases" || find_container(ds, CSI_ADDONS).is_some(), || {
+                format!("{what}: no leases without the csi-addons sidecar (the others elect no leader)")
+            });
+            p.check(
+                res != "csinodes" || find_container(ds, ATTACHER).is_some(),
+                || format!("{what}: only the attacher reads CSINodes"),
+            );
+        }
+    }
+}
+
+/// The plugin capabilities identity.rs advertises, by their proto names
+/// (`ControllerService`, ...): read from its source, where
+/// GetPluginCapabilities builds them inline.
+fn plugin_capabilities() -> BTreeSet<String> {
+    let src = read("src/grpc/identity.rs");
+    let mut out = BTreeSet::new();
+    for marker in ["service::Type::", "volume_expansion::Type::"] {
+        let mut rest = src.as_str();
+        while let Some(i) = rest.find(marker) {
+            rest = &rest[i + marker.len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            if marker.starts_with("volume") {
+                out.insert(format!("VolumeExpansion{name}"));
+            } else {
+                out.insert(name);
+            }
+        }
+    }
+    assert!(
+        out.contains("ControllerService"),
+        "no plugin capability found in src/grpc/identity.rs: {out:?}"
+    );
+    out
+}
+
+#[test]
+fn capabilities_agree_with_the_sidecars() {
+    let ctrl = thinpool_csi::grpc::controller::CAPABILITIES;
+    let node = thinpool_csi::grpc::node::CAPABILITIES;
+    let plugin = plugin_capabilities();
+    // The driver's CSI-Addons identity: CONTROLLER_SERVICE makes the
+    // csi-addons sidecar take part in a leader election.
+    let addons_controller = thinpool_csi::grpc::addons::capabilities().iter().any(|c| {
+        matches!(&c.r#type, Some(AddonsCap::Service(s))
+                if s.r#type == AddonsService::ControllerService as i32)
+    });
+    let readme = read(&format!("{DEPLOY}/README.md"));
+    let mut p = Problems::default();
+    let mut snapshotter_somewhere = false;
+    for r in renders() {
+        let ds = r.one("DaemonSet");
+        let at = ds.at();
+        let runs = |repo: &str| find_container(ds, repo).is_some();
+        let csidriver = r.one("CSIDriver");
+        let spec = |k: &str| csidriver.y.s(&["spec", k]) == Some("true");
+        // Every controller sidecar needs CONTROLLER_SERVICE (the resizer and
+        // the provisioner exit without it).
+        for repo in [PROVISIONER, ATTACHER, RESIZER, SNAPSHOTTER] {
+            p.check(!runs(repo) || plugin.contains("ControllerService"), || {
+                format!("{at}: {repo} runs, the driver advertises no CONTROLLER_SERVICE")
+            });
+        }
+        // CreateVolume/DeleteVolume: the provisioner, per node, which needs
+        // topology to find its own volumes.
+        p.check(
+            ctrl.contains(&Ctrl::CreateDeleteVolume) == runs(PROVISIONER),
+            || {
                 format!(
-                    "ServiceAccount {}/{sa}: {who} needs `{v}` on {resource} ({})",
-                    ds.ns(),
-                    if group.is_empty() { "core" } else { group }
+                    "{at}: CREATE_DELETE_VOLUME advertised {} but csi-provisioner runs {}",
+                    ctrl.contains(&Ctrl::CreateDeleteVolume),
+                    runs(PROVISIONER)
                 )
+            },
+        );
+        p.check(plugin.contains("VolumeAccessibilityConstraints"), || {
+            format!("{at}: --node-deployment needs VOLUME_ACCESSIBILITY_CONSTRAINTS (each node deletes only what its topology holds)")
+        });
+        // ControllerPublish: the attacher, and attachRequired.
+        let publish = ctrl.contains(&Ctrl::PublishUnpublishVolume);
+        p.check(publish == runs(ATTACHER) && publish == spec("attachRequired"), || {
+            format!(
+                "{at}: PUBLISH_UNPUBLISH_VOLUME advertised {publish}, csi-attacher runs {}, CSIDriver attachRequired {}",
+                runs(ATTACHER),
+                spec("attachRequired")
+            )
+        });
+        // The attacher has no per-node mode: with LIST_VOLUMES_PUBLISHED_NODES
+        // every node's instance would reconcile every VolumeAttachment
+        // against its own volumes.
+        p.check(!ctrl.contains(&Ctrl::ListVolumesPublishedNodes) || !runs(ATTACHER), || {
+            format!("{at}: LIST_VOLUMES_PUBLISHED_NODES with a per-node attacher would detach other nodes' volumes in its reconciler")
+        });
+        // GetCapacity: capacity tracking on, storageCapacity on.
+        let capacity = ctrl.contains(&Ctrl::GetCapacity);
+        let enabled = flag(container_by_image(ds, PROVISIONER), "--enable-capacity").as_deref()
+            == Some("true");
+        p.check(capacity == enabled && capacity == spec("storageCapacity"), || {
+            format!("{at}: GET_CAPACITY advertised {capacity}, --enable-capacity {enabled}, CSIDriver storageCapacity {}", spec("storageCapacity"))
+        });
+        // Expansion: the resizer (the trivial resizer when only the node
+        // expands), and a class that allows it.
+        let ctrl_expand = ctrl.contains(&Ctrl::ExpandVolume);
+        let node_expand = node.contains(&NodeCap::ExpandVolume);
+        let modify = ctrl.contains(&Ctrl::ModifyVolume);
+        p.check(runs(RESIZER) == (ctrl_expand || node_expand || modify), || {
+            format!("{at}: csi-resizer runs {} but controller EXPAND_VOLUME {ctrl_expand}, node EXPAND_VOLUME {node_expand}, MODIFY_VOLUME {modify}", runs(RESIZER))
+        });
+        p.check(!ctrl_expand || plugin.iter().any(|c| c.starts_with("VolumeExpansion")), || {
+            format!("{at}: controller EXPAND_VOLUME without the plugin's VolumeExpansion capability")
+        });
+        let sc = r.one("StorageClass");
+        let allows = sc.y.s(&["allowVolumeExpansion"]) == Some("true");
+        p.check(allows == (ctrl_expand || node_expand), || {
+            format!("{}: allowVolumeExpansion {allows}, but the driver expands: controller {ctrl_expand}, node {node_expand}", sc.at())
+        });
+        // Snapshots: the snapshotter only where the driver cuts them, and a
+        // VolumeSnapshotClass only where a snapshotter runs.
+        let snaps = ctrl.contains(&Ctrl::CreateDeleteSnapshot);
+        snapshotter_somewhere |= runs(SNAPSHOTTER);
+        p.check(!runs(SNAPSHOTTER) || snaps, || {
+            format!("{at}: csi-snapshotter runs, the driver advertises no CREATE_DELETE_SNAPSHOT")
+        });
+        p.check(
+            r.all("VolumeSnapshotClass").next().is_none() || runs(SNAPSHOTTER),
+            || {
+                format!(
+                    "[{}]: a VolumeSnapshotClass without a csi-snapshotter",
+                    r.name
+                )
+            },
+        );
+        // Group snapshots and SnapshotMetadata are socket-only: nothing wires
+        // them (a per-node snapshotter never sees a group's contents, and the
+        // snapshot-metadata sidecar has one address per driver).
+        if let Some(c) = find_container(ds, SNAPSHOTTER) {
+            let gates = flag(c, "--feature-gates").unwrap_or_default();
+            p.check(!gates.contains("CSIVolumeGroupSnapshot=true"), || {
+                format!("{at}: group snapshots are socket-only; the per-node csi-snapshotter cannot serve them")
+            });
+        }
+        p.check(r.all("VolumeGroupSnapshotClass").next().is_none(), || {
+            format!(
+                "[{}]: a VolumeGroupSnapshotClass, but group snapshots are socket-only",
+                r.name
+            )
+        });
+        p.check(
+            r.all("SnapshotMetadataService").next().is_none() && NEVER.iter().all(|n| !runs(n)),
+            || format!("[{}]: SnapshotMetadata is socket-only", r.name),
+        );
+        // CSI-Addons: the sidecar talks to the driver's CSI-Addons socket; a
+        // driver that is its own controller there elects a leader on a lease.
+        if runs(CSI_ADDONS) {
+            let (cfg, _) = configmap_config(r, ds);
+            p.check(!cfg.csi_addons_endpoint.is_empty(), || {
+                format!("{at}: csi-addons runs, the driver serves no CSI-Addons socket")
+            });
+            let leases =
+                grants(r, &mut Problems::default())
+                    .values()
+                    .flatten()
+                    .any(|(g, res, v, _)| {
+                        g == "coordination.k8s.io" && res == "leases" && v == "update"
+                    });
+            p.check(!addons_controller || leases, || {
+                format!("[{}]: the driver's CSI-Addons identity is a controller: csi-addons needs leases", r.name)
             });
         }
     }
-    p.finish("ServiceAccounts and RBAC");
+    p.check(
+        !ctrl.contains(&Ctrl::CreateDeleteSnapshot) || snapshotter_somewhere,
+        || "CREATE_DELETE_SNAPSHOT is advertised, and no render runs csi-snapshotter".to_string(),
+    );
+    if plugin.contains("GroupControllerService") {
+        p.check(
+            readme.contains("Group snapshots") && readme.contains("socket-only"),
+            || {
+                "deploy/kubernetes/README.md must say that group snapshots are socket-only, and why"
+                    .to_string()
+            },
+        );
+    }
+    if plugin.contains("SnapshotMetadataService") {
+        p.check(
+            readme.contains("SnapshotMetadata") && readme.contains("socket-only"),
+            || {
+                "deploy/kubernetes/README.md must say that SnapshotMetadata is socket-only, and why"
+                    .to_string()
+            },
+        );
+    }
+    p.finish("capabilities against the sidecars");
 }
