@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use super::validate::Carrier;
 use super::{reply, validate};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
@@ -66,7 +67,8 @@ impl ControllerService {
         let access = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)?;
         let params = validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool)?;
         let range = validate::size_range(req.capacity_range.as_ref())?;
-        let mutable = validate::mutable_parameters(&req.mutable_parameters)?;
+        let mutable =
+            validate::mutable_parameters(Carrier::CreateVolumeMutable, &req.mutable_parameters)?;
         let from = validate::content_source(req.volume_content_source.as_ref())?;
         if !validate::topology_allows(
             req.accessibility_requirements.as_ref(),
@@ -141,7 +143,10 @@ impl ControllerService {
         let id = validate::known_volume(id, &req.volume_id)?;
         let wanted = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)
             .and_then(|a| validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool).map(|_| a))
-            .and_then(|a| validate::mutable_parameters(&req.mutable_parameters).map(|_| a));
+            .and_then(|a| {
+                validate::mutable_parameters(Carrier::CreateVolumeMutable, &req.mutable_parameters)
+                    .map(|_| a)
+            });
         Ok(match d.fits(&id, wanted).await? {
             Ok(()) => ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(validate_volume_capabilities_response::Confirmed {
@@ -180,10 +185,18 @@ impl ControllerService {
 
     async fn get_capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
         let d = &self.driver;
+        // external-provisioner's capacity controller sends no capability
+        // and the StorageClass's parameters as they are, reserved
+        // `csi.storage.k8s.io/` keys included (`validate::SIDECAR_KEYS`).
         for cap in &req.volume_capabilities {
             validate::capability(cap, &d.cfg.default_fs_type)?;
         }
-        validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool)?;
+        validate::class_parameters(
+            Carrier::GetCapacity,
+            &req.parameters,
+            &d.lvm.vg,
+            &d.lvm.pool,
+        )?;
         if let Some(t) = &req.accessible_topology {
             if !validate::segment_is_ours(&t.segments, &d.topology_key(), &d.node_id) {
                 return Ok(GetCapacityResponse {
@@ -271,7 +284,7 @@ impl ControllerService {
     async fn create_snap(&self, req: CreateSnapshotRequest) -> Result<CreateSnapshotResponse> {
         let name = validate::required_string("name", &req.name)?;
         validate::required_string("source_volume_id", &req.source_volume_id)?;
-        validate::snapshot_parameters(&req.parameters)?;
+        validate::snapshot_parameters(Carrier::CreateSnapshot, &req.parameters)?;
         let source = validate::existing_volume_id(&req.source_volume_id)?;
         let s = self
             .driver
@@ -335,7 +348,8 @@ impl ControllerService {
         // its defaults sends none, expecting OK for a volume that exists
         // and NOT_FOUND for one that does not. modify_volume still looks
         // the volume up, so both answers hold.
-        let mutable = validate::mutable_parameters(&req.mutable_parameters)?;
+        let mutable =
+            validate::mutable_parameters(Carrier::ControllerModifyVolume, &req.mutable_parameters)?;
         let id = validate::known_volume(id, &req.volume_id)?;
         self.driver.modify_volume(id, mutable).await?;
         Ok(ControllerModifyVolumeResponse {})

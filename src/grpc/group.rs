@@ -59,7 +59,10 @@ impl GroupService {
                 "source_volume_ids names a volume twice".into(),
             ));
         }
-        validate::snapshot_parameters(&req.parameters)?;
+        validate::snapshot_parameters(
+            validate::Carrier::CreateVolumeGroupSnapshot,
+            &req.parameters,
+        )?;
         let sources = req
             .source_volume_ids
             .iter()

@@ -127,27 +127,45 @@ pub fn content_source(src: Option<&VolumeContentSource>) -> Result<Option<Conten
     }
 }
 
-/// CreateSnapshot's parameters: only what external-snapshotter adds
-/// (`csi.storage.k8s.io/volumesnapshot/...`); this driver takes none.
-pub fn snapshot_parameters(params: &HashMap<String, String>) -> Result<()> {
-    match params
-        .keys()
-        .find(|k| !k.starts_with("csi.storage.k8s.io/"))
-    {
-        Some(k) => invalid(format!(
-            "unknown snapshot parameter {k:?}: this driver takes no snapshot parameters"
-        )),
-        None => Ok(()),
+/// The parameters of CreateSnapshot or CreateVolumeGroupSnapshot: this
+/// driver takes none, so only what csi-snapshotter adds to that call
+/// ([`SIDECAR_KEYS`]) may be there, and it is ignored.
+pub fn snapshot_parameters(carrier: Carrier, params: &HashMap<String, String>) -> Result<()> {
+    map_size(params)?;
+    let mut keys: Vec<&String> = params.keys().collect();
+    keys.sort();
+    for key in keys {
+        sidecar_key_in(carrier, key).unwrap_or_else(|| {
+            invalid(format!(
+                "unknown snapshot parameter {key:?}: this driver takes no snapshot parameters"
+            ))
+        })?;
     }
+    Ok(())
 }
 
-/// Mutable parameters (CreateVolume, ControllerModifyVolume): only
+/// Mutable parameters (CreateVolume's, `Carrier::CreateVolumeMutable`;
+/// ControllerModifyVolume's, `Carrier::ControllerModifyVolume`): only
 /// `readAheadSectors`, as `auto` or a multiple of 8 sectors up to 1 GiB'
-/// worth; a creation parameter is immutable. Values come back canonical.
-pub fn mutable_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+/// worth; a creation parameter is immutable. What a sidecar adds to that
+/// call ([`SIDECAR_KEYS`]: external-resizer's PVC and PV names) is
+/// ignored and not returned, so it is never stored or reported back.
+/// Values come back canonical.
+pub fn mutable_parameters(
+    carrier: Carrier,
+    params: &HashMap<String, String>,
+) -> Result<BTreeMap<String, String>> {
     use crate::volume::controller::READ_AHEAD;
+    map_size(params)?;
     let mut out = BTreeMap::new();
-    for (key, value) in params {
+    let mut keys: Vec<&String> = params.keys().collect();
+    keys.sort();
+    for key in keys {
+        let value = &params[key];
+        if let Some(ignored) = sidecar_key_in(carrier, key) {
+            ignored?;
+            continue;
+        }
         if key != READ_AHEAD {
             return invalid(if PARAMETERS.iter().any(|(k, _)| k == key) {
                 format!("parameter {key:?} is set at creation and cannot be modified")
@@ -315,36 +333,293 @@ pub fn capabilities(caps: &[VolumeCapability], default_fs: &str) -> Result<Acces
     Ok(access.expect("non-empty"))
 }
 
-/// The StorageClass parameters this driver understands, with the short
-/// names they are stored under in LVM tags.
-pub const PARAMETERS: &[(&str, &str)] = &[
-    ("volumeGroup", "vg"),
-    ("thinPool", "pool"),
-    ("csi.storage.k8s.io/pvc/name", "pvcname"),
-    ("csi.storage.k8s.io/pvc/namespace", "pvcns"),
-    ("csi.storage.k8s.io/pv/name", "pvname"),
+/// The request field a parameter map came in. It decides which of the
+/// sidecars' reserved keys ([`SIDECAR_KEYS`]) may be in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// GetCapacity's parameters.
+    GetCapacity,
+    /// CreateVolume's parameters (ValidateVolumeCapabilities checks its
+    /// `parameters` by the same rule: they are CreateVolume's).
+    CreateVolume,
+    /// CreateVolume's mutable_parameters: a VolumeAttributesClass's
+    /// parameters, which external-provisioner passes unchanged.
+    CreateVolumeMutable,
+    /// CreateSnapshot's parameters.
+    CreateSnapshot,
+    /// CreateVolumeGroupSnapshot's parameters.
+    CreateVolumeGroupSnapshot,
+    /// ControllerModifyVolume's mutable_parameters.
+    ControllerModifyVolume,
+}
+
+impl Carrier {
+    fn call(self) -> &'static str {
+        match self {
+            Carrier::GetCapacity => "GetCapacity",
+            Carrier::CreateVolume => "CreateVolume",
+            Carrier::CreateVolumeMutable => "CreateVolume's mutable_parameters",
+            Carrier::CreateSnapshot => "CreateSnapshot",
+            Carrier::CreateVolumeGroupSnapshot => "CreateVolumeGroupSnapshot",
+            Carrier::ControllerModifyVolume => "ControllerModifyVolume",
+        }
+    }
+}
+
+/// A key a Kubernetes sidecar reserves in the parameter maps it reads or
+/// sends: which sidecar, what it does with the key, and the maps it
+/// reaches this driver in.
+#[derive(Debug)]
+pub struct SidecarKey {
+    pub key: &'static str,
+    /// Matched ignoring case (external-provisioner lower-cases `fstype`).
+    pub any_case: bool,
+    pub sidecar: &'static str,
+    pub does: &'static str,
+    pub sent_in: &'static [Carrier],
+}
+
+impl SidecarKey {
+    fn matches(&self, key: &str) -> bool {
+        self.key == key || (self.any_case && key.to_lowercase() == self.key)
+    }
+}
+
+/// The PVC and PV names external-provisioner's `--extra-create-metadata`
+/// adds to CreateVolume's parameters (kept in the LV's tags, see
+/// [`PARAMETERS`]) and external-resizer's `--extra-modify-metadata` adds
+/// to ControllerModifyVolume's mutable parameters (ignored there).
+pub const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+pub const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+pub const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+
+/// Every key the sidecars this deployment runs reserve in a parameter map,
+/// read from their sources at the pinned versions: external-provisioner
+/// v6.3.0 (`prepareProvision`, `removePrefixedParameters`, the capacity
+/// controller's `syncCapacity`), csi-snapshotter v8.6.0
+/// (`RemovePrefixedParameters`, the `--extra-create-metadata` keys of
+/// snapshots and group snapshots), external-resizer v2.2
+/// (`--extra-modify-metadata`). A key is ignored in the maps its `sent_in`
+/// names (the sidecar acted on it already, or it is only metadata) and
+/// refused, saying why, in any other: no sidecar puts it there, and a
+/// caller that does expects an effect this driver does not give.
+///
+/// The choice for CreateVolume: the provisioner strips the
+/// `csi.storage.k8s.io/` keys it reads (fs type, secrets) before
+/// CreateVolume, so a CreateVolume that carries one did not come through
+/// it, and its caller believes the driver reads the fs type or a secret
+/// from there: refused (the fs type is the volume capability's). The
+/// deprecated un-prefixed spellings (`fstype` in any case,
+/// `csiProvisionerSecretName`, ...) are read by the provisioner and passed
+/// on unchanged, to CreateVolume too: accepted and ignored there, since
+/// the provisioner has put their effect in the capability and the secrets.
+pub const SIDECAR_KEYS: &[SidecarKey] = &[
+    stripped("csi.storage.k8s.io/fstype"),
+    stripped("csi.storage.k8s.io/secret-name"),
+    stripped("csi.storage.k8s.io/secret-namespace"),
+    stripped("csi.storage.k8s.io/provisioner-secret-name"),
+    stripped("csi.storage.k8s.io/provisioner-secret-namespace"),
+    stripped("csi.storage.k8s.io/controller-publish-secret-name"),
+    stripped("csi.storage.k8s.io/controller-publish-secret-namespace"),
+    stripped("csi.storage.k8s.io/node-stage-secret-name"),
+    stripped("csi.storage.k8s.io/node-stage-secret-namespace"),
+    stripped("csi.storage.k8s.io/node-publish-secret-name"),
+    stripped("csi.storage.k8s.io/node-publish-secret-namespace"),
+    stripped("csi.storage.k8s.io/controller-expand-secret-name"),
+    stripped("csi.storage.k8s.io/controller-expand-secret-namespace"),
+    stripped("csi.storage.k8s.io/node-expand-secret-name"),
+    stripped("csi.storage.k8s.io/node-expand-secret-namespace"),
+    // `strings.ToLower(k) == "fstype"`: any case.
+    SidecarKey {
+        any_case: true,
+        ..passed("fstype")
+    },
+    passed("csiProvisionerSecretName"),
+    passed("csiProvisionerSecretNamespace"),
+    passed("csiControllerPublishSecretName"),
+    passed("csiControllerPublishSecretNamespace"),
+    passed("csiNodeStageSecretName"),
+    passed("csiNodeStageSecretNamespace"),
+    passed("csiNodePublishSecretName"),
+    passed("csiNodePublishSecretNamespace"),
+    metadata(PVC_NAME),
+    metadata(PVC_NAMESPACE),
+    metadata(PV_NAME),
+    snapshot("csi.storage.k8s.io/volumesnapshot/name"),
+    snapshot("csi.storage.k8s.io/volumesnapshot/namespace"),
+    snapshot("csi.storage.k8s.io/volumesnapshotcontent/name"),
+    group_snapshot("csi.storage.k8s.io/volumegroupsnapshot/name"),
+    group_snapshot("csi.storage.k8s.io/volumegroupsnapshot/namespace"),
+    group_snapshot("csi.storage.k8s.io/volumegroupsnapshotcontent/name"),
+    snapshot_secret("csi.storage.k8s.io/snapshotter-secret-name"),
+    snapshot_secret("csi.storage.k8s.io/snapshotter-secret-namespace"),
+    snapshot_secret("csi.storage.k8s.io/snapshotter-list-secret-name"),
+    snapshot_secret("csi.storage.k8s.io/snapshotter-list-secret-namespace"),
+    snapshot_secret("csi.storage.k8s.io/group-snapshotter-secret-name"),
+    snapshot_secret("csi.storage.k8s.io/group-snapshotter-secret-namespace"),
 ];
 
-/// Checks parameters: only known keys, within CSI's size limits, and a
-/// volume group and pool (when named) that are the ones this driver
-/// serves. Returns them keyed by their short names.
-pub fn parameters(
-    params: &HashMap<String, String>,
-    vg: &str,
-    pool: &str,
-) -> Result<BTreeMap<String, String>> {
+const PROVISIONER: &str = "external-provisioner v6.3.0";
+const SNAPSHOTTER: &str = "csi-snapshotter v8.6.0";
+
+/// external-provisioner reads it and strips it before CreateVolume; its
+/// capacity controller sends the StorageClass's parameters to GetCapacity
+/// unchanged.
+const fn stripped(key: &'static str) -> SidecarKey {
+    SidecarKey {
+        key,
+        any_case: false,
+        sidecar: PROVISIONER,
+        does: "reads it (the volume capability's fs type, the secrets of the calls and the PV's \
+               secret references) and removes it before CreateVolume, while its capacity \
+               controller sends the StorageClass's parameters to GetCapacity unchanged",
+        sent_in: &[Carrier::GetCapacity],
+    }
+}
+
+/// A deprecated spelling external-provisioner reads and passes on.
+const fn passed(key: &'static str) -> SidecarKey {
+    SidecarKey {
+        does: "reads it (a deprecated spelling: the volume capability's fs type, the secrets) \
+               and passes it on unchanged, to GetCapacity and CreateVolume",
+        sent_in: &[Carrier::GetCapacity, Carrier::CreateVolume],
+        ..stripped(key)
+    }
+}
+
+/// The PVC's and PV's names, added by external-provisioner with
+/// `--extra-create-metadata` to CreateVolume (and to GetCapacity when it
+/// provisions an Immediate claim on a node) and by external-resizer with
+/// `--extra-modify-metadata` to ControllerModifyVolume's mutable
+/// parameters.
+const fn metadata(key: &'static str) -> SidecarKey {
+    SidecarKey {
+        key,
+        any_case: false,
+        sidecar: "external-provisioner v6.3.0 (--extra-create-metadata) and external-resizer \
+                  v2.2 (--extra-modify-metadata)",
+        does: "adds it (the PVC's name and namespace, the PV's name) to CreateVolume's \
+               parameters and ControllerModifyVolume's mutable parameters",
+        sent_in: &[
+            Carrier::GetCapacity,
+            Carrier::CreateVolume,
+            Carrier::ControllerModifyVolume,
+        ],
+    }
+}
+
+/// Added by csi-snapshotter with `--extra-create-metadata` to CreateSnapshot.
+const fn snapshot(key: &'static str) -> SidecarKey {
+    SidecarKey {
+        key,
+        any_case: false,
+        sidecar: SNAPSHOTTER,
+        does: "adds it with --extra-create-metadata (the VolumeSnapshot's name and namespace, \
+               its content's name) to CreateSnapshot",
+        sent_in: &[Carrier::CreateSnapshot],
+    }
+}
+
+/// Added by csi-snapshotter with `--extra-create-metadata` to
+/// CreateVolumeGroupSnapshot.
+const fn group_snapshot(key: &'static str) -> SidecarKey {
+    SidecarKey {
+        does: "adds it with --extra-create-metadata (the VolumeGroupSnapshot's name and \
+               namespace, its content's name) to CreateVolumeGroupSnapshot",
+        sent_in: &[Carrier::CreateVolumeGroupSnapshot],
+        ..snapshot(key)
+    }
+}
+
+/// A secret key of the snapshot classes: csi-snapshotter reads it and
+/// strips it, so it never reaches the driver.
+const fn snapshot_secret(key: &'static str) -> SidecarKey {
+    SidecarKey {
+        does: "reads it (the secrets of the snapshot calls) and removes it before it calls the \
+               driver",
+        sent_in: &[],
+        ..snapshot(key)
+    }
+}
+
+/// `None` when `key` is no sidecar's; `Some(Ok)` when the sidecar that
+/// reserves it sends it in `carrier`'s map (ignore it); `Some(Err)`, saying
+/// why, when it does not.
+fn sidecar_key_in(carrier: Carrier, key: &str) -> Option<Result<()>> {
+    let k = SIDECAR_KEYS.iter().find(|k| k.matches(key))?;
+    if k.sent_in.contains(&carrier) {
+        return Some(Ok(()));
+    }
+    Some(Err(Error::InvalidArgument(format!(
+        "parameter {key:?} is reserved by {}, which {}; it never sends it in {}, and this driver does not read it there",
+        k.sidecar,
+        k.does,
+        carrier.call()
+    ))
+    .advise(format!(
+        "leave {key:?} out of {}{}",
+        carrier.call(),
+        if carrier == Carrier::CreateVolume && key.to_lowercase().ends_with("fstype") {
+            ": the filesystem is the volume capability's mount.fs_type"
+        } else {
+            ""
+        }
+    ))))
+}
+
+/// CSI bounds a map to 4 KiB.
+fn map_size(params: &HashMap<String, String>) -> Result<()> {
     let total: usize = params.iter().map(|(k, v)| k.len() + v.len()).sum();
     if total > 4096 {
         return invalid(format!(
             "parameters are {total} bytes; CSI limits a map to 4 KiB"
         ));
     }
+    Ok(())
+}
+
+/// The StorageClass parameters this driver understands, with the short
+/// names they are stored under in LVM tags.
+pub const PARAMETERS: &[(&str, &str)] = &[
+    ("volumeGroup", "vg"),
+    ("thinPool", "pool"),
+    (PVC_NAME, "pvcname"),
+    (PVC_NAMESPACE, "pvcns"),
+    (PV_NAME, "pvname"),
+];
+
+/// CreateVolume's parameters (see [`class_parameters`]).
+pub fn parameters(
+    params: &HashMap<String, String>,
+    vg: &str,
+    pool: &str,
+) -> Result<BTreeMap<String, String>> {
+    class_parameters(Carrier::CreateVolume, params, vg, pool)
+}
+
+/// Checks the StorageClass parameters of GetCapacity or CreateVolume:
+/// known keys ([`PARAMETERS`]) within CSI's size limits, with a volume
+/// group and pool (when named) that are the ones this driver serves, and
+/// the sidecar keys that reach `carrier` ([`SIDECAR_KEYS`]), ignored. Any
+/// other key is INVALID_ARGUMENT, named. Returns the known ones keyed by
+/// their short names, for CreateVolume to keep in the LV's tags.
+pub fn class_parameters(
+    carrier: Carrier,
+    params: &HashMap<String, String>,
+    vg: &str,
+    pool: &str,
+) -> Result<BTreeMap<String, String>> {
+    map_size(params)?;
     let mut out = BTreeMap::new();
     let mut keys: Vec<&String> = params.keys().collect();
     keys.sort();
     for key in keys {
         let value = &params[key];
         let Some((_, short)) = PARAMETERS.iter().find(|(k, _)| k == key) else {
+            if let Some(ignored) = sidecar_key_in(carrier, key) {
+                ignored?;
+                continue;
+            }
             let known: Vec<&str> = PARAMETERS.iter().map(|(k, _)| *k).collect();
             return invalid(format!("unknown parameter {key:?} (known: {known:?})"));
         };
@@ -419,10 +694,11 @@ mod tests {
     #[test]
     fn mutable_parameters_take_read_ahead_only() {
         let m = |k: &str, v: &str| HashMap::from([(k.to_string(), v.to_string())]);
-        let ok = mutable_parameters(&m("readAheadSectors", "0512")).unwrap();
+        let modify = Carrier::ControllerModifyVolume;
+        let ok = mutable_parameters(modify, &m("readAheadSectors", "0512")).unwrap();
         assert_eq!(ok["readAheadSectors"], "512");
         assert_eq!(
-            mutable_parameters(&m("readAheadSectors", "auto")).unwrap()["readAheadSectors"],
+            mutable_parameters(modify, &m("readAheadSectors", "auto")).unwrap()["readAheadSectors"],
             "auto"
         );
         for (k, v) in [
@@ -433,10 +709,226 @@ mod tests {
             ("volumeGroup", "vg0"),
             ("iops", "100"),
         ] {
-            let e = mutable_parameters(&m(k, v)).unwrap_err();
-            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{k}={v}");
+            for carrier in [modify, Carrier::CreateVolumeMutable] {
+                let e = mutable_parameters(carrier, &m(k, v)).unwrap_err();
+                assert_eq!(e.code(), tonic::Code::InvalidArgument, "{k}={v}");
+            }
         }
-        assert!(mutable_parameters(&HashMap::new()).unwrap().is_empty());
+        assert!(mutable_parameters(modify, &HashMap::new())
+            .unwrap()
+            .is_empty());
+    }
+
+    fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// The shipped StorageClass's parameters plus every key
+    /// external-provisioner v6.3.0 reserves, as its capacity controller
+    /// sends them to GetCapacity (unchanged).
+    fn storage_class_as_the_capacity_controller_sends_it() -> HashMap<String, String> {
+        let mut p = map(&[
+            ("csi.storage.k8s.io/fstype", "ext4"),
+            ("volumeGroup", "vg"),
+            ("thinPool", "pool"),
+        ]);
+        for k in SIDECAR_KEYS
+            .iter()
+            .filter(|k| k.sidecar == PROVISIONER && k.key != "fstype")
+        {
+            p.entry(k.key.to_string())
+                .or_insert_with(|| "${pvc.namespace}".to_string());
+        }
+        p
+    }
+
+    #[test]
+    fn get_capacity_takes_the_storage_class_as_the_provisioner_sends_it() {
+        let mut p = storage_class_as_the_capacity_controller_sends_it();
+        assert_eq!(p.len(), 3 + 14 + 8, "{p:?}");
+        class_parameters(Carrier::GetCapacity, &p, "vg", "pool").unwrap();
+        // The deprecated fs type, in the spellings the provisioner takes;
+        // and the immediate-binding path's metadata.
+        for fstype in ["fstype", "fsType", "FSTYPE"] {
+            let mut q = p.clone();
+            q.remove("csi.storage.k8s.io/fstype");
+            q.insert(fstype.into(), "xfs".into());
+            class_parameters(Carrier::GetCapacity, &q, "vg", "pool").unwrap();
+        }
+        for k in [PVC_NAME, PVC_NAMESPACE, PV_NAME] {
+            p.insert(k.into(), "x".into());
+        }
+        class_parameters(Carrier::GetCapacity, &p, "vg", "pool").unwrap();
+        // Still checked: the driver's own keys, and keys nobody reserves.
+        p.insert("volumeGroup".into(), "other".into());
+        assert!(class_parameters(Carrier::GetCapacity, &p, "vg", "pool").is_err());
+        for bogus in ["csi.storage.k8s.io/bogus", "fs-type", "iops"] {
+            let e = class_parameters(
+                Carrier::GetCapacity,
+                &map(&[(bogus, "1"), ("csi.storage.k8s.io/fstype", "ext4")]),
+                "vg",
+                "pool",
+            )
+            .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(
+                e.to_string()
+                    .contains(&format!("unknown parameter {bogus:?}")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn create_volume_takes_what_the_provisioner_leaves_and_adds() {
+        // Stripped of the prefixed keys; the deprecated spellings left;
+        // --extra-create-metadata added.
+        let p = map(&[
+            ("fsType", "ext4"),
+            ("csiProvisionerSecretName", "s"),
+            ("csiProvisionerSecretNamespace", "ns"),
+            ("csiNodeStageSecretName", "s"),
+            ("csiNodeStageSecretNamespace", "ns"),
+            ("thinPool", "pool"),
+            (PVC_NAME, "data"),
+            (PVC_NAMESPACE, "default"),
+            (PV_NAME, "pvc-1"),
+        ]);
+        let kept = parameters(&p, "vg", "pool").unwrap();
+        // What the provisioner acted on is not the volume's: not kept in
+        // its tags, so a retry with or without it is the same volume.
+        assert_eq!(
+            kept.keys().collect::<Vec<_>>(),
+            ["pool", "pvcname", "pvcns", "pvname"]
+        );
+        // The provisioner never sends a prefixed key it reads: a caller
+        // that does expects an effect, and is told.
+        let e =
+            parameters(&map(&[("csi.storage.k8s.io/fstype", "xfs")]), "vg", "pool").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let msg = e.message();
+        assert!(msg.contains("\"csi.storage.k8s.io/fstype\""), "{msg}");
+        assert!(msg.contains("external-provisioner v6.3.0"), "{msg}");
+        assert!(msg.contains("mount.fs_type"), "{msg}");
+        let e = parameters(
+            &map(&[("csi.storage.k8s.io/node-stage-secret-name", "s")]),
+            "vg",
+            "pool",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("node-stage-secret-name"), "{e}");
+        // A snapshot's metadata is not a volume's.
+        assert!(parameters(
+            &map(&[("csi.storage.k8s.io/volumesnapshot/name", "s")]),
+            "vg",
+            "pool"
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn each_reserved_key_is_taken_exactly_where_its_sidecar_sends_it() {
+        let all = [
+            Carrier::GetCapacity,
+            Carrier::CreateVolume,
+            Carrier::CreateVolumeMutable,
+            Carrier::CreateSnapshot,
+            Carrier::CreateVolumeGroupSnapshot,
+            Carrier::ControllerModifyVolume,
+        ];
+        let check = |carrier: Carrier, p: &HashMap<String, String>| match carrier {
+            Carrier::GetCapacity | Carrier::CreateVolume => {
+                class_parameters(carrier, p, "vg", "pool").map(|_| ())
+            }
+            Carrier::CreateVolumeMutable | Carrier::ControllerModifyVolume => {
+                mutable_parameters(carrier, p).map(|_| ())
+            }
+            Carrier::CreateSnapshot | Carrier::CreateVolumeGroupSnapshot => {
+                snapshot_parameters(carrier, p)
+            }
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for k in SIDECAR_KEYS {
+            assert!(seen.insert(k.key.to_lowercase()), "{} twice", k.key);
+            for carrier in all {
+                let got = check(carrier, &map(&[(k.key, "v")]));
+                if k.sent_in.contains(&carrier) {
+                    assert!(got.is_ok(), "{} in {carrier:?}: {got:?}", k.key);
+                } else {
+                    let e = got.unwrap_err();
+                    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+                    assert!(e.to_string().contains(&format!("{:?}", k.key)), "{e}");
+                }
+            }
+        }
+        // Nobody's key is anybody's.
+        for carrier in all {
+            for bogus in ["csi.storage.k8s.io/bogus", "csi.storage.k8s.io/", "x"] {
+                let e = check(carrier, &map(&[(bogus, "v")])).unwrap_err();
+                assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bogus}");
+                assert!(e.to_string().contains(&format!("{bogus:?}")), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn snapshots_take_only_the_snapshotters_metadata() {
+        let snap = map(&[
+            ("csi.storage.k8s.io/volumesnapshot/name", "s1"),
+            ("csi.storage.k8s.io/volumesnapshot/namespace", "default"),
+            (
+                "csi.storage.k8s.io/volumesnapshotcontent/name",
+                "snapcontent-1",
+            ),
+        ]);
+        snapshot_parameters(Carrier::CreateSnapshot, &snap).unwrap();
+        assert!(snapshot_parameters(Carrier::CreateVolumeGroupSnapshot, &snap).is_err());
+        let group = map(&[
+            ("csi.storage.k8s.io/volumegroupsnapshot/name", "g1"),
+            (
+                "csi.storage.k8s.io/volumegroupsnapshot/namespace",
+                "default",
+            ),
+            (
+                "csi.storage.k8s.io/volumegroupsnapshotcontent/name",
+                "groupcontent-1",
+            ),
+        ]);
+        snapshot_parameters(Carrier::CreateVolumeGroupSnapshot, &group).unwrap();
+        assert!(snapshot_parameters(Carrier::CreateSnapshot, &group).is_err());
+        // csi-snapshotter strips its secret keys before it calls.
+        let e = snapshot_parameters(
+            Carrier::CreateSnapshot,
+            &map(&[("csi.storage.k8s.io/snapshotter-secret-name", "s")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("csi-snapshotter v8.6.0"), "{e}");
+        let e =
+            snapshot_parameters(Carrier::CreateSnapshot, &map(&[("class", "gold")])).unwrap_err();
+        assert!(e.to_string().contains("\"class\""), "{e}");
+    }
+
+    #[test]
+    fn modify_ignores_the_resizers_metadata() {
+        let p = map(&[
+            ("readAheadSectors", "256"),
+            (PVC_NAME, "data"),
+            (PVC_NAMESPACE, "default"),
+            (PV_NAME, "pvc-1"),
+        ]);
+        let got = mutable_parameters(Carrier::ControllerModifyVolume, &p).unwrap();
+        assert_eq!(
+            got,
+            BTreeMap::from([("readAheadSectors".into(), "256".into())])
+        );
+        let only = map(&[(PVC_NAME, "data"), (PV_NAME, "pvc-1")]);
+        assert!(mutable_parameters(Carrier::ControllerModifyVolume, &only)
+            .unwrap()
+            .is_empty());
+        // The provisioner adds nothing to a VolumeAttributesClass's map.
+        assert!(mutable_parameters(Carrier::CreateVolumeMutable, &only).is_err());
     }
     use crate::proto::csi::v1::volume_capability::{AccessMode, BlockVolume, MountVolume};
     use crate::proto::csi::v1::Topology;

@@ -15,6 +15,7 @@ mod metrics;
 mod node;
 mod properties;
 mod resilience;
+mod sidecars;
 mod snapshot;
 
 /// Printed once per run, so CI output shows where the suite ran.
