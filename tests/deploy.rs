@@ -665,7 +665,7 @@ impl Doc {
 const DEPLOY: &str = "deploy/kubernetes";
 
 /// The YAML files under `dir`, sorted; a symlinked directory is not
-/// followed (deploy/kubernetes/monitoring may be a link to the component).
+/// followed.
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))

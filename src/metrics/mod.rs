@@ -306,8 +306,8 @@ mod tests {
             })
         };
         for f in [
-            "deploy/kubernetes/monitoring/prometheus-rules.yaml",
-            "deploy/kubernetes/monitoring/grafana-dashboard.json",
+            "deploy/kubernetes/components/monitoring/prometheus-rules.yaml",
+            "deploy/kubernetes/components/monitoring/grafana-dashboard.json",
         ] {
             let text = std::fs::read_to_string(root.join(f)).unwrap();
             let used: Vec<&str> = text
@@ -328,7 +328,7 @@ mod tests {
         }
         let dash: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(
-                root.join("deploy/kubernetes/monitoring/grafana-dashboard.json"),
+                root.join("deploy/kubernetes/components/monitoring/grafana-dashboard.json"),
             )
             .unwrap(),
         )
