@@ -346,35 +346,77 @@ pub struct Stats {
     pub problems: Vec<String>,
 }
 
-/// NodeGetVolumeStats for an active volume. NOT_FOUND when `path` does
-/// not exist or holds something that is not this volume. `block_staging`
-/// is the staging directory the record names for a block volume.
+/// What is at `path` (a resolved staging, target or volume path), opened
+/// once beneath its allowed root through no symlink: its stat, and an
+/// `O_PATH` descriptor to measure it through. NOT_FOUND, naming
+/// `volume_id`, when nothing is there or a symlink is.
+fn open_volume_path(
+    volume_id: &str,
+    path: &Path,
+    roots: &[PathBuf],
+) -> Result<(std::os::fd::OwnedFd, nix::sys::stat::FileStat)> {
+    let root = paths::root_of(path, roots)?;
+    match sys::stat_beneath(sys::Under { root: &root, path }) {
+        Ok(found) => Ok(found),
+        Err(e) if e.is_not_found() => Err(not_at(volume_id, path, "the path does not exist")),
+        Err(e) if e.errno() == nix::errno::Errno::ELOOP => {
+            Err(not_at(volume_id, path, "it is a symbolic link"))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// NOT_FOUND: the volume is not at `path`, and why.
+fn not_at(volume_id: &str, path: &Path, what: &str) -> Error {
+    Error::NotFound(format!(
+        "volume {volume_id} is not at {}: {what}",
+        path.display()
+    ))
+}
+
+fn file_kind(st: &nix::sys::stat::FileStat) -> nix::sys::stat::SFlag {
+    nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT
+}
+
+/// The usage of a block device node at `path` whose stat is `st`, if its
+/// numbers are the active LV's or one of its read-only overlays'; else
+/// NOT_FOUND.
+fn device_node_stats(dev: &Device, path: &Path, st: &nix::sys::stat::FileStat) -> Result<Stats> {
+    let node = sys::split_dev(st.st_rdev);
+    match block::classify(node, Some(dev.numbers())) {
+        block::NodeKind::Lv | block::NodeKind::Overlay(_) => Ok(Stats {
+            usage: Usage::Block(sys::block_size_bytes(&dev.path)?),
+            problems: Vec::new(),
+        }),
+        _ => Err(not_at(
+            &dev.volume_id,
+            path,
+            &format!("it is a device node of {}:{}", node.0, node.1),
+        )),
+    }
+}
+
+/// NodeGetVolumeStats for an active volume at a path the node record names
+/// (its staging path or a publish target). NOT_FOUND when `path` does not
+/// exist or holds something that is not this volume. `block_staging` is
+/// the staging directory the record names for a block volume.
 pub fn stats(
     dev: &Device,
     path: &Path,
     block_staging: Option<&Path>,
     roots: &[PathBuf],
 ) -> Result<Stats> {
-    let not_here = |what: String| {
-        Error::NotFound(format!(
-            "volume {} is not at {}: {what}",
-            dev.volume_id,
-            path.display()
-        ))
-    };
+    let not_here = |what: String| not_at(&dev.volume_id, path, &what);
     // One open beneath the allowed root: what is there, and a descriptor
     // to measure it through, never a path looked up again.
-    let root = paths::root_of(path, roots)?;
-    let (fd, st) = match sys::stat_beneath(sys::Under { root: &root, path }) {
-        Ok(found) => found,
-        Err(e) if e.is_not_found() => return Err(not_here("the path does not exist".into())),
-        Err(e) if e.errno() == nix::errno::Errno::ELOOP => {
-            return Err(not_here("it is a symbolic link".into()))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let kind =
-        nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
+    let (fd, st) = open_volume_path(&dev.volume_id, path, roots)?;
+    let kind = file_kind(&st);
+    // A device node is judged by its numbers, also when it is a bind
+    // mount of a node (the mount then shows the device of the filesystem
+    // holding the node, not the node's).
+    if kind == nix::sys::stat::SFlag::S_IFBLK {
+        return device_node_stats(dev, path, &st);
+    }
     let info = mount_table()?;
     if let Some(m) = info.top_mount_at(path) {
         if m.device() != dev.numbers() {
@@ -398,19 +440,6 @@ pub fn stats(
         };
         return Ok(Stats { usage, problems });
     }
-    if kind == nix::sys::stat::SFlag::S_IFBLK {
-        let node = sys::split_dev(st.st_rdev);
-        return match block::classify(node, Some(dev.numbers())) {
-            block::NodeKind::Lv | block::NodeKind::Overlay(_) => Ok(Stats {
-                usage: Usage::Block(sys::block_size_bytes(&dev.path)?),
-                problems: Vec::new(),
-            }),
-            _ => Err(not_here(format!(
-                "it is a device node of {}:{}",
-                node.0, node.1
-            ))),
-        };
-    }
     if kind == nix::sys::stat::SFlag::S_IFDIR {
         if block_staging == Some(path) {
             return Ok(Stats {
@@ -430,6 +459,58 @@ pub fn stats(
     }
     Err(not_here(
         "it is neither a mount, a device node nor a staging directory".into(),
+    ))
+}
+
+/// NodeGetVolumeStats of a raw block volume at a path its node record does
+/// not name. kubelet asks at
+/// `<kubelet>/plugins/kubernetes.io/csi/volumeDevices/<pv>/dev/<pod uid>`,
+/// a bind mount it makes of the device node the driver published at the
+/// NodePublishVolume target (`volumeDevices/publish/<pv>/<pod uid>`). The
+/// volume is at such a path only if what is there (opened beneath its
+/// allowed root, through no symlink) is a block device node that is, in
+/// fact, the volume's:
+/// - its numbers are the LV's, or one of its read-only overlays', while the
+///   LV is active (`dev`); or
+/// - the LV is not active, and the node is the very file published at one
+///   of the recorded `targets` (the same inode on the same filesystem:
+///   kubelet's bind mount of it). Its usage is unknown then (`Ok(None)`),
+///   as at the target itself.
+///
+/// Anything else is NOT_FOUND.
+pub fn block_node_stats(
+    volume_id: &str,
+    dev: Option<&Device>,
+    path: &Path,
+    targets: &[PathBuf],
+    roots: &[PathBuf],
+) -> Result<Option<Stats>> {
+    let (_fd, st) = open_volume_path(volume_id, path, roots)?;
+    if file_kind(&st) != nix::sys::stat::SFlag::S_IFBLK {
+        return Err(not_at(
+            volume_id,
+            path,
+            "the volume is neither staged nor published there on this node, and it is no device node",
+        ));
+    }
+    if let Some(dev) = dev {
+        return device_node_stats(dev, path, &st).map(Some);
+    }
+    let same_file = |target: &PathBuf| {
+        open_volume_path(volume_id, target, roots)
+            .is_ok_and(|(_, t)| (t.st_dev, t.st_ino) == (st.st_dev, st.st_ino))
+    };
+    if targets.iter().any(same_file) {
+        return Ok(None);
+    }
+    let node = sys::split_dev(st.st_rdev);
+    Err(not_at(
+        volume_id,
+        path,
+        &format!(
+            "it is a device node of {}:{}, and the volume's LV is not active",
+            node.0, node.1
+        ),
     ))
 }
 
@@ -500,4 +581,96 @@ pub async fn expand(
         "NodeExpandVolume: filesystem grown"
     );
     Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kubelet's `volumeDevices/<pv>/dev/<pod uid>`, a bind mount of the
+    /// node published at `volumeDevices/publish/<pv>/<pod uid>`, is the
+    /// volume by the node's numbers (or, with the LV inactive, by being the
+    /// published file); anything else there is NOT_FOUND. Natively, with a
+    /// loop device standing in for the LV (root).
+    #[test]
+    fn kubelets_bind_mount_of_a_published_node_is_the_volume() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "needs root (loop, mknod, mount)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let roots = vec![root.clone()];
+        let img = root.join("img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+        let loopdev = crate::pool::loopdev::attach_loop(&img).unwrap();
+        let (major, minor) = sys::device_numbers(&loopdev).unwrap().unwrap();
+        let dev = Device {
+            volume_id: "csi-x".into(),
+            path: loopdev.clone(),
+            major,
+            minor,
+        };
+        let published = root.join("publish/pv/pod");
+        std::fs::create_dir_all(published.parent().unwrap()).unwrap();
+        sys::make_block_node(&published, major, minor, 0o600).unwrap();
+        let at = root.join("pv/dev/pod");
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::fs::File::create(&at).unwrap();
+        nix::mount::mount(
+            Some(&published),
+            &at,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let not_found = |r: Result<Option<Stats>>| match r {
+            Err(Error::NotFound(m)) => m,
+            other => panic!("expected NOT_FOUND, got {other:?}"),
+        };
+        let block = Stats {
+            usage: Usage::Block(4 << 20),
+            problems: vec![],
+        };
+
+        // The mount at the path shows the filesystem holding the node, not
+        // the node's device: judged by the node's numbers all the same.
+        assert_eq!(stats(&dev, &at, None, &roots).unwrap(), block);
+        assert_eq!(
+            block_node_stats("csi-x", Some(&dev), &at, &[], &roots).unwrap(),
+            Some(block)
+        );
+        // The LV inactive: the published file itself, or nothing.
+        assert_eq!(
+            block_node_stats("csi-x", None, &at, std::slice::from_ref(&published), &roots).unwrap(),
+            None
+        );
+        let m = not_found(block_node_stats("csi-x", None, &at, &[], &roots));
+        assert!(m.contains("not active"), "{m}");
+        // Another device's node.
+        let other = Device {
+            minor: minor + 4096,
+            ..dev.clone()
+        };
+        let m = not_found(block_node_stats("csi-x", Some(&other), &at, &[], &roots));
+        assert!(
+            m.contains(&format!("device node of {major}:{minor}")),
+            "{m}"
+        );
+        // A file, a directory, nothing, a symlink to the node.
+        let file = root.join("pv/dev/file");
+        std::fs::File::create(&file).unwrap();
+        let link = root.join("pv/dev/link");
+        std::os::unix::fs::symlink(&published, &link).unwrap();
+        for p in [file, root.join("pv/dev"), root.join("pv/dev/gone"), link] {
+            not_found(block_node_stats("csi-x", Some(&dev), &p, &[], &roots));
+        }
+
+        nix::mount::umount2(&at, nix::mount::MntFlags::empty()).unwrap();
+        crate::pool::loopdev::detach_loop(&loopdev).unwrap();
+    }
 }

@@ -542,20 +542,28 @@ impl Driver {
                     return Ok((false, false, None));
                 }
                 // The volume is where this node staged or published it
-                // (its record), and nowhere else.
-                let record = records.load(&vid)?;
-                if !record
-                    .as_ref()
-                    .is_some_and(|r| r.staging == real || r.publish(&real).is_some())
-                {
+                // (its record)...
+                let Some(record) = records.load(&vid)? else {
                     return Ok((true, false, None));
-                }
-                let Some(dev) = dev else {
-                    return Ok((true, true, None));
                 };
-                let block_staging = record.filter(|r| r.kind == Kind::Block).map(|r| r.staging);
-                node::stats(&dev, &real, block_staging.as_deref(), &roots)
-                    .map(|s| (true, true, Some(s)))
+                if record.staging == real || record.publish(&real).is_some() {
+                    let Some(dev) = dev else {
+                        return Ok((true, true, None));
+                    };
+                    let block_staging = (record.kind == Kind::Block).then_some(&record.staging);
+                    return node::stats(&dev, &real, block_staging.map(PathBuf::as_path), &roots)
+                        .map(|s| (true, true, Some(s)));
+                }
+                // ... and, for a raw block volume, wherever a device node
+                // that is in fact the volume's is: kubelet asks at its
+                // bind mount of the published node.
+                if record.kind == Kind::Block {
+                    let targets: Vec<PathBuf> =
+                        record.publishes.iter().map(|p| p.target.clone()).collect();
+                    return node::block_node_stats(&vid, dev.as_ref(), &real, &targets, &roots)
+                        .map(|s| (true, true, s));
+                }
+                Ok((true, false, None))
             })
             .await?;
         if !exists {

@@ -14,8 +14,13 @@
 //!   content's name.
 //! - external-resizer v2.2 with `--extra-modify-metadata`: the PVC's and
 //!   PV's names in ControllerModifyVolume's mutable parameters.
+//! - kubelet: NodeGetVolumeStats of a raw block volume at
+//!   `plugins/kubernetes.io/csi/volumeDevices/<pv>/dev/<pod uid>`, its bind
+//!   mount of the device node NodePublishVolume placed at
+//!   `volumeDevices/publish/<pv>/<pod uid>`.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use thinpool_csi::proto::csi::v1::group_controller_client::GroupControllerClient;
 use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -23,9 +28,11 @@ use thinpool_csi::proto::csi::v1::volume_capability::{AccessMode, AccessType, Mo
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
-use crate::harness::{TestDriver, DRIVER_NAME, MIB, NODE_ID};
+use crate::controller::block_cap;
+use crate::harness::{lvm, TestDriver, DRIVER_NAME, MIB, NODE_ID};
+use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
 
-/// `deploy/kubernetes/storageclass.yaml`'s parameters.
+/// `deploy/kubernetes/base/storageclass.yaml`'s parameters.
 const SHIPPED_CLASS: &[(&str, &str)] = &[("csi.storage.k8s.io/fstype", "ext4")];
 
 /// The `csi.storage.k8s.io/` keys external-provisioner v6.3.0 reads from a
@@ -344,4 +351,218 @@ async fn snapshots_and_modify_as_the_snapshotter_and_resizer_send_them() {
     let mut bogus = metadata.clone();
     bogus.push(("iops", "100"));
     assert_invalid_naming(c.controller_modify_volume(modify(&bogus)).await, "iops");
+}
+
+/// kubelet's directories for a raw block volume `pv`
+/// (`plugins/kubernetes.io/csi/volumeDevices/...`).
+struct BlockPaths {
+    csi: PathBuf,
+    pv: String,
+}
+
+impl BlockPaths {
+    fn new(k: &Kubelet, pv: &str) -> BlockPaths {
+        BlockPaths {
+            csi: k.path("plugins/kubernetes.io/csi/volumeDevices"),
+            pv: pv.into(),
+        }
+    }
+    /// NodeStageVolume's staging path (a directory kubelet makes).
+    fn staging(&self) -> PathBuf {
+        let p = self.csi.join("staging").join(&self.pv);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+    /// NodePublishVolume's target (its parent made by kubelet).
+    fn publish(&self, pod: &str) -> PathBuf {
+        let dir = self.csi.join("publish").join(&self.pv);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(pod)
+    }
+    /// What kubelet does after NodePublishVolume: an empty file at
+    /// `<pv>/dev/<pod uid>` and a bind mount of the published node on it.
+    /// Returns that path, where it asks NodeGetVolumeStats.
+    fn map_device(&self, published: &Path, pod: &str) -> PathBuf {
+        let dir = self.csi.join(&self.pv).join("dev");
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = dir.join(pod);
+        std::fs::File::create(&at).unwrap();
+        nix::mount::mount(
+            Some(published),
+            &at,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("bind {} on {}: {e}", published.display(), at.display()));
+        at
+    }
+}
+
+fn unmap(at: &Path) {
+    nix::mount::umount2(at, nix::mount::MntFlags::empty())
+        .unwrap_or_else(|e| panic!("umount {}: {e}", at.display()));
+    std::fs::remove_file(at).unwrap();
+}
+
+fn stats_at(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
+    NodeGetVolumeStatsRequest {
+        volume_id: id.into(),
+        volume_path: path.to_str().unwrap().into(),
+        staging_target_path: String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn block_stats_at_kubelets_volume_devices_path() {
+    let k = Kubelet::new("sblk");
+    let d = TestDriver::start("sblk", 256 * MIB, &k.extra()).await;
+    let (mut c, mut n) = (d.controller().await, d.node().await);
+    let block = |pv: &'static str, bytes: u64| {
+        let mut req = provisioned(pv, provisioner_metadata("raw", pv));
+        req.volume_capabilities = vec![block_cap()];
+        req.capacity_range.as_mut().unwrap().required_bytes = bytes as i64;
+        req
+    };
+    let (pv1, pv2) = (
+        "pvc-6c1f1d5e-0000-4000-8000-000000000041",
+        "pvc-6c1f1d5e-0000-4000-8000-000000000042",
+    );
+    let (req1, req2) = (block(pv1, 32 * MIB), block(pv2, 16 * MIB));
+    let id1 = c
+        .create_volume(req1)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let id2 = c
+        .create_volume(req2)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let (p1, p2) = (BlockPaths::new(&k, pv1), BlockPaths::new(&k, pv2));
+    let (pod_a, pod_b, pod_c) = (
+        "0b6ee4b2-1111-4a2f-9c1e-00000000000a",
+        "0b6ee4b2-1111-4a2f-9c1e-00000000000b",
+        "0b6ee4b2-1111-4a2f-9c1e-00000000000c",
+    );
+
+    // Pod A uses volume 1 read-write, pod B read-only (an overlay), pod C
+    // volume 2.
+    let (s1, s2) = (p1.staging(), p2.staging());
+    n.node_stage_volume(stage_req(&id1, &s1, block_cap()))
+        .await
+        .unwrap();
+    n.node_stage_volume(stage_req(&id2, &s2, block_cap()))
+        .await
+        .unwrap();
+    let (ta, tb, tc) = (p1.publish(pod_a), p1.publish(pod_b), p2.publish(pod_c));
+    for (id, staging, target, ro) in [
+        (&id1, &s1, &ta, false),
+        (&id1, &s1, &tb, true),
+        (&id2, &s2, &tc, false),
+    ] {
+        n.node_publish_volume(publish_req(id, staging, target, block_cap(), ro))
+            .await
+            .unwrap_or_else(|e| panic!("publish at {}: {}", target.display(), e.message()));
+    }
+    let (ka, kb, kc) = (
+        p1.map_device(&ta, pod_a),
+        p1.map_device(&tb, pod_b),
+        p2.map_device(&tc, pod_c),
+    );
+
+    // At kubelet's paths: the size, and a healthy condition.
+    for (id, at, size) in [
+        (&id1, &ka, 32 * MIB),
+        (&id1, &kb, 32 * MIB),
+        (&id2, &kc, 16 * MIB),
+    ] {
+        let st = n
+            .node_get_volume_stats(stats_at(id, at))
+            .await
+            .unwrap_or_else(|e| panic!("stats at {}: {}", at.display(), e.message()))
+            .into_inner();
+        assert_eq!(st.usage.len(), 1, "{st:?}");
+        assert_eq!(st.usage[0].total, size as i64);
+        let cond = st.volume_condition.unwrap();
+        assert!(!cond.abnormal, "{}", cond.message);
+    }
+
+    // A path that holds another device's node is not the volume; nor is
+    // an empty file, a directory or nothing at all at such a path.
+    let e = n
+        .node_get_volume_stats(stats_at(&id1, &kc))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+    assert!(e.message().contains("device node of"), "{}", e.message());
+    let e = n
+        .node_get_volume_stats(stats_at(&id2, &ka))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+    let other = p1.csi.join(pv1).join("dev").join("not-mapped");
+    std::fs::File::create(&other).unwrap();
+    for at in [
+        other.clone(),
+        p1.csi.join(pv1).join("dev"),
+        p1.csi.join(pv1).join("dev/gone"),
+    ] {
+        let e = n
+            .node_get_volume_stats(stats_at(&id1, &at))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            Code::NotFound,
+            "{}: {}",
+            at.display(),
+            e.message()
+        );
+    }
+
+    // The read-only pod goes (its overlay with it); then the LV is
+    // deactivated behind the driver's back: kubelet's path still answers,
+    // with the condition that says so.
+    unmap(&kb);
+    n.node_unpublish_volume(unpublish_req(&id1, &tb))
+        .await
+        .unwrap();
+    lvm(&["lvchange", "-an", &format!("{}/{id1}", d.vg)]);
+    let st = n
+        .node_get_volume_stats(stats_at(&id1, &ka))
+        .await
+        .unwrap_or_else(|e| panic!("stats of an inactive LV: {}", e.message()))
+        .into_inner();
+    let cond = st.volume_condition.unwrap();
+    assert!(
+        cond.abnormal && cond.message.contains("not active"),
+        "{}",
+        cond.message
+    );
+    assert!(st.usage.is_empty(), "{:?}", st.usage);
+    // Another volume's node still is not this one.
+    let e = n
+        .node_get_volume_stats(stats_at(&id1, &kc))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+
+    for at in [&ka, &kc] {
+        unmap(at);
+    }
+    for (id, staging, target) in [(&id1, &s1, &ta), (&id2, &s2, &tc)] {
+        n.node_unpublish_volume(unpublish_req(id, target))
+            .await
+            .unwrap();
+        n.node_unstage_volume(unstage_req(id, staging))
+            .await
+            .unwrap();
+    }
 }
