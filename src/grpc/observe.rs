@@ -1,8 +1,9 @@
 //! The one place every gRPC call is logged and counted: a tower layer on
-//! both tonic servers. Each call ends in exactly one info line (service,
+//! both tonic servers. Each call ends in exactly one log line (service,
 //! method, volume or snapshot id when the request has one, gRPC code,
-//! duration, and the error message when it failed) and one
-//! [`Metrics::rpc`] record.
+//! duration, and the error message when it failed): INFO for a success or
+//! a cancellation by the caller, WARN for any other failure ([`level`]);
+//! and one [`Metrics::rpc`] record.
 //!
 //! The layer sees HTTP, not request messages: the ids come from
 //! `validate`, which notes the id it checks ([`note_volume_id`],
@@ -256,15 +257,45 @@ impl Call {
         self.metrics.rpc(&self.service, &self.method, code, elapsed);
         let ids = self.ids.lock().unwrap().clone();
         let duration_ms = (elapsed.as_secs_f64() * 1e6).round() / 1e3;
-        let (service, method, code) = (&self.service, &self.method, code_name(code));
+        let (service, method, name) = (&self.service, &self.method, code_name(code));
         let (volume_id, snapshot_id) = (ids.volume.as_deref(), ids.snapshot.as_deref());
-        if code == "OK" {
-            tracing::info!(target: "thinpool_csi::rpc", service, method, volume_id, snapshot_id,
-                code, duration_ms, "rpc");
-        } else {
-            tracing::info!(target: "thinpool_csi::rpc", service, method, volume_id, snapshot_id,
-                code, duration_ms, error = message, "rpc");
+        match level(code) {
+            Level::Ok => tracing::info!(target: "thinpool_csi::rpc", service, method, volume_id,
+                snapshot_id, code = name, duration_ms, "rpc"),
+            Level::Cancelled => tracing::info!(target: "thinpool_csi::rpc", service, method,
+                volume_id, snapshot_id, code = name, duration_ms, error = message, "rpc"),
+            Level::Failed => tracing::warn!(target: "thinpool_csi::rpc", service, method,
+                volume_id, snapshot_id, code = name, duration_ms, error = message, "rpc"),
         }
+    }
+}
+
+/// How a finished call is logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    /// INFO.
+    Ok,
+    /// INFO, with the reason.
+    Cancelled,
+    /// WARN, with the reason.
+    Failed,
+}
+
+/// Every failure is a WARN, whoever caused it: INVALID_ARGUMENT, NOT_FOUND
+/// or FAILED_PRECONDITION that a sidecar or kubelet keeps getting is a
+/// deployment that does not work (a StorageClass the driver refuses, a
+/// path it does not serve), and at INFO it drowned among the successes.
+/// DEADLINE_EXCEEDED too: the driver was slower than its caller allowed.
+/// CANCELLED stays at INFO: the driver never answers it itself, it is
+/// what this layer records when the caller went away (it gave up, or its
+/// sidecar restarted); the driver did nothing wrong, a mutation goes on
+/// detached and the caller's retry finds its result, so a WARN for each
+/// would cry wolf on every sidecar restart.
+fn level(code: Code) -> Level {
+    match code {
+        Code::Ok => Level::Ok,
+        Code::Cancelled => Level::Cancelled,
+        _ => Level::Failed,
     }
 }
 
@@ -456,12 +487,14 @@ mod tests {
         // This thread logs rpc lines too: with a subscriber that wants
         // them, so that tracing never caches "nobody wants these" while
         // the test below waits for them on another thread.
+        let out = crate::logging::Captured::default();
         let _log = tracing::subscriber::set_default(crate::logging::subscriber(
             crate::logging::LogFormat::Json,
             "info",
-            std::io::sink,
+            out.clone(),
             false,
         ));
+        tracing::callsite::rebuild_interest_cache();
         let m = Arc::new(Metrics::default());
         let layer = ObserveLayer::new(m.clone());
         let fake = |delay_ms, headers, frames| {
@@ -529,6 +562,54 @@ mod tests {
                 code("NOT_FOUND", 1),
             ]
         );
+        // Failures at WARN, the caller's cancellations and successes at
+        // INFO.
+        let levels: Vec<(String, String)> = out
+            .text()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON log line"))
+            .filter(|v| v["target"] == "thinpool_csi::rpc")
+            .map(|v| {
+                (
+                    v["code"].as_str().unwrap().into(),
+                    v["level"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let want = |c: &str, l: &str| (c.to_string(), l.to_string());
+        assert_eq!(
+            levels,
+            vec![
+                want("OK", "INFO"),
+                want("NOT_FOUND", "WARN"),
+                want("INTERNAL", "WARN"),
+                want("CANCELLED", "INFO"),
+                want("DEADLINE_EXCEEDED", "WARN"),
+                want("CANCELLED", "INFO"),
+            ]
+        );
+    }
+
+    #[test]
+    fn client_caused_failures_are_warnings_too() {
+        assert_eq!(level(Code::Ok), Level::Ok);
+        assert_eq!(level(Code::Cancelled), Level::Cancelled);
+        for c in [
+            Code::InvalidArgument,
+            Code::NotFound,
+            Code::AlreadyExists,
+            Code::FailedPrecondition,
+            Code::OutOfRange,
+            Code::Aborted,
+            Code::Unimplemented,
+            Code::DeadlineExceeded,
+            Code::ResourceExhausted,
+            Code::Unavailable,
+            Code::Internal,
+            Code::Unknown,
+        ] {
+            assert_eq!(level(c), Level::Failed, "{c:?}");
+        }
     }
 
     /// The real servers, a real client: every call gives exactly one rpc
@@ -683,7 +764,8 @@ mod tests {
         );
         assert_ne!(delete_code, "OK");
         for v in &rpc {
-            assert_eq!(v["level"], "INFO");
+            let level = if v["code"] == "OK" { "INFO" } else { "WARN" };
+            assert_eq!(v["level"], level, "{v}");
             assert!(v["duration_ms"].as_f64().is_some_and(|d| d >= 0.0), "{v}");
             assert!(v["service"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
             // Failures say why.
