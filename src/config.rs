@@ -62,6 +62,11 @@ pub struct Config {
     /// Send LVM commands to long-lived `lvm` shells (`src/lvm/shell.rs`)
     /// instead of starting `lvm` for each. See README.
     pub lvm_shell: bool,
+    /// Advertise and serve ControllerExpandVolume. False: the controller
+    /// capability EXPAND_VOLUME is not advertised, ControllerExpandVolume
+    /// is UNIMPLEMENTED, and NodeExpandVolume grows the LV itself (the
+    /// per-node Kubernetes deployment; see deploy/kubernetes/README.md).
+    pub controller_expansion: bool,
     /// `host:port` (an IP address, not a name) on which Prometheus metrics
     /// are served at `/metrics` over plain HTTP; empty: no endpoint.
     pub metrics_address: String,
@@ -139,6 +144,7 @@ impl Default for Config {
             allow_unzeroed_pool: false,
             lvm_metadata_archive: false,
             lvm_shell: true,
+            controller_expansion: true,
             metrics_address: String::new(),
             log_format: LogFormat::Text,
         }

@@ -136,7 +136,8 @@ async fn main() -> ExitCode {
     thinpool_csi::logging::init(cfg.log_format);
     tracing::info!(driver = cfg.driver_name, node_id, vg = cfg.volume_group, pool = cfg.thin_pool,
         endpoint = %socket.display(), lvm_metadata_archive = cfg.lvm_metadata_archive,
-        lvm_shell = cfg.lvm_shell, "starting");
+        lvm_shell = cfg.lvm_shell,
+        controller_expansion = cfg.controller_expansion, "starting");
     // One driver per state_dir: a second process stops here, before it
     // touches a socket, a mount or LVM.
     let _lock = match take_lock(&cfg.state_dir) {

@@ -2151,7 +2151,6 @@ fn plugin_capabilities() -> BTreeSet<String> {
 
 #[test]
 fn capabilities_agree_with_the_sidecars() {
-    let ctrl = thinpool_csi::grpc::controller::CAPABILITIES;
     let node = thinpool_csi::grpc::node::CAPABILITIES;
     let plugin = plugin_capabilities();
     // The driver's CSI-Addons identity: CONTROLLER_SERVICE makes the
@@ -2166,6 +2165,9 @@ fn capabilities_agree_with_the_sidecars() {
     for r in renders() {
         let ds = r.one("DaemonSet");
         let at = ds.at();
+        // What the driver advertises with the rendered config.
+        let (cfg, _) = configmap_config(r, ds);
+        let ctrl = &thinpool_csi::grpc::controller::capabilities(cfg.controller_expansion)[..];
         let runs = |repo: &str| find_container(ds, repo).is_some();
         let csidriver = r.one("CSIDriver");
         let spec = |k: &str| csidriver.y.s(&["spec", k]) == Some("true");
@@ -2216,6 +2218,12 @@ fn capabilities_agree_with_the_sidecars() {
         // Expansion: the resizer (the trivial resizer when only the node
         // expands), and a class that allows it.
         let ctrl_expand = ctrl.contains(&Ctrl::ExpandVolume);
+        // external-resizer has no per-node mode: with one on every node,
+        // controller expansion must be off (the others' NOT_FOUND would
+        // mark the claim infeasible), and the node grows the LV.
+        p.check(!(runs(RESIZER) && ctrl_expand), || {
+            format!("{at}: csi-resizer runs on every node, so controller_expansion must be false in the config (deploy/kubernetes/README.md, \"Sidecars in a per-node deployment\")")
+        });
         let node_expand = node.contains(&NodeCap::ExpandVolume);
         let modify = ctrl.contains(&Ctrl::ModifyVolume);
         p.check(runs(RESIZER) == (ctrl_expand || node_expand || modify), || {
@@ -2284,7 +2292,8 @@ fn capabilities_agree_with_the_sidecars() {
         }
     }
     p.check(
-        !ctrl.contains(&Ctrl::CreateDeleteSnapshot) || snapshotter_somewhere,
+        !thinpool_csi::grpc::controller::CAPABILITIES.contains(&Ctrl::CreateDeleteSnapshot)
+            || snapshotter_somewhere,
         || "CREATE_DELETE_SNAPSHOT is advertised, and no render runs csi-snapshotter".to_string(),
     );
     if plugin.contains("GroupControllerService") {

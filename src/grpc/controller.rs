@@ -21,7 +21,9 @@ pub struct ControllerService {
     pub driver: Arc<Driver>,
 }
 
-/// The RPCs this controller implements, and nothing else.
+/// The RPCs this controller implements, and nothing else. What it
+/// advertises is [`capabilities`]: EXPAND_VOLUME only with
+/// `controller_expansion`.
 pub const CAPABILITIES: &[RpcType] = &[
     RpcType::CreateDeleteVolume,
     RpcType::PublishUnpublishVolume,
@@ -36,6 +38,16 @@ pub const CAPABILITIES: &[RpcType] = &[
     RpcType::CloneVolume,
     RpcType::ModifyVolume,
 ];
+
+/// The RPCs advertised: [`CAPABILITIES`], without EXPAND_VOLUME when
+/// `controller_expansion` is off (NodeExpandVolume then grows the LV).
+pub fn capabilities(controller_expansion: bool) -> Vec<RpcType> {
+    CAPABILITIES
+        .iter()
+        .copied()
+        .filter(|t| controller_expansion || *t != RpcType::ExpandVolume)
+        .collect()
+}
 
 impl ControllerService {
     fn topology(&self) -> Vec<Topology> {
@@ -220,6 +232,13 @@ impl ControllerService {
         req: ControllerExpandVolumeRequest,
     ) -> Result<ControllerExpandVolumeResponse> {
         let d = &self.driver;
+        if !d.cfg.controller_expansion {
+            // Not advertised, so not served: NodeExpandVolume grows the LV.
+            return Err(Error::Unimplemented(
+                "ControllerExpandVolume is off on this driver (controller_expansion = false)".into(),
+            )
+            .advise("expand through NodeExpandVolume on the node that has the volume staged (Kubernetes: the kubelet does it), or set controller_expansion = true"));
+        }
         let id = validate::volume_id(&req.volume_id)?;
         let range = validate::size_range(req.capacity_range.as_ref())?
             .ok_or_else(|| Error::InvalidArgument("capacity_range is required".into()))?;
@@ -420,10 +439,10 @@ impl Controller for ControllerService {
         &self,
         _r: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
-        let capabilities = CAPABILITIES
-            .iter()
+        let capabilities = capabilities(self.driver.cfg.controller_expansion)
+            .into_iter()
             .map(|t| ControllerServiceCapability {
-                r#type: Some(CapType::Rpc(Rpc { r#type: *t as i32 })),
+                r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
             })
             .collect();
         Ok(Response::new(ControllerGetCapabilitiesResponse {
@@ -485,6 +504,11 @@ mod tests {
         ] {
             assert!(CAPABILITIES.contains(&t), "{t:?}");
         }
+        // Controller expansion is advertised only when it is served.
+        assert!(capabilities(true).contains(&RpcType::ExpandVolume));
+        let off = capabilities(false);
+        assert!(!off.contains(&RpcType::ExpandVolume));
+        assert_eq!(off.len(), CAPABILITIES.len() - 1);
     }
 
     #[test]

@@ -401,29 +401,47 @@ impl Driver {
         range: SizeRange,
         requested: Option<Access>,
     ) -> Result<(u64, bool)> {
-        self.detached(&id.clone(), "ControllerExpandVolume", move |d, _| async move {
-            let _alloc = d.alloc.lock().await;
-            let report = d.lvm.known().await?;
-            let vol = d.must_own(&report, &id)?;
-            // Block volumes need the node step too: a read-only publish is
-            // a device-mapper overlay that NodeExpandVolume resizes.
-            let node_expansion_required = vol.tags.access.is_some() || requested.is_some();
-            let current = vol.lv.size;
-            expandable_within(current, &range)?;
-            let (_, extent) = d.capacity(&report)?;
-            let target = size(Some(&range), extent, vol.lv.size)?;
-            if target <= current {
-                tracing::info!(%id, current, target, "ControllerExpandVolume: already large enough");
-                return Ok((current, node_expansion_required));
-            }
-            let report = d.usable_report().await?;
-            let (cap, _) = d.capacity(&report)?;
-            d.check_headroom(&format!("growing {id}"), target - current, &cap)?;
-            d.lvm.extend(&id, target).await?;
-            tracing::info!(%id, from = current, to = target, "ControllerExpandVolume: extended");
-            Ok((target, node_expansion_required))
-        })
+        self.detached(
+            &id.clone(),
+            "ControllerExpandVolume",
+            move |d, _| async move {
+                let (size, access) = d.grow_lv(&id, &range, "ControllerExpandVolume").await?;
+                // Block volumes need the node step too: a read-only publish is
+                // a device-mapper overlay that NodeExpandVolume resizes.
+                Ok((size, access.is_some() || requested.is_some()))
+            },
+        )
         .await
+    }
+
+    /// Grows the LV of `id` to fit `range` (nothing when it already
+    /// does), within the pool's headroom; returns its size and access
+    /// type. The caller holds the volume's guard (ControllerExpandVolume,
+    /// or NodeExpandVolume when `controller_expansion` is off).
+    pub(super) async fn grow_lv(
+        &self,
+        id: &VolumeId,
+        range: &SizeRange,
+        what: &str,
+    ) -> Result<(u64, Option<Access>)> {
+        let _alloc = self.alloc.lock().await;
+        let report = self.lvm.known().await?;
+        let vol = self.must_own(&report, id)?;
+        let access = vol.tags.access.clone();
+        let current = vol.lv.size;
+        expandable_within(current, range)?;
+        let (_, extent) = self.capacity(&report)?;
+        let target = size(Some(range), extent, vol.lv.size)?;
+        if target <= current {
+            tracing::info!(%id, current, target, "{what}: already large enough");
+            return Ok((current, access));
+        }
+        let report = self.usable_report().await?;
+        let (cap, _) = self.capacity(&report)?;
+        self.check_headroom(&format!("growing {id}"), target - current, &cap)?;
+        self.lvm.extend(id, target).await?;
+        tracing::info!(%id, from = current, to = target, "{what}: extended the LV");
+        Ok((target, access))
     }
 
     /// ControllerPublishVolume: checks the volume, node and capability;

@@ -593,7 +593,9 @@ impl Driver {
     }
 
     /// NodeExpandVolume: grows the filesystem (or a block volume's
-    /// read-only overlays) to the LV's size and returns it.
+    /// read-only overlays) to the LV's size and returns it. With
+    /// `controller_expansion` off it first grows the LV to `range` (the
+    /// per-node deployment: no ControllerExpandVolume comes).
     pub async fn node_expand(
         self: &Arc<Self>,
         id: VolumeId,
@@ -627,6 +629,11 @@ impl Driver {
                 Error::FailedPrecondition(format!("volume {id} is not staged on this node"))
                     .advise("call NodeStageVolume first, then NodeExpandVolume")
             })?;
+            // Checked and staged here: with controller_expansion off, the
+            // LV grows now (its device numbers stay), then what is on it.
+            if !d.cfg.controller_expansion && range.required > vol.lv.size {
+                d.grow_lv(&id, &range, "NodeExpandVolume").await?;
+            }
             let mut at: Vec<&Path> = vec![&real];
             at.extend(staging.as_deref());
             let size = node::expand(&d.tools, &dev, block_access, &at).await?;

@@ -1209,3 +1209,105 @@ async fn healer_restores_block_node_and_leaves_a_full_pool_alone() {
     );
     unstage(&mut n, &fill, &staging).await;
 }
+
+/// `controller_expansion = false` (the per-node Kubernetes deployment):
+/// controller EXPAND_VOLUME is not advertised and ControllerExpandVolume
+/// is UNIMPLEMENTED; NodeExpandVolume grows the LV, then the filesystem
+/// or the block device, online; what it refuses leaves the LV as it was.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_expand_grows_the_lv_when_controller_expansion_is_off() {
+    let k = Kubelet::new("nogrow");
+    let extra = format!("{}controller_expansion = false\n", k.extra());
+    let d = TestDriver::start("nogrow", 256 * MIB, &extra).await;
+    let mut c = d.controller().await;
+    let mut n = d.node().await;
+    let caps = c
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    let expand = controller_service_capability::rpc::Type::ExpandVolume as i32;
+    assert!(
+        !caps.iter().any(|cap| matches!(&cap.r#type,
+            Some(controller_service_capability::Type::Rpc(r)) if r.r#type == expand)),
+        "EXPAND_VOLUME advertised: {caps:?}"
+    );
+    let fs = create(&d, "nogrow-fs", 32 * MIB, mount_cap("ext4")).await;
+    let e = c
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: fs.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: (64 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{}", e.message());
+    let size_of = |id: &str| lvs(&d.vg).find(id).map(|lv| lv.size).unwrap();
+    assert_eq!(size_of(&fs), 32 * MIB, "a refused call grows nothing");
+
+    let node_expand = |id: &str, path: &Path, bytes: u64| NodeExpandVolumeRequest {
+        volume_id: id.into(),
+        volume_path: path.to_str().unwrap().into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    };
+    // A filesystem volume, published: the LV, then the filesystem, grow.
+    let (st, tg) = (k.staging("fs"), k.target("fs"));
+    stage(&mut n, &fs, &st, mount_cap("ext4")).await;
+    publish(&mut n, &fs, &st, &tg, mount_cap("ext4"), false).await;
+    let before = statvfs_total(&tg);
+    for _ in 0..2 {
+        let got = n
+            .node_expand_volume(node_expand(&fs, &tg, 64 * MIB))
+            .await
+            .unwrap_or_else(|e| panic!("NodeExpandVolume: {e}"))
+            .into_inner();
+        assert_eq!(got.capacity_bytes, (64 * MIB) as i64, "idempotent too");
+    }
+    assert_eq!(size_of(&fs), 64 * MIB);
+    assert!(
+        statvfs_total(&tg) > before + 24 * MIB,
+        "the filesystem grew: {before} -> {}",
+        statvfs_total(&tg)
+    );
+    // More than the pool may hand out: refused, and nothing grows.
+    let e = n
+        .node_expand_volume(node_expand(&fs, &tg, 64 * 1024 * MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
+    assert_eq!(size_of(&fs), 64 * MIB);
+    // Not at that path: NOT_FOUND, and nothing grows.
+    let e = n
+        .node_expand_volume(node_expand(&fs, &k.path("nowhere/vol"), 96 * MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+    assert_eq!(size_of(&fs), 64 * MIB);
+    unpublish(&mut n, &fs, &tg).await;
+    unstage(&mut n, &fs, &st).await;
+
+    // A raw block volume: the LV and its published device grow.
+    let blk = create(&d, "nogrow-blk", 8 * MIB, block_cap()).await;
+    let (st, tg) = (k.staging("blk"), k.target("blk"));
+    stage(&mut n, &blk, &st, block_cap()).await;
+    publish(&mut n, &blk, &st, &tg, block_cap(), false).await;
+    let got = n
+        .node_expand_volume(node_expand(&blk, &tg, 16 * MIB))
+        .await
+        .unwrap_or_else(|e| panic!("NodeExpandVolume (block): {e}"))
+        .into_inner();
+    assert_eq!(got.capacity_bytes, (16 * MIB) as i64);
+    assert_eq!(size_of(&blk), 16 * MIB);
+    let dev_size = sh("blockdev", &["--getsize64", tg.to_str().unwrap()]);
+    assert_eq!(dev_size.trim(), (16 * MIB).to_string());
+    unpublish(&mut n, &blk, &tg).await;
+    unstage(&mut n, &blk, &st).await;
+}
