@@ -1,7 +1,8 @@
-//! README.md checked against the code: its configuration reference names
-//! every key the driver's configuration parser accepts (with the default
-//! `config/defaults.toml` documents), and its commands work as written for
-//! root on a machine without `sudo`.
+//! README.md and docs/ checked against the code: the configuration
+//! reference (docs/configuration.md) names every key the driver's
+//! configuration parser accepts (with the default `config/defaults.toml`
+//! documents), and the commands of README.md and docs/*.md work as written
+//! for root on a machine without `sudo`.
 //!
 //! The keys come from the parser itself: serde's derive hands every
 //! struct's field names to `Deserializer::deserialize_struct`, and
@@ -110,13 +111,16 @@ fn documented_defaults() -> BTreeMap<String, String> {
     out
 }
 
-/// The rows of README's configuration reference: first cell (a key in
+/// Where the configuration reference lives.
+const REFERENCE: &str = "docs/configuration.md";
+
+/// The rows of the configuration reference: first cell (a key in
 /// backquotes) -> the other cells.
 fn reference_rows() -> BTreeMap<String, Vec<String>> {
-    let readme = read("README.md");
+    let readme = read(REFERENCE);
     let start = readme
         .find("\n## Configuration")
-        .expect("README.md has no `## Configuration` section");
+        .expect("docs/configuration.md has no `## Configuration` section");
     let section = &readme[start + 1..];
     let end = section[3..].find("\n## ").map_or(section.len(), |e| e + 3);
     let mut rows = BTreeMap::new();
@@ -180,19 +184,19 @@ fn readme_configuration_reference_has_every_key_with_its_default() {
         }
         match rows.get(k) {
             None => problems.push(format!(
-                "README.md's configuration reference has no row `| \\`{k}\\` | default | what it does |`"
+                "docs/configuration.md's configuration reference has no row `| \\`{k}\\` | default | what it does |`"
             )),
             Some(cells) => {
                 if let Some(v) = defaults.get(k) {
                     if !cells[0].contains(v.as_str()) {
                         problems.push(format!(
-                            "README.md: `{k}` default cell {:?} does not show defaults.toml's {v}",
+                            "docs/configuration.md: `{k}` default cell {:?} does not show defaults.toml's {v}",
                             cells[0]
                         ));
                     }
                 }
                 if cells.last().is_none_or(|c| c.len() < 10) {
-                    problems.push(format!("README.md: `{k}` needs a description"));
+                    problems.push(format!("docs/configuration.md: `{k}` needs a description"));
                 }
             }
         }
@@ -207,48 +211,68 @@ fn readme_configuration_reference_has_every_key_with_its_default() {
     for k in rows.keys() {
         if !keys.contains(k) {
             problems.push(format!(
-                "README.md's configuration reference lists `{k}`, which the parser does not accept"
+                "docs/configuration.md's configuration reference lists `{k}`, which the parser does not accept"
             ));
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// README.md and every page under docs/, as (name, text).
+fn pages() -> Vec<(String, String)> {
+    let mut out = vec![("README.md".to_string(), read("README.md"))];
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("docs/ exists")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    names.sort();
+    assert!(names.iter().any(|n| n == "configuration.md"), "{names:?}");
+    for n in names {
+        let rel = format!("docs/{n}");
+        let text = read(&rel);
+        out.push((rel, text));
+    }
+    out
+}
+
 #[test]
 fn readme_commands_run_as_root_without_sudo() {
-    let readme = read("README.md");
     let mut problems = Vec::new();
-    // Indented or fenced command lines.
-    for (no, line) in readme.lines().enumerate() {
-        let cmd = line.trim_start();
-        let is_code = line.starts_with("    ") || line.starts_with('\t');
-        if !is_code {
-            continue;
-        }
-        if cmd.split_whitespace().any(|w| w == "sudo") {
-            problems.push(format!(
-                "README.md:{}: `{cmd}`: these machines have no sudo; the commands run as root",
-                no + 1
-            ));
-        }
-    }
-    // Every script README names exists and is executable.
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    for word in readme.split(|c: char| c.is_whitespace() || "`()[],;:".contains(c)) {
-        if let Some(rest) = word.strip_prefix("scripts/") {
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
-                .collect();
-            let name = name.trim_end_matches('.');
-            let p = root.join("scripts").join(name);
-            let exec = std::fs::metadata(&p)
-                .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
-                .unwrap_or(false);
-            if !exec && !name.is_empty() && !name.ends_with(".txt") && !name.ends_with(".py") {
+    for (page, readme) in pages() {
+        // Indented or fenced command lines.
+        for (no, line) in readme.lines().enumerate() {
+            let cmd = line.trim_start();
+            let is_code = line.starts_with("    ") || line.starts_with('\t');
+            if !is_code {
+                continue;
+            }
+            if cmd.split_whitespace().any(|w| w == "sudo") {
                 problems.push(format!(
-                    "README.md names scripts/{name}, which is missing or not executable"
+                    "{page}:{}: `{cmd}`: these machines have no sudo; the commands run as root",
+                    no + 1
                 ));
+            }
+        }
+        // Every script a page names exists and is executable.
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        for word in readme.split(|c: char| c.is_whitespace() || "`()[],;:".contains(c)) {
+            if let Some(rest) = word.strip_prefix("scripts/") {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+                    .collect();
+                let name = name.trim_end_matches('.');
+                let p = root.join("scripts").join(name);
+                let exec = std::fs::metadata(&p)
+                    .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
+                    .unwrap_or(false);
+                if !exec && !name.is_empty() && !name.ends_with(".txt") && !name.ends_with(".py") {
+                    problems.push(format!(
+                        "{page} names scripts/{name}, which is missing or not executable"
+                    ));
+                }
             }
         }
     }
