@@ -235,7 +235,10 @@ fn linear_table(lv: (u32, u32), sectors: u64) -> String {
 /// Creates (or finds, when a retried publish made it already) the
 /// read-only overlay `name` over the LV `lv` of `sectors` 512-byte
 /// sectors, and returns its device numbers. An existing device of that
-/// name that is not a read-only overlay of this LV is refused.
+/// name that is not a read-only overlay of this LV is this driver's own
+/// debris (the name is made from the volume and the target, and only this
+/// driver makes it): it is replaced when nothing holds it open, and
+/// refused, with what to do, while something does.
 pub async fn ensure_overlay(
     tools: &Tools,
     name: &str,
@@ -270,17 +273,15 @@ pub async fn ensure_overlay(
             tracing::info!(name, "read-only overlay already exists; reusing it");
             return Ok(n);
         }
-        Found::Other => {
-            return Err(Error::FailedPrecondition(format!(
-                "device-mapper device {name} exists but is not a read-only overlay of {}:{}; left alone",
-                lv.0, lv.1
-            )))
-        }
+        Found::Other => replace_leftover(tools, name, lv).await?,
         Found::TableLess => {
             // Our name, no table: an earlier create of this very overlay
             // was stopped half-way. It maps nothing, so it goes.
             remove_overlay(tools, name).await?;
-            tracing::warn!(name, "removed a table-less overlay an interrupted create left");
+            tracing::warn!(
+                name,
+                "removed a table-less overlay an interrupted create left"
+            );
         }
         Found::Nothing => {}
     }
@@ -302,6 +303,65 @@ pub async fn ensure_overlay(
         })?;
     tracing::info!(name, lv = ?lv, overlay = ?n, sectors, "created read-only overlay");
     Ok(n)
+}
+
+/// What a device-mapper device called `name` is now: its numbers, open
+/// count, target types and the kernel names it maps (for the log and the
+/// error of [`replace_leftover`]).
+fn describe(name: &str) -> (Option<(u32, u32)>, Option<u32>, String) {
+    let numbers = find_by_name(name);
+    let open = numbers.and_then(|n| crate::sys::dm_open_count(n.0, n.1).ok());
+    let targets = match crate::sys::dm_table_status(crate::sys::By::Name(name)) {
+        Ok(Some(t)) if t.is_empty() => "no table".to_string(),
+        Ok(Some(t)) => t
+            .iter()
+            .map(|t| t.target_type.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        Ok(None) => "gone".to_string(),
+        Err(e) => format!("unknown ({e})"),
+    };
+    let maps = numbers
+        .map(|n| list(sys_dir(n.0, n.1).join("slaves")).join(","))
+        .unwrap_or_default();
+    let what = format!(
+        "{targets} table over [{maps}], {}",
+        if numbers.is_some_and(|n| is_read_only(n.0, n.1)) {
+            "read-only"
+        } else {
+            "writable"
+        }
+    );
+    (numbers, open, what)
+}
+
+/// Removes the device called `name` (ours: the overlay name of this very
+/// publish) that is not a read-only overlay of the LV `lv`: what a node
+/// reboot simulated by hand, a re-activation that gave the LV new numbers,
+/// or `dmsetup remove --force` of an overlay a process held open (an
+/// `error` table left in place) leaves behind. Refused while something
+/// holds it open: that opener sees the old device, and only it can let go.
+async fn replace_leftover(tools: &Tools, name: &str, lv: (u32, u32)) -> Result<()> {
+    let nm = name.to_string();
+    let (numbers, open, what) = tools
+        .blocking("look at a leftover overlay", move || Ok(describe(&nm)))
+        .await?;
+    if let Some(n @ 1..) = open {
+        tracing::warn!(name, ?numbers, open_count = n, found = what, lv = ?lv,
+            "a leftover device of this driver's overlay name is held open; not replaced");
+        let dev = numbers.map_or_else(String::new, |(ma, mi)| format!(" ({ma}:{mi})"));
+        return Err(Error::FailedPrecondition(format!(
+            "device-mapper device {name}{dev}, this driver's read-only overlay name for this publish, is left over from an earlier device (it is a {what}, not a read-only overlay of the volume's LV {}:{}) and is held open {n} time(s), so it cannot be replaced",
+            lv.0, lv.1
+        ))
+        .advise(format!(
+            "stop what holds it open (a process: `fuser -v /dev/mapper/{name}`; a loop device: `losetup -j` on the old device node; a mount), then retry: the driver replaces it"
+        )));
+    }
+    remove_overlay(tools, name).await?;
+    tracing::warn!(name, ?numbers, found = what, lv = ?lv,
+        "removed a leftover device of this driver's overlay name that was not a read-only overlay of the LV; creating it anew");
+    Ok(())
 }
 
 /// Removes one of our overlays. Fails (FAILED_PRECONDITION, "busy") while

@@ -718,6 +718,120 @@ impl Drop for Fillers {
     }
 }
 
+/// A pod's hold on a published volume: a process with the device node
+/// (raw block) or a file of the filesystem open, as a container's process
+/// keeps it (read-write, or read-only for a read-only publish). Killed on
+/// drop, as a reboot or a pod's teardown ends it.
+struct Pod(std::process::Child);
+
+impl Pod {
+    fn open(path: &Path, write: bool) -> Pod {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(path)
+            .unwrap_or_else(|e| panic!("a pod opens {} (write={write}): {e}", path.display()));
+        let child = std::process::Command::new("sleep")
+            .arg("100000")
+            .stdin(f)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Pod(child)
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Every descriptor the process `pid` and its descendants hold on one of
+/// `devs`: a block device with those numbers, or a file on a filesystem of
+/// that device ("pid (comm) fd N -> what").
+fn descriptors_on(pid: u32, devs: &[(u32, u32)]) -> Vec<String> {
+    use nix::sys::stat::{major, minor};
+    let mut found = Vec::new();
+    let pids = std::iter::once(pid as i32).chain(crate::harness::descendants(pid as i32));
+    for p in pids {
+        let dir = PathBuf::from(format!("/proc/{p}"));
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        for fd in std::fs::read_dir(dir.join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(m) = std::fs::metadata(fd.path()) else {
+                continue;
+            };
+            let on = |d: u64| devs.contains(&(major(d) as u32, minor(d) as u32));
+            if (m.file_type().is_block_device() && on(m.rdev())) || on(m.dev()) {
+                let link = std::fs::read_link(fd.path()).unwrap_or_default();
+                found.push(format!(
+                    "pid {p} ({}) fd {} -> {}",
+                    comm.trim(),
+                    fd.file_name().to_string_lossy(),
+                    link.display()
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// The open count of the device-mapper device `dev` once it settles at
+/// `want` (LVM commands of tests running beside this one open every block
+/// device for a moment), or the last one read after 10 s.
+fn settled_open_count(dev: (u32, u32), want: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = thinpool_csi::sys::dm_open_count(dev.0, dev.1).unwrap();
+        if n == want || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Pods for every volume: each opens its published device node or a file
+/// of its publish, read-write or read-only as published. Checks that the
+/// driver and its children hold none of the volumes' devices, and that
+/// each block publish is open exactly once (by its pod).
+fn start_pods(d: &TestDriver, vols: &[BootVol], vg: &str, when: &str) -> Vec<Pod> {
+    let pods: Vec<Pod> = vols
+        .iter()
+        .map(|v| {
+            let path = if v.block {
+                v.target.clone()
+            } else {
+                v.target.join("data")
+            };
+            Pod::open(&path, !v.ro)
+        })
+        .collect();
+    let mut devs: Vec<(u32, u32)> = vols.iter().map(|v| lv_numbers(vg, &v.id)).collect();
+    devs.extend(vols.iter().filter_map(|v| rdev_of(&v.target)));
+    let held = descriptors_on(d.pid(), &devs);
+    eprintln!("MEASURE reboot {when}: driver and children hold {held:?}");
+    assert!(
+        held.is_empty(),
+        "{when}: the driver or a child of it holds a volume's device open: {held:?}"
+    );
+    for v in vols.iter().filter(|v| v.block) {
+        let node = rdev_of(&v.target).unwrap();
+        let n = settled_open_count(node, 1);
+        eprintln!(
+            "MEASURE reboot {when}: {} node {node:?} open {n} time(s): {}",
+            v.name,
+            crate::harness::openers(node)
+        );
+        assert_eq!(n, 1, "{when}: {} is open by its pod only", v.name);
+    }
+    pods
+}
+
 struct BootVol {
     name: &'static str,
     id: String,
@@ -797,20 +911,32 @@ async fn reboot_restores_exactly_what_was_published() {
         .map(|v| (v.name, lv_numbers(&d.vg, &v.id), rdev_of(&v.target)))
         .collect();
     eprintln!("MEASURE reboot before: (volume, LV numbers, node at target) {before:?}");
+    let pods = start_pods(&d, &vols, &d.vg, "before");
 
     // The "reboot": the driver dies, mounts and device-mapper devices go,
     // the VG is inactive, the loop device is gone, and other devices take
-    // the low minors.
+    // the low minors. The overlays go as `dmsetup remove --force` takes
+    // them while a pod still holds one open: its table is replaced by an
+    // `error` one (wipe_table), the remove fails, and the device stays
+    // under our name once the pods are gone.
     d.kill9();
+    let mut leftovers = Vec::new();
+    for v in &vols {
+        for o in overlays_of(&v.id) {
+            dmsetup(&["wipe_table", &o]).unwrap_or_else(|e| panic!("dmsetup wipe_table {o}: {e}"));
+            if dmsetup(&["remove", &o]).is_err() {
+                leftovers.push(o);
+            }
+        }
+    }
+    drop(pods);
+    assert!(
+        !leftovers.is_empty(),
+        "the read-only overlay its pod held stays"
+    );
     // --retry: LVM commands of tests running beside this one scan every
     // block device and hold ours open for a moment.
     let unmounted = umount_all_under(k.root.path());
-    for v in &vols {
-        for o in overlays_of(&v.id) {
-            dmsetup(&["remove", "--retry", &o])
-                .unwrap_or_else(|e| panic!("dmsetup remove {o}: {e}"));
-        }
-    }
     crate::harness::lvm(&["vgchange", "-an", &d.vg]);
     for n in dm_of_vg(&d.vg) {
         dmsetup(&["remove", "--retry", &n]).unwrap_or_else(|e| panic!("dmsetup remove {n}: {e}"));
@@ -832,7 +958,8 @@ async fn reboot_restores_exactly_what_was_published() {
         .map(|(_, nums)| nums)
         .collect();
     eprintln!(
-        "MEASURE reboot simulated: {unmounted} mounts removed, {} detached, fillers at {filler_numbers:?}",
+        "MEASURE reboot simulated: {unmounted} mounts removed, {} detached, fillers at {filler_numbers:?}, \
+         leftover overlays (error table, nothing open) {leftovers:?}",
         lo.display()
     );
 
@@ -927,6 +1054,20 @@ async fn reboot_restores_exactly_what_was_published() {
         }
     }
 
+    let repaired: Vec<String> = d
+        .log_tail(2000)
+        .lines()
+        .filter(|l| l.contains("leftover device of this driver's overlay name"))
+        .map(String::from)
+        .collect();
+    eprintln!("MEASURE reboot leftover overlays repaired: {repaired:?}");
+    assert!(
+        !repaired.is_empty(),
+        "the driver logs the leftover overlay it replaced"
+    );
+    // The pods run again, and are torn down before their volumes are.
+    let pods = start_pods(&d, &vols, &d.vg, "after");
+    drop(pods);
     for v in vols.iter().filter(|v| v.block) {
         let node = rdev_of(&v.target).unwrap();
         eprintln!(
