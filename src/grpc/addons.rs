@@ -50,7 +50,7 @@ impl AddonsService {
     ) -> Result<ControllerReclaimSpaceResponse> {
         let d = &self.driver;
         let id = validate::existing_volume_id(&req.volume_id)?;
-        validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool)?;
+        validate::opaque_parameters(&req.parameters)?;
         let r = d.controller_reclaim(id).await?;
         Ok(ControllerReclaimSpaceResponse {
             pre_usage: consumption(r.pre),

@@ -567,6 +567,15 @@ fn sidecar_key_in(carrier: Carrier, key: &str) -> Option<Result<()>> {
     ))))
 }
 
+/// Parameters that mean nothing to this driver and are ignored, bounded
+/// only by CSI's 4 KiB: ControllerReclaimSpace's. The csi-addons
+/// controller fills them from the PV's volume attributes (the provisioner
+/// identity, fsType, readAheadSectors) or from a CSIAddonsJob's own
+/// key-value list, so no key set can be known in advance.
+pub fn opaque_parameters(params: &HashMap<String, String>) -> Result<()> {
+    map_size(params)
+}
+
 /// CSI bounds a map to 4 KiB.
 fn map_size(params: &HashMap<String, String>) -> Result<()> {
     let total: usize = params.iter().map(|(k, v)| k.len() + v.len()).sum();

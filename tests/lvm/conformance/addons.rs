@@ -162,6 +162,25 @@ async fn addons_error_tables() {
     );
 
     // -- Not authenticated: secrets are taken and ignored ----------------------
+    // Parameters: the csi-addons controller passes the PV's volume
+    // attributes (or a CSIAddonsJob's own keys); they mean nothing here.
+    let mut q = ctl_req(&idle);
+    q.parameters = [
+        (
+            "storage.kubernetes.io/csiProvisionerIdentity",
+            "1764000000000-thinpool.csi.test",
+        ),
+        ("fsType", "ext4"),
+        ("readAheadSectors", "256"),
+        ("key1", "value1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    r.ok(
+        "ControllerReclaimSpace with the PV's volume attributes as parameters → OK (opaque, ignored)",
+        ctl.controller_reclaim_space(q).await,
+    );
     let mut q = ctl_req(&idle);
     q.secrets = secrets();
     r.ok(
