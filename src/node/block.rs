@@ -258,8 +258,15 @@ pub async fn publish(
 
 /// Removes the overlay of the read-only publish of `volume_id` at
 /// `target` if one is left, with or without a table (a publish stopped
-/// before it made its node leaves one that no node leads to).
-pub async fn drop_own_overlay(tools: &Tools, volume_id: &str, target: &Path) -> Result<()> {
+/// before it made its node leaves one that no node leads to); a leftover
+/// that maps nothing of the LV `lv` and is held open goes deferred
+/// ([`dm::remove_for_unpublish`]).
+pub async fn drop_own_overlay(
+    tools: &Tools,
+    volume_id: &str,
+    target: &Path,
+    lv: Option<(u32, u32)>,
+) -> Result<()> {
     let name = dm::overlay_name(volume_id, target);
     let n = name.clone();
     let exists = tools
@@ -268,7 +275,7 @@ pub async fn drop_own_overlay(tools: &Tools, volume_id: &str, target: &Path) -> 
         })
         .await?;
     if exists {
-        dm::remove_overlay(tools, &name).await?;
+        dm::remove_for_unpublish(tools, &name, lv).await?;
     }
     Ok(())
 }
@@ -314,7 +321,7 @@ pub async fn unpublish_node(
         // publish's own overlay if one is left.
         _ => {
             if our_overlay {
-                dm::remove_overlay(tools, &ours).await?;
+                dm::remove_for_unpublish(tools, &ours, lv).await?;
             }
         }
     }

@@ -325,7 +325,7 @@ fn describe(name: &str) -> (Option<(u32, u32)>, Option<u32>, String) {
         .map(|n| list(sys_dir(n.0, n.1).join("slaves")).join(","))
         .unwrap_or_default();
     let what = format!(
-        "{targets} table over [{maps}], {}",
+        "table: {targets}; maps: [{maps}]; {}",
         if numbers.is_some_and(|n| is_read_only(n.0, n.1)) {
             "read-only"
         } else {
@@ -351,7 +351,7 @@ async fn replace_leftover(tools: &Tools, name: &str, lv: (u32, u32)) -> Result<(
             "a leftover device of this driver's overlay name is held open; not replaced");
         let dev = numbers.map_or_else(String::new, |(ma, mi)| format!(" ({ma}:{mi})"));
         return Err(Error::FailedPrecondition(format!(
-            "device-mapper device {name}{dev}, this driver's read-only overlay name for this publish, is left over from an earlier device (it is a {what}, not a read-only overlay of the volume's LV {}:{}) and is held open {n} time(s), so it cannot be replaced",
+            "device-mapper device {name}{dev}, this driver's read-only overlay name for this publish, is left over from an earlier device ({what}; not a read-only overlay of the volume's LV {}:{}) and is held open {n} time(s), so it cannot be replaced",
             lv.0, lv.1
         ))
         .advise(format!(
@@ -395,6 +395,41 @@ pub async fn remove_overlay(tools: &Tools, name: &str) -> Result<()> {
         });
     }
     tracing::info!(name, "removed read-only overlay");
+    Ok(())
+}
+
+/// Removes the device `name` (the overlay name of one publish) for an
+/// unpublish of that publish. A device of that name that something still
+/// holds open fails the unpublish while it maps the volume's LV `lv` (a
+/// pod still reads the volume through it); one that maps nothing of the LV
+/// any more (a leftover: an `error` table, or old numbers) serves nothing
+/// of the volume, so it is removed deferred (the kernel removes it when its
+/// last opener closes) and the unpublish goes on: an opener outside the
+/// driver that never lets go no longer holds the pod's teardown for ever.
+pub async fn remove_for_unpublish(tools: &Tools, name: &str, lv: Option<(u32, u32)>) -> Result<()> {
+    let Err(e) = remove_overlay(tools, name).await else {
+        return Ok(());
+    };
+    let nm = name.to_string();
+    let (numbers, open, what, maps_lv) = tools
+        .blocking("look at an overlay that stays", move || {
+            let (numbers, open, what) = describe(&nm);
+            let maps_lv = match (numbers, lv) {
+                (Some(n), Some(lv)) => kernel_name(lv.0, lv.1)
+                    .is_some_and(|k| list(sys_dir(n.0, n.1).join("slaves")).contains(&k)),
+                _ => false,
+            };
+            Ok((numbers, open, what, maps_lv))
+        })
+        .await?;
+    if maps_lv || open.is_none_or(|n| n == 0) {
+        return Err(e);
+    }
+    let mut args = crate::argv!["remove", "--deferred", name];
+    args.extend(udev_args(tools));
+    tools.run("dmsetup", &args).await?;
+    tracing::warn!(name, ?numbers, open_count = open, found = what, lv = ?lv,
+        "a leftover device of this driver's overlay name that maps nothing of the LV is held open; its removal is deferred until its last opener closes");
     Ok(())
 }
 

@@ -480,7 +480,7 @@ impl Driver {
                 // recorded there must not be healed back, nor its overlay
                 // stay.
                 let recorded = record.as_ref().is_some_and(|r| r.publish(&target).is_some());
-                d.forget_publish(&id, record, recorded, &target).await?;
+                d.forget_publish(&id, record, recorded, &target, lv).await?;
                 tracing::info!(%id, target = %target.display(), "NodeUnpublishVolume: target already gone");
                 return Ok(());
             };
@@ -495,7 +495,7 @@ impl Driver {
                 }
             }
             node::unpublish(&d.tools, lv, &id, &target, recorded).await?;
-            d.forget_publish(&id, record, recorded, &target).await
+            d.forget_publish(&id, record, recorded, &target, lv).await
         })
         .await
     }
@@ -509,9 +509,10 @@ impl Driver {
         record: Option<Record>,
         recorded: bool,
         target: &Path,
+        lv: Option<(u32, u32)>,
     ) -> Result<()> {
         if record.as_ref().is_some_and(|r| r.kind == Kind::Block) {
-            block::drop_own_overlay(&self.tools, id, target).await?;
+            block::drop_own_overlay(&self.tools, id, target, lv).await?;
         }
         if let Some(mut r) = record.filter(|_| recorded) {
             r.publishes.retain(|p| p.target != target);

@@ -843,6 +843,10 @@ struct BootVol {
     data: Vec<u8>,
 }
 
+/// The read-only block volume of the reboot test whose pod outlives the
+/// simulated reboot.
+const HELD: &str = "zboot-blk-held";
+
 #[tokio::test(flavor = "multi_thread")]
 async fn reboot_restores_exactly_what_was_published() {
     let k = Kubelet::new("zboot");
@@ -858,6 +862,8 @@ async fn reboot_restores_exactly_what_was_published() {
         ),
         ("zboot-blk-rw", block_cap(), true, false),
         ("zboot-blk-ro", block_cap(), true, true),
+        // Its pod outlives the simulated reboot, holding the old overlay.
+        (HELD, block_cap(), true, true),
     ];
     let mut vols = Vec::new();
     for (i, (name, cap, block, ro)) in specs.into_iter().enumerate() {
@@ -929,10 +935,16 @@ async fn reboot_restores_exactly_what_was_published() {
             }
         }
     }
+    // Every pod ends but one, which a reboot done by hand can miss: it
+    // keeps its leftover open through the driver's restart.
+    let held = vols.iter().position(|v| v.name == HELD).unwrap();
+    let mut pods = pods;
+    let holder = pods.remove(held);
     drop(pods);
-    assert!(
-        !leftovers.is_empty(),
-        "the read-only overlay its pod held stays"
+    assert_eq!(
+        leftovers.len(),
+        2,
+        "the read-only overlays their pods held stay: {leftovers:?}"
     );
     // --retry: LVM commands of tests running beside this one scan every
     // block device and hold ours open for a moment.
@@ -959,7 +971,7 @@ async fn reboot_restores_exactly_what_was_published() {
         .collect();
     eprintln!(
         "MEASURE reboot simulated: {unmounted} mounts removed, {} detached, fillers at {filler_numbers:?}, \
-         leftover overlays (error table, nothing open) {leftovers:?}",
+         leftover overlays (error table) {leftovers:?}",
         lo.display()
     );
 
@@ -973,11 +985,52 @@ async fn reboot_restores_exactly_what_was_published() {
     for v in &vols {
         retries += co.stage(&v.id, &v.staging, v.cap.clone()).await;
     }
-    for v in &vols {
+    for v in vols.iter().filter(|v| v.name != HELD) {
         retries += co
             .publish(&v.id, &v.staging, &v.target, v.cap.clone(), v.ro)
             .await;
     }
+    // The leftover the surviving pod holds cannot be replaced: the publish
+    // says so and what to do; the unpublish of that failed publish (the
+    // pod torn down) succeeds, and the leftover goes once its opener does.
+    let v = &vols[held];
+    let err = loop {
+        let req = publish_req(&v.id, &v.staging, &v.target, v.cap.clone(), true);
+        match d.node().await.node_publish_volume(req).await {
+            Err(e) if matches!(e.code(), Code::Aborted | Code::Unavailable) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => break e,
+            Ok(_) => panic!("{HELD}: published over a leftover its pod holds open"),
+        }
+    };
+    eprintln!(
+        "MEASURE reboot publish over a held leftover: {:?} {}",
+        err.code(),
+        err.message()
+    );
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("held open 1 time(s)"), "{err:?}");
+    co.unpublish(&v.id, &v.target).await;
+    assert_eq!(
+        overlays_of(&v.id).len(),
+        1,
+        "{HELD}: the leftover stays while its opener holds it"
+    );
+    drop(holder);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !overlays_of(&v.id).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{HELD}: the leftover outlives its last opener: {:?}",
+            overlays_of(&v.id)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("MEASURE reboot {HELD}: the leftover went with its last opener");
+    retries += co
+        .publish(&v.id, &v.staging, &v.target, v.cap.clone(), true)
+        .await;
     let after: Vec<_> = vols
         .iter()
         .map(|v| (v.name, lv_numbers(&d.vg, &v.id), rdev_of(&v.target)))
@@ -1062,7 +1115,9 @@ async fn reboot_restores_exactly_what_was_published() {
         .collect();
     eprintln!("MEASURE reboot leftover overlays repaired: {repaired:?}");
     assert!(
-        !repaired.is_empty(),
+        repaired
+            .iter()
+            .any(|l| l.contains("removed a leftover device")),
         "the driver logs the leftover overlay it replaced"
     );
     // The pods run again, and are torn down before their volumes are.
