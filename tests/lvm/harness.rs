@@ -94,6 +94,72 @@ impl TestDriver {
         d
     }
 
+    /// [`TestDriver::start`] with `env` added to the driver's environment,
+    /// as an image's `ENV` lines put it there (`LVM_SYSTEM_DIR`). The
+    /// config is the one [`TestDriver::start`] writes; restart such a
+    /// driver with [`TestDriver::restart_with_env`].
+    pub async fn start_with_env(
+        name: &str,
+        size: u64,
+        extra: &str,
+        env: &[(String, String)],
+    ) -> TestDriver {
+        require_lvm();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("tpcsi-{name}-"))
+            .tempdir()
+            .unwrap();
+        let vg = format!("tpt-{name}");
+        let config = dir.path().join("config.toml");
+        let text = format!(
+            "report_max_age_secs = 0\ndriver_name = \"{DRIVER_NAME}\"\nnode_id = \"{NODE_ID}\"\n\
+             volume_group = \"{vg}\"\nthin_pool = \"pool\"\nudev = \"off\"\n\
+             csi_addons_endpoint = \"unix://{dir}/addons.sock\"\nstate_dir = \"{dir}/state\"\n{extra}\n\
+             [loop_pool]\nbacking_file = \"{dir}/pool.img\"\nsize = {size}\npool_percent = 80\n",
+            dir = dir.path().display()
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut d = TestDriver {
+            vg,
+            socket: dir.path().join("csi.sock"),
+            backing: dir.path().join("pool.img"),
+            dir,
+            config,
+            child: None,
+        };
+        d.spawn_with_env(env).await;
+        d
+    }
+
+    /// [`TestDriver::spawn`] with `env` added to the driver's environment.
+    pub async fn spawn_with_env(&mut self, env: &[(String, String)]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("driver.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket.display()))
+            .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start thinpool-csi");
+        self.child = Some(child);
+        self.wait_ready().await;
+    }
+
+    /// [`TestDriver::restart`] of a driver started with `env`.
+    pub async fn restart_with_env(&mut self, env: &[(String, String)]) {
+        self.stop();
+        self.spawn_with_env(env).await;
+    }
+
     /// Starts the driver process (again) on this config.
     pub async fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()

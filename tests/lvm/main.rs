@@ -10,6 +10,7 @@ mod conformance;
 mod controller;
 mod full_pool;
 mod group;
+mod kubelet;
 mod metadata;
 mod metrics;
 mod node;
