@@ -82,17 +82,17 @@ const RECENT_WRITES: usize = 256;
 
 impl Cache {
     /// `report`, read by an `lvs` that began at generation `from`, with
-    /// every write that ended since applied; `None` when a write whose
-    /// effect is unknown ended meanwhile, or the log no longer reaches
-    /// back that far.
-    fn catch_up(&self, mut report: Report, from: u64) -> Option<Report> {
+    /// every write that ended since applied; `Err(report)`, as read, when
+    /// a write whose effect is unknown ended meanwhile, or the log no
+    /// longer reaches back that far (a one-off, not to be kept).
+    fn catch_up(&self, mut report: Report, from: u64) -> std::result::Result<Report, Report> {
         if self.unknown_since > from || self.dropped_until > from {
-            return None;
+            return Err(report);
         }
         for (_, w) in self.recent.iter().filter(|(g, _)| *g > from) {
             report.apply(w);
         }
-        Some(report)
+        Ok(report)
     }
 }
 
@@ -372,18 +372,35 @@ impl Lvm {
             }
             Err(e) => return Err(e),
         };
-        let read = Report::parse(&out.stdout)?;
-        let mut c = self.cache.lock().unwrap();
-        // Our writes that ended while lvs ran are applied to what it read;
-        // one whose effect is unknown makes the read a one-off.
-        match c.catch_up(read.clone(), generation) {
-            Some(current) => {
-                let current = Arc::new(current);
-                c.report = Some((started, current.clone()));
-                Ok(current)
+        let read = Report::parse(&out.stdout);
+        // The text (half a MiB at 500 LVs) goes before the report is kept.
+        drop(out);
+        let read = read?;
+        let (read, replaced) = {
+            let mut c = self.cache.lock().unwrap();
+            // Our writes that ended while lvs ran are applied to what it
+            // read; one whose effect is unknown makes the read a one-off.
+            match c.catch_up(read, generation) {
+                Ok(current) => {
+                    let current = Arc::new(current);
+                    let replaced = c.report.replace((started, current.clone()));
+                    (current, replaced)
+                }
+                Err(read) => (Arc::new(read), None),
             }
-            None => Ok(Arc::new(read)),
-        }
+        };
+        // The report it replaced goes outside the lock (unless a reader
+        // still holds it), and then what reading and parsing freed goes
+        // back to the kernel: each refresh runs on whichever thread is
+        // free, and glibc kept what it freed in that thread's arena, so an
+        // idle driver's RSS stepped up with every refresh (`sys::heap`).
+        // The trim walks malloc's free lists and madvises free pages
+        // (under a millisecond); it waits on no device, so it runs here,
+        // not on a blocking thread (whose first malloc could open one more
+        // arena).
+        drop(replaced);
+        crate::sys::release_free_memory();
+        Ok(read)
     }
 
     pub fn lv_path(&self, lv: &str) -> String {
@@ -937,17 +954,17 @@ mod tests {
         );
         c.unknown_since = 4;
         assert!(
-            c.catch_up(read.clone(), 3).is_none(),
+            c.catch_up(read.clone(), 3).is_err(),
             "a failure during the read"
         );
         assert!(
-            c.catch_up(read.clone(), 4).is_some(),
+            c.catch_up(read.clone(), 4).is_ok(),
             "a failure before the read"
         );
         c.unknown_since = 0;
         c.dropped_until = 4;
         assert!(
-            c.catch_up(read, 3).is_none(),
+            c.catch_up(read, 3).is_err(),
             "writes the log no longer holds"
         );
     }

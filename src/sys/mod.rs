@@ -3,6 +3,7 @@
 //! opened beneath a root through no symlink ([`beneath`]), device
 //! nodes ([`devnode`]), device-mapper status ([`dm`]), files that must be
 //! created once or locked ([`file`]), filesystem freezes ([`freeze`]),
+//! the process's heap (freed memory back to the kernel: [`heap`]),
 //! mounts ([`mount`]), a mount point opened as the proven root of a
 //! device's mount ([`mountroot`]), and XFS geometry and growth ([`xfs`]).
 //! Loop devices
@@ -32,6 +33,7 @@ pub mod devnode;
 pub mod dm;
 pub mod file;
 pub mod freeze;
+pub mod heap;
 pub mod mount;
 pub mod mountroot;
 pub mod xfs;
@@ -41,6 +43,7 @@ pub use block::*;
 pub use devnode::*;
 pub use dm::*;
 pub use file::*;
+pub use heap::release_free_memory;
 pub use mount::*;
 pub use mountroot::open_mount_root;
 
