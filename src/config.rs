@@ -57,10 +57,10 @@ pub struct Config {
     /// a new raw block volume on it can show a deleted volume's data.
     pub allow_unzeroed_pool: bool,
     /// Let LVM archive the VG's metadata before each of the driver's
-    /// changes (its `backup/archive`). Off by default: see README.
+    /// changes (its `backup/archive`). Off by default: see docs/performance.md.
     pub lvm_metadata_archive: bool,
     /// Send LVM commands to long-lived `lvm` shells (`src/lvm/shell.rs`)
-    /// instead of starting `lvm` for each. See README.
+    /// instead of starting `lvm` for each. See docs/performance.md.
     pub lvm_shell: bool,
     /// Advertise and serve ControllerExpandVolume. False: the controller
     /// capability EXPAND_VOLUME is not advertised, ControllerExpandVolume

@@ -138,7 +138,7 @@ mod tests {
     }
 
     /// A real grpcio client on the driver's socket (issue 11, clients).
-    /// With `grpc.default_authority=localhost` (README's troubleshooting)
+    /// With `grpc.default_authority=localhost` (docs/troubleshooting.md)
     /// every call reaches the driver: GetPluginInfo answers, and Probe
     /// answers the driver's own FAILED_PRECONDITION (this driver's `lvm`
     /// is missing on purpose: no LVM needed, and the answer is visibly
@@ -147,7 +147,7 @@ mod tests {
     /// PROTOCOL_ERROR before tonic sees the request: h2 has no option to
     /// accept such an authority (hyperium/h2#487 is open), and the driver
     /// cannot reach below it without forking the HTTP/2 stack. When this
-    /// assertion fails, h2 accepts them: drop the workaround from README.
+    /// assertion fails, h2 accepts them: drop the workaround from docs/troubleshooting.md.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn grpcio_clients_work_with_localhost_and_h2_refuses_a_path_authority() {
         let python = venv_python();
