@@ -49,7 +49,8 @@ native() {
     scripts/check-packaging.sh --setup
     # --test deploy: deploy/kubernetes rendered with `kubectl kustomize`
     # (every overlay and component combination) and checked;
-    # --test docs: README's configuration reference and commands.
+    # --test docs: docs/configuration.md's reference and the commands of README and docs/;
+    # --test conformance_table: every rule the conformance tables name exists.
     cargo test --lib --bins --test deploy --test docs --test conformance_table
     echo "== packaging checks (Dockerfile parser, rendered manifests against the Kubernetes schemas, Vagrantfile)"
     scripts/check-packaging.sh
