@@ -48,6 +48,49 @@ impl TestDriver {
     /// Starts a driver on a fresh loop-backed VG of `size` bytes; `extra`
     /// is appended to the top level of its config.
     pub async fn start(name: &str, size: u64, extra: &str) -> TestDriver {
+        Self::start_with_env(name, size, extra, &[]).await
+    }
+
+    /// Starts a driver on an existing config file whose VG and backing
+    /// file are `vg` and `backing`.
+    pub async fn with_config(
+        dir: tempfile::TempDir,
+        config: PathBuf,
+        vg: String,
+        backing: PathBuf,
+    ) -> TestDriver {
+        let mut d = Self::unstarted(dir, config, vg, backing);
+        d.spawn().await;
+        d
+    }
+
+    /// The driver of `config` in `dir`, not running yet.
+    fn unstarted(
+        dir: tempfile::TempDir,
+        config: PathBuf,
+        vg: String,
+        backing: PathBuf,
+    ) -> TestDriver {
+        TestDriver {
+            vg,
+            socket: dir.path().join("csi.sock"),
+            dir,
+            config,
+            backing,
+            child: None,
+        }
+    }
+
+    /// [`TestDriver::start`] with `env` added to the driver's environment,
+    /// as an image's `ENV` lines put it there (`LVM_SYSTEM_DIR`). The
+    /// config is the one [`TestDriver::start`] writes; restart such a
+    /// driver with [`TestDriver::restart_with_env`].
+    pub async fn start_with_env(
+        name: &str,
+        size: u64,
+        extra: &str,
+        env: &[(String, String)],
+    ) -> TestDriver {
         require_lvm();
         let dir = tempfile::Builder::new()
             .prefix(&format!("tpcsi-{name}-"))
@@ -71,62 +114,7 @@ impl TestDriver {
         };
         std::fs::write(&config, text).unwrap();
         let backing = dir.path().join("pool.img");
-        Self::with_config(dir, config, vg, backing).await
-    }
-
-    /// Starts a driver on an existing config file whose VG and backing
-    /// file are `vg` and `backing`.
-    pub async fn with_config(
-        dir: tempfile::TempDir,
-        config: PathBuf,
-        vg: String,
-        backing: PathBuf,
-    ) -> TestDriver {
-        let mut d = TestDriver {
-            vg,
-            socket: dir.path().join("csi.sock"),
-            dir,
-            config,
-            backing,
-            child: None,
-        };
-        d.spawn().await;
-        d
-    }
-
-    /// [`TestDriver::start`] with `env` added to the driver's environment,
-    /// as an image's `ENV` lines put it there (`LVM_SYSTEM_DIR`). The
-    /// config is the one [`TestDriver::start`] writes; restart such a
-    /// driver with [`TestDriver::restart_with_env`].
-    pub async fn start_with_env(
-        name: &str,
-        size: u64,
-        extra: &str,
-        env: &[(String, String)],
-    ) -> TestDriver {
-        require_lvm();
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("tpcsi-{name}-"))
-            .tempdir()
-            .unwrap();
-        let vg = format!("tpt-{name}");
-        let config = dir.path().join("config.toml");
-        let text = format!(
-            "report_max_age_secs = 0\ndriver_name = \"{DRIVER_NAME}\"\nnode_id = \"{NODE_ID}\"\n\
-             volume_group = \"{vg}\"\nthin_pool = \"pool\"\nudev = \"off\"\n\
-             csi_addons_endpoint = \"unix://{dir}/addons.sock\"\nstate_dir = \"{dir}/state\"\n{extra}\n\
-             [loop_pool]\nbacking_file = \"{dir}/pool.img\"\nsize = {size}\npool_percent = 80\n",
-            dir = dir.path().display()
-        );
-        std::fs::write(&config, text).unwrap();
-        let mut d = TestDriver {
-            vg,
-            socket: dir.path().join("csi.sock"),
-            backing: dir.path().join("pool.img"),
-            dir,
-            config,
-            child: None,
-        };
+        let mut d = Self::unstarted(dir, config, vg, backing);
         d.spawn_with_env(env).await;
         d
     }
@@ -162,24 +150,7 @@ impl TestDriver {
 
     /// Starts the driver process (again) on this config.
     pub async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("driver.log"))
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
-            .arg("--config")
-            .arg(&self.config)
-            .arg("--endpoint")
-            .arg(format!("unix://{}", self.socket.display()))
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start thinpool-csi");
-        self.child = Some(child);
-        self.wait_ready().await;
+        self.spawn_with_env(&[]).await;
     }
 
     async fn wait_ready(&mut self) {

@@ -60,13 +60,7 @@ fn snap_req(name: &str, source: &str) -> CreateSnapshotRequest {
 }
 
 async fn create(r: &mut Rules, c: &mut ControllerClient<Channel>, name: &str) -> String {
-    r.ok(
-        &format!("CreateVolume {name:?} succeeds"),
-        c.create_volume(create_req(name, MIB, block_cap())).await,
-    )
-    .and_then(|v| v.volume)
-    .map(|v| v.volume_id)
-    .unwrap_or_else(|| panic!("cannot go on without volume {name:?}"))
+    super::created(r, c, create_req(name, MIB, block_cap())).await
 }
 
 /// CreateVolume, DeleteVolume, ControllerPublish/Unpublish,

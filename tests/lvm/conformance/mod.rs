@@ -205,6 +205,23 @@ pub fn required(rpc: &str, field: &str) -> String {
     format!("{rpc}: {field} is REQUIRED; without it → INVALID_ARGUMENT [{MISSING}]")
 }
 
+/// Creates a volume as `q` asks, the rule being that it succeeds; a
+/// test cannot go on without it.
+pub async fn created(
+    r: &mut Rules,
+    c: &mut thinpool_csi::proto::csi::v1::controller_client::ControllerClient<Channel>,
+    q: thinpool_csi::proto::csi::v1::CreateVolumeRequest,
+) -> String {
+    let name = q.name.clone();
+    r.ok(
+        &format!("CreateVolume {name:?} succeeds"),
+        c.create_volume(q).await,
+    )
+    .and_then(|v| v.volume)
+    .map(|v| v.volume_id)
+    .unwrap_or_else(|| panic!("cannot go on without volume {name:?}"))
+}
+
 /// The rules checked by one test and the ones broken.
 pub struct Rules {
     what: &'static str,

@@ -19,7 +19,7 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use super::{raw_call, Rules};
+use super::{created, raw_call, Rules};
 use crate::controller::{block_cap, create_req, del, mount_cap};
 use crate::harness::{TestDriver, MIB};
 use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
@@ -95,18 +95,6 @@ async fn snapshot_ids(c: &mut ControllerClient<Channel>, q: ListSnapshotsRequest
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Creates a volume; the rule is that it succeeds.
-async fn made(r: &mut Rules, c: &mut ControllerClient<Channel>, q: CreateVolumeRequest) -> String {
-    let name = q.name.clone();
-    r.ok(
-        &format!("csi-sanity set-up: CreateVolume {name:?} succeeds"),
-        c.create_volume(q).await,
-    )
-    .and_then(|v| v.volume)
-    .map(|v| v.volume_id)
-    .unwrap_or_else(|| panic!("cannot go on without volume {name:?}"))
 }
 
 /// Controller Service [Controller Server], ListSnapshots, GetSnapshot,
@@ -188,7 +176,7 @@ async fn sanity_controller_specs() {
         Code::Aborted,
     );
     let before = volume_count(&mut c).await;
-    let v = made(
+    let v = created(
         &mut r,
         &mut c,
         create_req("sanity", SIZE, mount_cap("ext4")),
@@ -268,7 +256,7 @@ async fn sanity_controller_specs() {
     );
 
     // From a snapshot, and from a volume.
-    let src = made(&mut r, &mut c, create_req("sanity-src", SIZE, block_cap())).await;
+    let src = created(&mut r, &mut c, create_req("sanity-src", SIZE, block_cap())).await;
     let snap = r
         .ok(
             "CreateSnapshot of a volume → OK",
@@ -344,7 +332,7 @@ async fn sanity_controller_specs() {
         "DeleteVolume: \"fake-vol-id\" → OK (nothing to delete)",
         c.delete_volume(del("fake-vol-id")).await,
     );
-    let gone = made(&mut r, &mut c, create_req("sanity-del", SIZE, block_cap())).await;
+    let gone = created(&mut r, &mut c, create_req("sanity-del", SIZE, block_cap())).await;
     r.ok(
         "DeleteVolume of a volume → OK",
         c.delete_volume(del(&gone)).await,
@@ -453,7 +441,7 @@ async fn sanity_controller_specs() {
         format!("{info:?}"),
     );
     for i in 0..3 {
-        let v = made(
+        let v = created(
             &mut r,
             &mut c,
             create_req(&format!("sanity-attach-{i}"), SIZE, block_cap()),
@@ -510,7 +498,7 @@ async fn sanity_controller_specs() {
     // -- ListSnapshots ------------------------------------------------------------
     let mut pairs = Vec::new();
     for i in 0..5 {
-        let v = made(
+        let v = created(
             &mut r,
             &mut c,
             create_req(&format!("sanity-lsv-{i}"), SIZE, block_cap()),
@@ -709,7 +697,7 @@ async fn sanity_controller_specs() {
             .await,
         Code::InvalidArgument,
     );
-    let grow = made(
+    let grow = created(
         &mut r,
         &mut c,
         create_req("sanity-grow", SIZE, mount_cap("ext4")),
@@ -739,7 +727,7 @@ async fn sanity_controller_specs() {
             .await,
         Code::NotFound,
     );
-    let plain = made(&mut r, &mut c, create_req("sanity-mod", SIZE, block_cap())).await;
+    let plain = created(&mut r, &mut c, create_req("sanity-mod", SIZE, block_cap())).await;
     r.code(
         "ControllerModifyVolume: {XXX_FakeKey: XXX_FakeValue} → INVALID_ARGUMENT",
         c.controller_modify_volume(modify(&plain, &[("XXX_FakeKey", "XXX_FakeValue")]))
@@ -750,7 +738,7 @@ async fn sanity_controller_specs() {
         "ControllerModifyVolume: a volume created without mutable parameters, empty mutable_parameters → OK",
         c.controller_modify_volume(modify(&plain, &[])).await,
     );
-    let with = made(
+    let with = created(
         &mut r,
         &mut c,
         CreateVolumeRequest {
@@ -951,7 +939,7 @@ async fn sanity_node_and_identity_specs() {
         .await,
         Code::InvalidArgument,
     );
-    let real = made(
+    let real = created(
         &mut r,
         &mut c,
         create_req("sanity-nodereq", SIZE, block_cap()),
@@ -1033,7 +1021,7 @@ async fn sanity_node_and_identity_specs() {
             requisite: topology.clone().into_iter().collect(),
             preferred: topology.clone().into_iter().collect(),
         });
-        let vol = made(&mut r, &mut c, q).await;
+        let vol = created(&mut r, &mut c, q).await;
         r.ok(
             &format!("should work ({kind}): ControllerPublishVolume → OK"),
             c.controller_publish_volume(cpublish(&vol, &info.node_id, Some(cap.clone())))
@@ -1142,7 +1130,7 @@ async fn sanity_node_and_identity_specs() {
         }),
         ..mount_cap("ext4")
     };
-    let vol = made(
+    let vol = created(
         &mut r,
         &mut c,
         create_req("sanity-snsw", SIZE, snsw.clone()),
