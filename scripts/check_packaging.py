@@ -78,7 +78,9 @@ SIDECARS = {
          "http-endpoint", "health-port", "timeout", "version"},
     ),
     "registry.k8s.io/sig-storage/livenessprobe": (
-        "v2.20.0",
+        # v2.19.0: the same flags as v2.20.0 (whose CHANGELOG lists only
+        # dependency updates), and the release whose digest is known.
+        "v2.19.0",
         # kubernetes-csi/livenessprobe cmd/livenessprobe/main.go (flag
         # definitions; --http-endpoint excludes the deprecated --health-port,
         # whose default 9808 is the driver's metrics port).

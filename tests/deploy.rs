@@ -91,6 +91,10 @@ const SIDECARS: &[Sidecar] = &[
         per_node: &[],
     },
 ];
+/// Images without a digest: no public manifest pinning this release was
+/// found where the deployment was written
+/// (deploy/kubernetes/components/csi-addons/kustomization.yaml).
+const UNPINNED: &[&str] = &[CSI_ADDONS];
 /// The driver's own image (built from the Dockerfile), tagged with the
 /// crate version.
 const DRIVER_IMAGE: &str = "thinpool-csi";
@@ -1318,6 +1322,18 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
         p.check(!NEVER.contains(&image_repo(img)), || {
             format!("{at}: {img} cannot work per node (socket-only, README.md)")
         });
+    }
+    // Pinned by digest: every image but the driver's own (its digest
+    // exists only once an operator pushes it) and UNPINNED.
+    for img in images
+        .iter()
+        .filter(|i| image_repo(i) != DRIVER_IMAGE && !UNPINNED.contains(&image_repo(i)))
+    {
+        let digest = img.split_once("@sha256:").map(|(_, d)| d);
+        p.check(
+            digest.is_some_and(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit())),
+            || format!("{at}: image {img:?} must be pinned by digest (@sha256:<64 hex>)"),
+        );
     }
     let driver_image = format!("{DRIVER_IMAGE}:{version}");
     p.check(images.contains(&driver_image.as_str()), || {

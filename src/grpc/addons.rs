@@ -123,10 +123,8 @@ impl Identity for AddonsService {
     }
 
     async fn probe(&self, _r: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        self.driver
-            .probe()
-            .await
-            .map_err(|e| Status::failed_precondition(e.message()))?;
+        // As the CSI Probe (`grpc::identity`).
+        self.driver.probe().await;
         Ok(Response::new(ProbeResponse { ready: Some(true) }))
     }
 }

@@ -59,13 +59,19 @@ impl Identity for IdentityService {
         }))
     }
 
+    /// Ready whenever the driver serves, whatever its pool can do. Read at
+    /// the pinned versions: livenessprobe v2.19.0 (`checkProbe`) answers
+    /// 500 to any error and to `ready: false`, and the kubelet then
+    /// restarts this container; the provisioner, attacher, resizer and
+    /// snapshotter (csi-lib-utils `rpc.ProbeForever`) and the csi-addons
+    /// sidecar (`client.Probe`) wait on `ready: false` and exit on any
+    /// error. A restart cannot bring back a missing or failed pool, and
+    /// every restart drops NodeUnpublish and NodeUnstage of the volumes
+    /// still staged here, so a broken pool answers ready: the pod's
+    /// readiness (`tpcsi probe`, which also asks GetCapacity) and
+    /// CreateVolume's error report it.
     async fn probe(&self, _r: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        match self.driver.probe().await {
-            Ok(()) => Ok(Response::new(ProbeResponse { ready: Some(true) })),
-            Err(e) => {
-                tracing::warn!(error = %e, "Probe: not ready");
-                Err(Status::failed_precondition(e.message()))
-            }
-        }
+        self.driver.probe().await;
+        Ok(Response::new(ProbeResponse { ready: Some(true) }))
     }
 }

@@ -139,10 +139,10 @@ mod tests {
 
     /// A real grpcio client on the driver's socket (issue 11, clients).
     /// With `grpc.default_authority=localhost` (docs/troubleshooting.md)
-    /// every call reaches the driver: GetPluginInfo answers, and Probe
-    /// answers the driver's own FAILED_PRECONDITION (this driver's `lvm`
-    /// is missing on purpose: no LVM needed, and the answer is visibly
-    /// the driver's). With grpcio's default, the socket path percent-
+    /// every call reaches the driver: GetPluginInfo answers, and
+    /// GetCapacity answers the driver's own FAILED_PRECONDITION (this
+    /// driver's `lvm` is missing on purpose: no LVM needed, and the answer
+    /// is visibly the driver's). With grpcio's default, the socket path percent-
     /// encoded as `:authority`, h2 0.4 resets the stream with
     /// PROTOCOL_ERROR before tonic sees the request: h2 has no option to
     /// accept such an authority (hyperium/h2#487 is open), and the driver
@@ -168,14 +168,14 @@ mod tests {
         }));
 
         let info = "/csi.v1.Identity/GetPluginInfo";
-        let probe = "/csi.v1.Identity/Probe";
+        let capacity = "/csi.v1.Controller/GetCapacity";
         let (code, details, reply) = grpcio(&socket, info, Some("localhost")).await;
         assert_eq!(code, "OK", "{details}");
         let reply =
             <crate::proto::csi::v1::GetPluginInfoResponse as prost::Message>::decode(&reply[..])
                 .unwrap();
         assert_eq!(reply.name, "grpcio.test.example");
-        let (code, details, _) = grpcio(&socket, probe, Some("localhost")).await;
+        let (code, details, _) = grpcio(&socket, capacity, Some("localhost")).await;
         assert_eq!(code, "FAILED_PRECONDITION", "{details}");
         assert!(
             details.contains("lvm2"),

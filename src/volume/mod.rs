@@ -281,39 +281,34 @@ impl Driver {
         Ok(fresh)
     }
 
-    /// Ready when the VG and thin pool exist and the pool can serve I/O.
-    /// A full pool still counts as usable: volumes can be deleted and
-    /// space reclaimed, and its condition is reported per volume. A pool
-    /// left half active (by an LVM command stopped mid-way) is brought
-    /// back first.
-    pub async fn probe(&self) -> Result<()> {
-        let report = self.lvm.report().await?;
-        let report = if self.pool(&report)?.is_active() {
-            report
-        } else {
-            // Never beside a create (which activates the pool itself):
-            // looked at again once no create runs. Probe answers within
-            // its bound whatever runs meanwhile.
-            match tokio::time::timeout(std::time::Duration::from_secs(2), self.alloc.lock()).await {
-                // A create or snapshot runs and brings the pool up itself:
-                // answer from what is known.
-                Err(_) => report,
-                Ok(_alloc) => {
-                    let fresh = self.lvm.fresh_report().await?;
-                    if self.pool(&fresh)?.is_active() {
-                        fresh
-                    } else {
-                        crate::pool::repair_half_active(&self.lvm).await?;
-                        self.lvm.fresh_report().await?
-                    }
-                }
-            }
-        };
-        let pool = self.pool(&report)?;
-        match pool.problem() {
-            Some(p) if !p.is_out_of_space() => Err(p.error(None)),
-            _ => Ok(()),
+    /// Probe's work: bring back a pool left half active (by an LVM command
+    /// stopped mid-way), within a bound. What the pool cannot do is not
+    /// Probe's answer (see `grpc::identity`): readiness and the failing
+    /// calls report it, so it is only logged at DEBUG here.
+    pub async fn probe(&self) {
+        if let Err(e) = self.bring_pool_up().await {
+            tracing::debug!(error = %e.message(), "Probe: the pool is not usable");
         }
+    }
+
+    async fn bring_pool_up(&self) -> Result<()> {
+        let report = self.lvm.report().await?;
+        if self.pool(&report)?.is_active() {
+            return Ok(());
+        }
+        // Never beside a create (which activates the pool itself): looked
+        // at again once no create runs. Probe answers within its bound
+        // whatever runs meanwhile.
+        let Ok(_alloc) =
+            tokio::time::timeout(std::time::Duration::from_secs(2), self.alloc.lock()).await
+        else {
+            return Ok(());
+        };
+        let fresh = self.lvm.fresh_report().await?;
+        if !self.pool(&fresh)?.is_active() {
+            crate::pool::repair_half_active(&self.lvm).await?;
+        }
+        Ok(())
     }
 
     /// The real location of a checked path; `None` when its parent is

@@ -13,7 +13,7 @@ use crate::harness::{lvs, sh, TestDriver, DRIVER_NAME, MIB, NODE_ID};
 use crate::node::Kubelet;
 
 /// Runs `tpcsi` on this driver's sockets.
-fn tpcsi(d: &TestDriver, args: &[&str]) -> Output {
+pub(crate) fn tpcsi(d: &TestDriver, args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_tpcsi"))
         .arg("--endpoint")
         .arg(d.uri())
@@ -93,7 +93,13 @@ async fn cli_drives_a_volume_lifecycle() {
     assert_eq!(services[0]["endpoint"], d.uri().as_str());
     assert_eq!(services[1]["service"], "csi-addons");
     assert!(services.iter().all(|s| s["ready"] == true), "{probe}");
-    assert!(table(&d, &["probe"]).contains("csi-addons"));
+    assert_eq!(probe["pool"]["takes_new_volumes"], true, "{probe}");
+    assert!(u(&probe["pool"]["available_capacity"]) > 0, "{probe}");
+    let t = table(&d, &["probe"]);
+    assert!(
+        t.contains("csi-addons") && t.contains("pool: takes new volumes"),
+        "{t}"
+    );
     let info = json(&d, &["info"]);
     assert_eq!(info["name"], DRIVER_NAME);
     assert_eq!(info["node_id"], NODE_ID);
@@ -335,4 +341,71 @@ async fn cli_drives_a_volume_lifecycle() {
     assert!(lvs(&d.vg).find(&id).is_none());
     assert_eq!(json(&d, &["list"])["volumes"], serde_json::json!([]));
     assert_eq!(table(&d, &["list"]), "no volumes\n");
+}
+
+/// The pod's readiness (`tpcsi probe`) fails while the pool is missing,
+/// with GetCapacity's reason and code, while Probe on both sockets stays
+/// ready (the liveness probe must not restart a driver that still has to
+/// unstage volumes, and sidecars must not exit); it passes again once the
+/// pool is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_fails_while_the_pool_is_missing_and_probe_stays_ready() {
+    let d = TestDriver::start("rdy", 64 * MIB, "").await;
+    assert!(tpcsi(&d, &["probe"]).status.success());
+    let (here, away) = (format!("{}/pool", d.vg), format!("{}/away", d.vg));
+    sh("lvrename", &[&here, &away]);
+
+    let out = tpcsi(&d, &["probe"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // 10 + UNAVAILABLE (14): GetCapacity's code, kept.
+    assert_eq!(out.status.code(), Some(24), "tpcsi probe: {stderr}");
+    assert!(
+        stderr.contains("takes no new volume") && stderr.contains(&here),
+        "the reason names the missing pool: {stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("pool: takes no new volume"),
+        "the table says it too"
+    );
+    let ready = d
+        .identity()
+        .await
+        .probe(thinpool_csi::proto::csi::v1::ProbeRequest {})
+        .await
+        .expect("Probe answers while the pool is missing")
+        .into_inner()
+        .ready;
+    assert_eq!(ready, Some(true), "Probe stays ready");
+    let addons = json_of_failed(&d, &["probe"]);
+    assert!(
+        addons["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["ready"] == true),
+        "both sockets' Probe stay ready: {addons}"
+    );
+    assert_eq!(addons["pool"]["takes_new_volumes"], false, "{addons}");
+
+    sh("lvrename", &[&away, &here]);
+    let out = tpcsi(&d, &["probe"]);
+    assert!(
+        out.status.success(),
+        "ready again once the pool is back: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `tpcsi --json ARGS`, which must fail; the answer it printed first.
+fn json_of_failed(d: &TestDriver, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = tpcsi(d, &all);
+    assert!(!out.status.success(), "tpcsi {args:?} succeeded");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::Deserializer::from_str(&text)
+        .into_iter::<Value>()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("tpcsi {args:?} printed no JSON answer: {text}"))
 }

@@ -119,6 +119,14 @@ async fn assert_full(d: &TestDriver, id: &str, staging: &Path) {
         (0, Some(0)),
         "GetCapacity on a full pool: {cap:?}"
     );
+    // The pod's readiness fails: 10 + RESOURCE_EXHAUSTED (8).
+    let out = crate::cli::tpcsi(d, &["probe"]);
+    assert_eq!(
+        out.status.code(),
+        Some(18),
+        "tpcsi probe on a full pool: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let st = d
         .node()
         .await
@@ -243,6 +251,10 @@ async fn full_pool_refuses_claims_then_recovers_after_extend_and_after_reclaim()
     lvm(&["lvextend", "--yes", "-L", "+8m", &format!("{vg}/pool")]);
     eprintln!("pool extended: {}% used", pool_data_percent(&vg));
     assert_works(&d, &id, &staging, "lvextend").await;
+    assert!(
+        crate::cli::tpcsi(&d, &["probe"]).status.success(),
+        "ready again once the pool was extended"
+    );
 
     // Fill it again, then delete the files and reclaim.
     let dir = staging.clone();

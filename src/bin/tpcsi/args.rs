@@ -52,7 +52,8 @@ pub struct Global {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Probe the driver on both sockets (is it ready?)
+    /// Probe the driver on both sockets, then ask GetCapacity whether a
+    /// new volume fits: the pod's readiness (exit 0 only when both hold)
     Probe,
     /// Plugin name, version, manifest, capabilities and node info
     Info,

@@ -527,13 +527,26 @@ async fn probe(c: &mut Ctx) -> Result<()> {
             ready: r.ready.unwrap_or(true),
         });
     }
+    // Probe says the driver serves; whether its pool takes a new volume
+    // is GetCapacity's answer (0 while it is full, failed or read-only, an
+    // error while it is missing). The pod's readiness runs this.
+    let pool = match c
+        .controller()
+        .await?
+        .get_capacity(csi::GetCapacityRequest::default())
+        .await
+    {
+        Ok(r) => PoolReadiness::from_capacity(&r.into_inner()),
+        Err(s) => PoolReadiness::refused(s.code(), s.message()),
+    };
     let all_ready = services.iter().all(|s| s.ready);
-    c.show(&ProbeOut { services });
-    if all_ready {
-        Ok(())
+    let verdict = if !all_ready {
+        Err(Status::unavailable("the driver says it is not ready"))
     } else {
-        Err(Status::unavailable("the driver says it is not ready").into())
-    }
+        pool.verdict()
+    };
+    c.show(&ProbeOut { services, pool });
+    verdict.map_err(Into::into)
 }
 
 /// An enum value's name as the proto spells it, `#n` for one this client

@@ -301,6 +301,62 @@ impl Render for Done {
 #[derive(Debug, Serialize)]
 pub struct ProbeOut {
     pub services: Vec<ProbeService>,
+    pub pool: PoolReadiness,
+}
+
+/// Whether the pool takes a new volume, from GetCapacity.
+#[derive(Debug, Serialize)]
+pub struct PoolReadiness {
+    pub takes_new_volumes: bool,
+    /// GetCapacity's `available_capacity`; absent when it failed.
+    pub available_capacity: Option<u64>,
+    /// Why it takes none.
+    pub reason: Option<String>,
+    /// The gRPC code of a failed GetCapacity.
+    #[serde(skip)]
+    pub code: Option<tonic::Code>,
+}
+
+impl PoolReadiness {
+    pub fn from_capacity(r: &csi::GetCapacityResponse) -> PoolReadiness {
+        let available = bytes(r.available_capacity);
+        let takes = available > 0 && r.maximum_volume_size.is_none_or(|m| m > 0);
+        PoolReadiness {
+            takes_new_volumes: takes,
+            available_capacity: Some(available),
+            reason: (!takes).then(|| {
+                "GetCapacity answers 0: the pool is full, failed, its metadata \
+                 read-only, or the overprovision limit is reached (`lvs -a` and \
+                 the driver's log say which)"
+                    .to_string()
+            }),
+            code: None,
+        }
+    }
+
+    pub fn refused(code: tonic::Code, message: &str) -> PoolReadiness {
+        PoolReadiness {
+            takes_new_volumes: false,
+            available_capacity: None,
+            reason: Some(format!("GetCapacity: {message}")),
+            code: Some(code),
+        }
+    }
+
+    /// The exit this readiness gives: a pool that takes no volume is
+    /// RESOURCE_EXHAUSTED, a GetCapacity error keeps its own code.
+    pub fn verdict(&self) -> Result<(), tonic::Status> {
+        match (&self.reason, self.code) {
+            (None, _) => Ok(()),
+            (Some(r), Some(code)) => Err(tonic::Status::new(
+                code,
+                format!("the pool takes no new volume: {r}"),
+            )),
+            (Some(r), None) => Err(tonic::Status::resource_exhausted(format!(
+                "the pool takes no new volume: {r}"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -319,7 +375,15 @@ impl Render for ProbeOut {
             .iter()
             .map(|s| vec![s.service.into(), s.endpoint.clone(), yes_no(s.ready)])
             .collect();
-        table(&["SERVICE", "ENDPOINT", "READY"], &rows)
+        let pool = match (&self.pool.reason, self.pool.available_capacity) {
+            (None, Some(a)) => format!("takes new volumes ({} available)", human(a)),
+            (Some(r), _) => format!("takes no new volume: {r}"),
+            (None, None) => "unknown".into(),
+        };
+        format!(
+            "{}pool: {pool}\n",
+            table(&["SERVICE", "ENDPOINT", "READY"], &rows)
+        )
     }
 }
 
@@ -785,6 +849,51 @@ mod tests {
         assert_eq!(
             c.table(),
             "available:            800 MiB\nmaximum volume size:  3 GiB\nminimum volume size:  -\n"
+        );
+    }
+
+    #[test]
+    fn probe_readiness_follows_get_capacity() {
+        let cap = |available, max| csi::GetCapacityResponse {
+            available_capacity: available,
+            maximum_volume_size: max,
+            minimum_volume_size: None,
+        };
+        let ok = PoolReadiness::from_capacity(&cap(64 << 20, Some(1 << 30)));
+        assert!(ok.takes_new_volumes && ok.verdict().is_ok());
+        let out = ProbeOut {
+            services: vec![],
+            pool: ok,
+        };
+        assert!(
+            out.table()
+                .ends_with("pool: takes new volumes (64 MiB available)\n"),
+            "{}",
+            out.table()
+        );
+
+        // Full, failed or past the overprovision limit: 0 available, or
+        // no room for the smallest volume.
+        for r in [cap(0, Some(0)), cap(0, None), cap(4 << 20, Some(0))] {
+            let p = PoolReadiness::from_capacity(&r);
+            assert!(!p.takes_new_volumes, "{r:?}");
+            let e = p.verdict().unwrap_err();
+            assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+            assert!(e.message().contains("takes no new volume"), "{e:?}");
+        }
+
+        // A missing pool: GetCapacity's own error and code.
+        let p = PoolReadiness::refused(tonic::Code::Unavailable, "thin pool vg/pool not found");
+        let e = p.verdict().unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        assert!(e.message().contains("vg/pool not found"), "{e:?}");
+        assert_eq!(
+            serde_json::to_value(&p).unwrap(),
+            serde_json::json!({
+                "takes_new_volumes": false,
+                "available_capacity": null,
+                "reason": "GetCapacity: thin pool vg/pool not found",
+            })
         );
     }
 }
