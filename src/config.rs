@@ -67,6 +67,10 @@ pub struct Config {
     /// is UNIMPLEMENTED, and NodeExpandVolume grows the LV itself (the
     /// per-node Kubernetes deployment; see deploy/kubernetes/README.md).
     pub controller_expansion: bool,
+    /// LVs (volumes and snapshots) kept spare in the pool's metadata and
+    /// the VG's metadata area: creates are refused this many short of
+    /// LVM's own refusal (`lvm::room`).
+    pub metadata_reserve_lvs: u64,
     /// `host:port` (an IP address, not a name) on which Prometheus metrics
     /// are served at `/metrics` over plain HTTP; empty: no endpoint.
     pub metrics_address: String,
@@ -145,6 +149,7 @@ impl Default for Config {
             lvm_metadata_archive: false,
             lvm_shell: true,
             controller_expansion: true,
+            metadata_reserve_lvs: 64,
             metrics_address: String::new(),
             log_format: LogFormat::Text,
         }

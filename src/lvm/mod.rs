@@ -8,6 +8,7 @@
 //! seen, and readers that miss it share one `lvs` (single flight).
 
 pub mod report;
+pub mod room;
 pub mod shell;
 pub mod thin;
 
@@ -626,7 +627,7 @@ pub fn explain(report: &Report, vg: &str, pool: &str, lv: Option<&str>, err: Err
         return Error::Unavailable(format!("thin pool {vg}/{pool} does not exist ({err})"))
             .advise("create it, or fix thin_pool in the config");
     };
-    if let Some(problem) = p.problem() {
+    if let Some(problem) = p.problem().or_else(|| room::at_lvm_limit(p)) {
         return problem.error(Some(&err));
     }
     if let Some(l) = lv.and_then(|n| report.find(n)) {
@@ -1036,6 +1037,27 @@ mod tests {
         assert_eq!(code(&meta_ro, None), Code::FailedPrecondition);
         let failed_pool = report_of(&[row("pool", "twi-aotzF-", "", "failed", "5.00")]);
         assert_eq!(code(&failed_pool, None), Code::FailedPrecondition);
+        // LVM's own limits, which no health flag shows: the pool's
+        // metadata at 75 % of 4 MiB (the VM's refusal), and a VG metadata
+        // area with 300 bytes left.
+        let limits = |meta_percent: &str, mda_free: &str| {
+            let pool = row("pool", "twi-aotz--", "", "", "10.00").replace(
+                r#""metadata_percent":"1.00""#,
+                &format!(
+                    r#""metadata_percent":"{meta_percent}","lv_metadata_size":"4194304","vg_mda_size":"1044480","vg_mda_free":"{mda_free}""#
+                ),
+            );
+            report_of(&[pool])
+        };
+        for (r, store) in [
+            (limits("75.00", "500000"), "metadata is 75.0% used"),
+            (limits("40.00", "300"), "metadata area is nearly full"),
+        ] {
+            let e = explain(&r, "vg1", "pool", Some("csi-new"), failed("lvcreate"));
+            assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+            assert!(e.message().contains(store), "{e}");
+        }
+        assert_eq!(code(&limits("74.00", "500000"), None), Code::Internal);
         let no_pool = report_of(&[row("other", "-wi-a-----", "", "", "")]);
         assert_eq!(code(&no_pool, None), Code::Unavailable);
         let open = report_of(&[

@@ -26,7 +26,8 @@ use crate::error::{Error, Result};
 /// The columns we ask `lvs` for, in one call.
 pub const LVS_FIELDS: &str = "lv_name,vg_name,lv_attr,lv_size,pool_lv,segtype,data_percent,\
 metadata_percent,lv_tags,lv_health_status,lv_kernel_major,lv_kernel_minor,vg_extent_size,\
-vg_size,vg_free,chunk_size,lv_time,origin,lv_read_ahead,thin_id";
+vg_size,vg_free,chunk_size,lv_time,origin,lv_read_ahead,thin_id,lv_metadata_size,vg_mda_size,\
+vg_mda_free";
 
 /// Arguments of `lvs` for the report of volume group `vg`.
 pub fn lvs_args(vg: &str) -> Vec<String> {
@@ -69,6 +70,12 @@ pub struct Lv {
     pub read_ahead: String,
     /// The thin device id in the pool's metadata (thin LVs only).
     pub thin_id: Option<u32>,
+    /// Size of a thin pool's metadata LV (0 for other LVs).
+    pub metadata_size: u64,
+    /// The VG's metadata area, the smallest of its PVs' (the same on every
+    /// row): its size and what LVM counts as free in it; 0 when unknown.
+    pub vg_mda_size: u64,
+    pub vg_mda_free: u64,
 }
 
 impl Lv {
@@ -190,6 +197,9 @@ pub enum Condition {
     MetadataReadOnly,
     /// The pool's metadata space is used up.
     MetadataFull,
+    /// The pool's metadata or the VG's metadata area has no room for
+    /// another LV short of LVM's own refusal (`lvm::room`).
+    MetadataShort,
     /// A physical volume is missing.
     Partial,
 }
@@ -221,7 +231,10 @@ impl Problem {
 
     /// Space ran out (data or metadata): freeing or adding space mends it.
     pub fn is_out_of_space(&self) -> bool {
-        matches!(self.condition, Condition::Full | Condition::MetadataFull)
+        matches!(
+            self.condition,
+            Condition::Full | Condition::MetadataFull | Condition::MetadataShort
+        )
     }
 }
 
@@ -235,6 +248,9 @@ impl std::fmt::Display for Problem {
 #[derive(Debug, Clone, Default)]
 pub struct Report {
     pub lvs: Vec<Lv>,
+    /// How many LVs LVM printed: the LVs our writes added since (the
+    /// metadata figures do not count them yet) are the difference.
+    pub read_len: usize,
 }
 
 impl Report {
@@ -254,7 +270,15 @@ impl Report {
             return Err(Error::Internal("LVM JSON has no \"report\" array".into()));
         }
         sink.lvs.shrink_to_fit();
-        Ok(Report { lvs: sink.lvs })
+        Ok(Report {
+            read_len: sink.lvs.len(),
+            lvs: sink.lvs,
+        })
+    }
+
+    /// LVs our writes added since LVM printed this report.
+    pub fn added_since_read(&self) -> u64 {
+        self.lvs.len().saturating_sub(self.read_len) as u64
     }
 
     pub fn find(&self, name: &str) -> Option<&Lv> {
@@ -366,6 +390,9 @@ impl Report {
                             .map_or_else(|_| sectors.to_string(), |n| (n * 512).to_string()),
                     },
                     thin_id: None,
+                    metadata_size: 0,
+                    vg_mda_size: p.vg_mda_size,
+                    vg_mda_free: p.vg_mda_free,
                 });
             }
             Write::Removed(name) => self.lvs.retain(|lv| lv.name != *name),
@@ -630,6 +657,12 @@ struct Row<'a> {
     lv_read_ahead: Cell<'a>,
     #[serde(borrow)]
     thin_id: Cell<'a>,
+    #[serde(borrow)]
+    lv_metadata_size: Cell<'a>,
+    #[serde(borrow)]
+    vg_mda_size: Cell<'a>,
+    #[serde(borrow)]
+    vg_mda_free: Cell<'a>,
 }
 
 impl Row<'_> {
@@ -682,6 +715,9 @@ impl Row<'_> {
                 .ok()
                 .flatten()
                 .map(|n| n as u32),
+            metadata_size: self.lv_metadata_size.optional_bytes(),
+            vg_mda_size: self.vg_mda_size.optional_bytes(),
+            vg_mda_free: self.vg_mda_free.optional_bytes(),
         })
     }
 }
@@ -744,6 +780,15 @@ impl Cell<'_> {
             other => Err(Error::Internal(format!(
                 "lvs field {key} is not a number: {other:?}"
             ))),
+        }
+    }
+
+    /// A byte count of a column older samples lack: 0 when absent, empty
+    /// or not a count.
+    fn optional_bytes(&self) -> u64 {
+        match self.number("") {
+            Ok(Some(n)) if n >= 0.0 => n as u64,
+            _ => 0,
         }
     }
 

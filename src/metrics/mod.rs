@@ -21,6 +21,7 @@ use text::{Histogram, Kind, Text};
 use tonic::Code;
 
 use crate::driver::Driver;
+use crate::lvm::room::Room;
 
 /// Upper bounds of the RPC latency buckets, in seconds: from Probe's
 /// milliseconds to LVM commands under load and long reclaims.
@@ -40,7 +41,11 @@ pub const NAMES: &[(&str, Kind, &str)] = &[
     (POOL_META, Kind::Gauge, "Metadata% of the thin pool: share of its metadata space in use (0-100). A pool whose metadata fills needs an offline repair."),
     (POOL_PHYS_FREE, Kind::Gauge, "Bytes the thin pool can still hold physically, at its current Data%."),
     (POOL_VIRT_FREE, Kind::Gauge, "Overprovisioned headroom: overprovision_ratio x pool size - sum of the virtual sizes handed out, in bytes (GetCapacity's maximum_volume_size while the pool is usable)."),
-    (POOL_USABLE, Kind::Gauge, "1 when the pool accepts new allocations, 0 while it is full, failed or its metadata is read-only or full."),
+    (POOL_USABLE, Kind::Gauge, "1 when the pool accepts new allocations, 0 while it is full, failed or its metadata is read-only or full, or no new LV fits in its metadata or the VG's metadata area."),
+    (POOL_META_SIZE, Kind::Gauge, "Size of the thin pool's metadata LV, in bytes."),
+    (VG_MDA_SIZE, Kind::Gauge, "Size of the volume group's metadata area (the smallest of its PVs'), in bytes."),
+    (VG_MDA_FREE, Kind::Gauge, "What is left of the half of the VG's metadata area that LVM can use (it keeps two copies), in bytes (vg_mda_free)."),
+    (LVS_LEFT, Kind::Gauge, "Volumes and snapshots that still fit before LVM refuses one, by store: pool (the thin pool's metadata) or vg (the VG's metadata area); the driver stops metadata_reserve_lvs earlier."),
     (VOLUMES, Kind::Gauge, "Volumes of this driver in the pool, as ListVolumes counts them."),
     (SNAPSHOTS, Kind::Gauge, "Snapshots of this driver in the pool, as ListSnapshots counts them."),
     (RPC_REQUESTS, Kind::Counter, "gRPC calls served, by service and method."),
@@ -56,6 +61,10 @@ pub const POOL_META: &str = "thinpool_csi_pool_metadata_percent";
 pub const POOL_PHYS_FREE: &str = "thinpool_csi_pool_physical_free_bytes";
 pub const POOL_VIRT_FREE: &str = "thinpool_csi_pool_overprovisioned_free_bytes";
 pub const POOL_USABLE: &str = "thinpool_csi_pool_usable";
+pub const POOL_META_SIZE: &str = "thinpool_csi_pool_metadata_size_bytes";
+pub const VG_MDA_SIZE: &str = "thinpool_csi_vg_metadata_area_size_bytes";
+pub const VG_MDA_FREE: &str = "thinpool_csi_vg_metadata_area_free_bytes";
+pub const LVS_LEFT: &str = "thinpool_csi_metadata_lvs_left";
 pub const VOLUMES: &str = "thinpool_csi_volumes";
 pub const SNAPSHOTS: &str = "thinpool_csi_snapshots";
 pub const RPC_REQUESTS: &str = "thinpool_csi_rpc_requests_total";
@@ -136,6 +145,28 @@ impl Metrics {
     }
 }
 
+/// The two metadata stores: sizes, free space, and LVs left in each (the
+/// figures LVM did not report are left out, not reported as 0).
+fn metadata_room(t: &mut Text, pool: &crate::lvm::report::Lv, room: Option<Room>) {
+    if pool.metadata_size > 0 {
+        gauge(t, POOL_META_SIZE, pool.metadata_size as f64);
+    }
+    if pool.vg_mda_size > 0 {
+        gauge(t, VG_MDA_SIZE, pool.vg_mda_size as f64);
+        gauge(t, VG_MDA_FREE, pool.vg_mda_free as f64);
+    }
+    let Some(room) = room else { return };
+    let left = [("pool", room.pool_lvs_left()), ("vg", room.vg_lvs_left())];
+    if left.iter().any(|(_, n)| n.is_some()) {
+        family(t, LVS_LEFT);
+        for (store, n) in left {
+            if let Some(n) = n {
+                t.sample(LVS_LEFT, &[("store", store)], n as f64);
+            }
+        }
+    }
+}
+
 fn family(t: &mut Text, name: &str) {
     let (_, kind, help) = NAMES
         .iter()
@@ -176,6 +207,7 @@ pub async fn render(driver: &Driver) -> String {
                     gauge(&mut t, POOL_VIRT_FREE, cap.virtual_headroom as f64);
                     let usable = driver.check_pool_usable(&report).is_ok();
                     gauge(&mut t, POOL_USABLE, if usable { 1.0 } else { 0.0 });
+                    metadata_room(&mut t, pool, driver.room(&report));
                 }
                 _ => gauge(&mut t, POOL_UP, 0.0),
             }

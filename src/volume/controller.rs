@@ -53,7 +53,7 @@ impl VolumeInfo {
     }
 
     fn of(d: &Driver, report: &Report, o: &Owned) -> VolumeInfo {
-        let pool_problem = d.pool(report).ok().and_then(Lv::problem);
+        let pool_problem = d.pool_problem(report).ok().flatten();
         VolumeInfo::with_pool_problem(o, pool_problem.as_ref())
     }
 
@@ -491,7 +491,7 @@ impl Driver {
             .collect();
         named.sort_unstable_by(|a, b| a.0.name.cmp(&b.0.name));
         let (page, next) = paginate(named, token, max);
-        let pool_problem = self.pool(&report).ok().and_then(Lv::problem);
+        let pool_problem = self.pool_problem(&report).ok().flatten();
         Ok((
             page.into_iter()
                 .filter_map(|n| self.owned_lv(n.0))

@@ -280,6 +280,7 @@ impl Driver {
             .map(|s| self.must_own(&report, s))
             .collect::<Result<Vec<_>>>()?;
         self.check_pool_usable(&report)?;
+        self.check_room(&report, vols.len() as u64)?;
         let (cap, _) = self.capacity(&report)?;
         let total: u64 = vols.iter().map(|v| v.lv.size).sum();
         self.check_headroom("a group snapshot", total, &cap)?;

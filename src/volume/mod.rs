@@ -33,7 +33,8 @@ use std::sync::Arc;
 
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::lvm::report::{Capacity, Lv, Report};
+use crate::lvm::report::{Capacity, Lv, Problem, Report};
+use crate::lvm::room::Room;
 use crate::naming::VolumeTags;
 use crate::node::{self as nodefs, fs, paths, Device};
 pub use request::{Capability, NodePath, SizeRange, SnapshotId, VolumeId};
@@ -56,6 +57,16 @@ impl Reservations {
     pub fn hold(&self, name: &str, size: u64) -> Reserved<'_> {
         self.0.lock().unwrap().insert(name.to_string(), size);
         Reserved(self, name.to_string())
+    }
+
+    /// How many reserved LVs `report` does not show yet.
+    pub fn pending_count(&self, report: &Report) -> u64 {
+        self.0
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|name| report.find(name).is_none())
+            .count() as u64
     }
 
     /// What the reservations add to `report`'s virtual sizes.
@@ -255,16 +266,58 @@ impl Driver {
     /// Why the volume or its pool cannot serve I/O; `None` when healthy.
     pub fn problem(&self, report: &Report, lv: &Lv) -> Option<String> {
         lv.problem()
-            .or_else(|| self.pool(report).ok().and_then(Lv::problem))
+            .or_else(|| self.pool_problem(report).ok().flatten())
             .map(|p| p.to_string())
     }
 
-    /// Refuses allocation in a pool that cannot take it.
+    /// Refuses allocation in a pool that cannot take it: one that is
+    /// full, failed or read-only, or whose metadata (or the VG's) has no
+    /// room for another LV.
     pub(crate) fn check_pool_usable(&self, report: &Report) -> Result<()> {
-        if let Some(p) = self.pool(report)?.problem() {
-            return Err(p.error(None));
+        match self.pool_problem(report)? {
+            Some(p) => Err(p.error(None)),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Refuses `new` LVs more than the pool's or the VG's metadata holds
+    /// with `metadata_reserve_lvs` to spare.
+    pub(crate) fn check_room(&self, report: &Report, new: u64) -> Result<()> {
+        match self.room_problem(report, new) {
+            Some(p) => Err(p.error(None)),
+            None => Ok(()),
+        }
+    }
+
+    /// What stops a new LV in the pool, `None` when nothing does.
+    pub fn pool_problem(&self, report: &Report) -> Result<Option<Problem>> {
+        Ok(self
+            .pool(report)?
+            .problem()
+            .or_else(|| self.room_problem(report, 1)))
+    }
+
+    /// Room in the pool's metadata and the VG's metadata area, counting
+    /// LVs made or reserved since `report` was read; `None` while the
+    /// pool shows no Metadata% (inactive).
+    pub fn room(&self, report: &Report) -> Option<Room> {
+        let pool = self.pool(report).ok()?;
+        let made_since = report.added_since_read() + self.reserved.pending_count(report);
+        Some(Room::estimate(
+            pool.metadata_size,
+            pool.metadata_percent?,
+            pool.vg_mda_size,
+            pool.vg_mda_free,
+            lv_text(report, &self.lvm.pool),
+            made_since,
+        ))
+    }
+
+    fn room_problem(&self, report: &Report, new: u64) -> Option<Problem> {
+        let room = self.room(report)?;
+        let reserve = self.cfg.metadata_reserve_lvs;
+        room.short_of(new, reserve)
+            .map(|s| room.problem(s, &self.lvm.vg, &self.lvm.pool, reserve))
     }
 
     /// The report to allocate on, once the pool is shown to take new
@@ -419,6 +472,22 @@ impl Driver {
             problem: pool.and_then(Lv::problem),
             made_from_source: vol.tags.from.is_some(),
         }
+    }
+}
+
+/// VG metadata text per LV: the mean over the pool's thin LVs, each its
+/// name and tags on top of LVM's own (`room::lv_text_bytes`); a volume with
+/// a 60-character name and 150 characters of tags when there is none.
+fn lv_text(report: &Report, pool: &str) -> u64 {
+    let (mut n, mut sum) = (0u64, 0u64);
+    for lv in report.thin_volumes(pool) {
+        n += 1;
+        sum += crate::lvm::room::lv_text_bytes(&lv.name, &lv.tags);
+    }
+    if n == 0 {
+        crate::lvm::room::LV_TEXT_BYTES + 210
+    } else {
+        sum.div_ceil(n)
     }
 }
 

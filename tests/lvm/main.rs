@@ -16,6 +16,7 @@ mod metrics;
 mod node;
 mod properties;
 mod resilience;
+mod room;
 mod sidecars;
 mod snapshot;
 

@@ -224,6 +224,25 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
         get(&m, "thinpool_csi_pool_metadata_percent"),
         pool.metadata_percent.expect("Metadata% of an active pool")
     );
+    // Both metadata stores, and how many LVs each still takes.
+    assert!(pool.metadata_size > 0 && pool.vg_mda_size > 0, "{pool:?}");
+    assert_eq!(
+        get(&m, "thinpool_csi_pool_metadata_size_bytes"),
+        pool.metadata_size as f64
+    );
+    assert_eq!(
+        get(&m, "thinpool_csi_vg_metadata_area_size_bytes"),
+        pool.vg_mda_size as f64
+    );
+    let mda_free = get(&m, "thinpool_csi_vg_metadata_area_free_bytes");
+    assert!(mda_free > 0.0 && mda_free < pool.vg_mda_size as f64 / 2.0);
+    for store in ["pool", "vg"] {
+        let left = get(
+            &m,
+            &format!("thinpool_csi_metadata_lvs_left{{store=\"{store}\"}}"),
+        );
+        assert!(left > 100.0, "{store}: {left} LVs left");
+    }
     let volumes = report.lvs.iter().filter(|lv| lv.name.starts_with("csi-"));
     let snapshots = report.lvs.iter().filter(|lv| lv.name.starts_with("snap-"));
     assert_eq!(

@@ -1,0 +1,183 @@
+//! A thin pool whose metadata fills with many empty thin devices (the
+//! dense node of issue 22): the driver refuses new volumes and snapshots
+//! with RESOURCE_EXHAUSTED naming the pool's metadata while LVM itself
+//! would still make one, GetCapacity answers 0, the volume condition and
+//! readiness say so, and once the metadata is grown everything works again.
+//!
+//! Most of the thin devices are made straight in the kernel's pool
+//! (`dmsetup message ... create_thin`, no LVM metadata), as 600 LVM
+//! commands would take minutes under TCG: the pool's Metadata% is what the
+//! driver reads, and it counts them like any other.
+
+use std::time::Instant;
+
+use thinpool_csi::lvm::room::Room;
+use thinpool_csi::proto::csi::v1::*;
+use tonic::Code;
+
+use crate::cli::tpcsi;
+use crate::controller::{create_req, del, mount_cap};
+use crate::harness::{dm_name, dmsetup, lvm, lvs, try_lvm, TestDriver, MIB};
+
+const RESERVE: u64 = 16;
+
+/// What LVM reports of the pool's metadata now: (size, Metadata%).
+fn pool_metadata(vg: &str) -> (u64, f64) {
+    let r = lvs(vg);
+    let p = r.find("pool").expect("the pool");
+    (p.metadata_size, p.metadata_percent.expect("an active pool"))
+}
+
+async fn create(d: &TestDriver, name: &str) -> Result<String, tonic::Status> {
+    d.controller()
+        .await
+        .create_volume(create_req(name, 4 * MIB, mount_cap("ext4")))
+        .await
+        .map(|r| r.into_inner().volume.unwrap().volume_id)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pool_metadata_refuses_before_lvm_and_recovers_after_growing_it() {
+    let d = TestDriver::start(
+        "room",
+        64 * MIB,
+        &format!("metadata_reserve_lvs = {RESERVE}\n"),
+    )
+    .await;
+    let vg = d.vg.clone();
+    let first = create(&d, "room-first").await.expect("a first volume");
+    let (size, pct) = pool_metadata(&vg);
+    let room = Room::estimate(size, pct, 0, 0, 1, 0);
+    let left = room.pool_lvs_left().expect("the metadata LV's size");
+    eprintln!("MEASURE pool metadata {size} bytes, {pct}% used, {left} thin devices left");
+
+    // Thin devices in the kernel's pool until RESERVE + 4 are left.
+    let tpool = format!("{}-tpool", dm_name(&vg, "pool"));
+    let t = Instant::now();
+    let fill = left - RESERVE - 4;
+    for i in 0..fill {
+        dmsetup(&[
+            "message",
+            &tpool,
+            "0",
+            &format!("create_thin {}", 1_000_000 + i),
+        ])
+        .unwrap_or_else(|e| panic!("create_thin {i}: {e}"));
+    }
+    let (_, filled) = pool_metadata(&vg);
+    eprintln!(
+        "MEASURE {fill} thin devices made in {:?}: Metadata% {pct} -> {filled}",
+        t.elapsed()
+    );
+
+    // Creates go on until the reserve is reached, then stop with
+    // RESOURCE_EXHAUSTED naming the pool's metadata.
+    let mut made = vec![first.clone()];
+    let refusal = loop {
+        assert!(made.len() < 12, "never refused; made {made:?}");
+        match create(&d, &format!("room-{}", made.len())).await {
+            Ok(id) => made.push(id),
+            Err(s) => break s,
+        }
+    };
+    eprintln!(
+        "CreateVolume after {} more: {:?}: {}",
+        made.len() - 1,
+        refusal.code(),
+        refusal.message()
+    );
+    assert!(made.len() > 1, "room for a few before the reserve");
+    assert_eq!(refusal.code(), Code::ResourceExhausted, "{refusal:?}");
+    let msg = refusal.message();
+    assert!(
+        msg.contains("pool's metadata is") && msg.contains("lvextend --poolmetadatasize"),
+        "names the pool's metadata and what to do: {msg}"
+    );
+    let (_, at_refusal) = pool_metadata(&vg);
+    assert!(at_refusal < 75.0, "refused before LVM's 75%: {at_refusal}");
+
+    // LVM itself would still make one: the driver stopped first.
+    let bare = format!("{vg}/bare");
+    try_lvm(&[
+        "lvcreate",
+        "--type",
+        "thin",
+        "--virtualsize",
+        "4m",
+        "--thinpool",
+        &format!("{vg}/pool"),
+        "--name",
+        "bare",
+        "--activate",
+        "n",
+        "--yes",
+    ])
+    .expect("LVM still makes a thin volume where the driver refused");
+    lvm(&["lvremove", "--yes", &bare]);
+
+    // A snapshot is refused the same way.
+    let snap = d
+        .controller()
+        .await
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: first.clone(),
+            name: "room-snap".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a snapshot past the reserve");
+    assert_eq!(snap.code(), Code::ResourceExhausted, "{snap:?}");
+
+    // GetCapacity, the volume condition and readiness say no new LV fits.
+    let cap = d
+        .controller()
+        .await
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (cap.available_capacity, cap.maximum_volume_size),
+        (0, Some(0))
+    );
+    let got = d
+        .controller()
+        .await
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: first.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cond = got.status.unwrap().volume_condition.unwrap();
+    assert!(
+        cond.abnormal && cond.message.contains("metadata"),
+        "{cond:?}"
+    );
+    assert_eq!(tpcsi(&d, &["probe"]).status.code(), Some(18));
+
+    // Grown by hand: the cached report says short, CreateVolume reads
+    // again and goes on.
+    lvm(&[
+        "lvextend",
+        "--yes",
+        "--poolmetadatasize",
+        "+4m",
+        &format!("{vg}/pool"),
+    ]);
+    let (grown, pct) = pool_metadata(&vg);
+    eprintln!("MEASURE grown to {grown} bytes: {pct}% used");
+    made.push(create(&d, "room-after").await.expect("creates work again"));
+    let cap = d
+        .controller()
+        .await
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(cap.available_capacity > 0, "{cap:?}");
+    assert!(tpcsi(&d, &["probe"]).status.success());
+    for id in made {
+        d.controller().await.delete_volume(del(&id)).await.unwrap();
+    }
+}
