@@ -1478,6 +1478,21 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             )
         },
     );
+    // ... and the metrics endpoint (`tpcsi capacity`) through
+    // METRICS_ADDRESS: the config's port, on loopback.
+    let tpcsi_metrics = env(driver, "METRICS_ADDRESS").unwrap_or_default();
+    let port = |a: &str| a.rsplit_once(':').map(|(_, p)| p.to_string());
+    p.check(
+        !cfg.metrics_address.is_empty()
+            && tpcsi_metrics.starts_with("127.0.0.1:")
+            && port(&tpcsi_metrics) == port(&cfg.metrics_address),
+        || {
+            format!(
+                "{at}: the driver container needs METRICS_ADDRESS=127.0.0.1:<port of metrics_address {:?}>, has {tpcsi_metrics:?}",
+                cfg.metrics_address
+            )
+        },
+    );
     p.check(config_path.starts_with('/'), || {
         format!("{at}: --config {config_path} must be absolute")
     });

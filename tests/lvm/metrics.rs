@@ -289,6 +289,18 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
         })
         .count();
     assert_eq!(creates, 2);
+    // `tpcsi capacity` shows both metadata stores from this endpoint.
+    let out = crate::cli::tpcsi(&d, &["--json", "--metrics-address", &addr, "capacity"]);
+    assert!(out.status.success(), "tpcsi capacity: {out:?}");
+    let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let md = &cap["metadata"];
+    assert_eq!(md["pool_metadata_size"], pool.metadata_size, "{cap}");
+    assert_eq!(md["vg_metadata_area_size"], pool.vg_mda_size, "{cap}");
+    assert!(
+        md["pool_lvs_left"].as_u64().is_some_and(|n| n > 100),
+        "{cap}"
+    );
+    assert!(md["vg_lvs_left"].as_u64().is_some_and(|n| n > 100), "{cap}");
     eprintln!(
         "metrics: pool {} bytes, Data% {}, Metadata% {}, 2 volumes, 1 snapshot; \
          LVM calls by the two scrapes: {} and {}",

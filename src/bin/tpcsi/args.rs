@@ -34,6 +34,10 @@ pub struct Global {
     /// `csi_addons_endpoint`, else unix:///run/thinpool-csi/csi-addons.sock]
     #[arg(long, global = true, value_name = "unix:///PATH")]
     pub addons_endpoint: Option<String>,
+    /// The driver's metrics endpoint, for `capacity`'s metadata figures
+    /// [default: $METRICS_ADDRESS, else the config's `metrics_address`]
+    #[arg(long, global = true, value_name = "IP:PORT")]
+    pub metrics_address: Option<String>,
     /// The driver's config file, to take both sockets from
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -57,7 +61,8 @@ pub enum Command {
     Probe,
     /// Plugin name, version, manifest, capabilities and node info
     Info,
-    /// Capacity of the pool (GetCapacity)
+    /// Capacity of the pool (GetCapacity), and both metadata stores from
+    /// the driver's metrics
     Capacity(CapacityArgs),
     /// Create a volume
     Create(CreateArgs),

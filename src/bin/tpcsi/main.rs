@@ -7,6 +7,7 @@
 mod args;
 mod output;
 mod progress;
+mod scrape;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -141,6 +142,8 @@ struct Endpoints {
     csi: String,
     /// None when the config serves no CSI-Addons (`csi_addons_endpoint = ""`).
     addons: Option<String>,
+    /// The metrics endpoint (`metrics_address`); None when there is none.
+    metrics: Option<String>,
 }
 
 fn endpoints(g: &Global, env: impl Fn(&str) -> Option<String>) -> Result<Endpoints> {
@@ -158,9 +161,15 @@ fn endpoints(g: &Global, env: impl Fn(&str) -> Option<String>) -> Result<Endpoin
         .clone()
         .or_else(|| env("CSI_ADDONS_ENDPOINT"))
         .unwrap_or(cfg.csi_addons_endpoint);
+    let metrics = g
+        .metrics_address
+        .clone()
+        .or_else(|| env("METRICS_ADDRESS"))
+        .unwrap_or(cfg.metrics_address);
     Ok(Endpoints {
         csi,
         addons: Some(addons).filter(|a| !a.is_empty()),
+        metrics: Some(metrics).filter(|m| !m.is_empty()),
     })
 }
 
@@ -287,7 +296,9 @@ async fn command(c: &mut Ctx, command: Command) -> Result<()> {
                 accessible_topology: None,
             };
             let r = c.controller().await?.get_capacity(req).await?.into_inner();
-            c.show(&CapacityOut::from(&r));
+            let mut out = CapacityOut::from(&r);
+            out.metadata = metadata(&c.ends).await;
+            c.show(&out);
             Ok(())
         }
         Command::Create(a) => create(c, a).await,
@@ -467,6 +478,29 @@ fn given_capability(a: &AccessArgs) -> Option<csi::VolumeCapability> {
 
 /// The capability to stage or publish with: as given, or else the
 /// volume's own (its context's `fsType`; none means block).
+/// Both metadata stores from the driver's metrics, or why they are not
+/// shown (on stderr; GetCapacity's answer stands on its own).
+async fn metadata(ends: &Endpoints) -> Option<scrape::Metadata> {
+    let Some(listen) = &ends.metrics else {
+        eprintln!(
+            "note: no metrics address (--metrics-address, $METRICS_ADDRESS or the config's \
+             metrics_address): metadata figures not shown"
+        );
+        return None;
+    };
+    let got = match scrape::dial_address(listen) {
+        Ok(addr) => scrape::scrape(addr).await,
+        Err(e) => Err(e),
+    };
+    match got {
+        Ok(s) => Some(scrape::Metadata::from_samples(&s)),
+        Err(e) => {
+            eprintln!("note: {e}: metadata figures not shown");
+            None
+        }
+    }
+}
+
 async fn node_capability(
     c: &mut Ctx,
     id: &str,
@@ -911,6 +945,7 @@ mod tests {
         Global {
             endpoint: endpoint.map(String::from),
             addons_endpoint: None,
+            metrics_address: None,
             config,
             json: false,
             progress: false,
@@ -927,6 +962,7 @@ mod tests {
             Endpoints {
                 csi: "unix:///run/thinpool-csi/csi.sock".into(),
                 addons: Some("unix:///run/thinpool-csi/csi-addons.sock".into()),
+                metrics: None,
             }
         );
         let dir = tempfile::tempdir().unwrap();
@@ -1071,6 +1107,7 @@ mod tests {
             ends: Endpoints {
                 csi: format!("unix://{}", path.display()),
                 addons: None,
+                metrics: None,
             },
             json: false,
             progress: Progress::Off,

@@ -448,6 +448,8 @@ pub struct CapacityOut {
     pub available_capacity: u64,
     pub maximum_volume_size: Option<u64>,
     pub minimum_volume_size: Option<u64>,
+    /// From the driver's metrics; absent when they could not be read.
+    pub metadata: Option<crate::scrape::Metadata>,
 }
 
 impl From<&csi::GetCapacityResponse> for CapacityOut {
@@ -456,17 +458,41 @@ impl From<&csi::GetCapacityResponse> for CapacityOut {
             available_capacity: bytes(r.available_capacity),
             maximum_volume_size: r.maximum_volume_size.map(bytes),
             minimum_volume_size: r.minimum_volume_size.map(bytes),
+            metadata: None,
         }
     }
 }
 
 impl Render for CapacityOut {
     fn table(&self) -> String {
-        fields(&[
+        let mut rows = vec![
             ("available", human(self.available_capacity)),
             ("maximum volume size", human_opt(self.maximum_volume_size)),
             ("minimum volume size", human_opt(self.minimum_volume_size)),
-        ])
+        ];
+        if let Some(m) = &self.metadata {
+            let left = |n: Option<u64>| n.map_or("-".into(), |n| format!("room for {n} more LVs"));
+            rows.push((
+                "pool metadata",
+                format!(
+                    "{} used of {}, {}",
+                    m.pool_metadata_percent
+                        .map_or("-".into(), |p| format!("{p:.1}%")),
+                    human_opt(m.pool_metadata_size),
+                    left(m.pool_lvs_left)
+                ),
+            ));
+            rows.push((
+                "VG metadata area",
+                format!(
+                    "{} free of {} (LVM uses half), {}",
+                    human_opt(m.vg_metadata_area_free),
+                    human_opt(m.vg_metadata_area_size),
+                    left(m.vg_lvs_left)
+                ),
+            ));
+        }
+        fields(&rows)
     }
 }
 
@@ -844,11 +870,28 @@ mod tests {
         });
         assert_eq!(
             serde_json::to_value(&c).unwrap(),
-            serde_json::json!({"available_capacity": 838860800, "maximum_volume_size": 3221225472u64, "minimum_volume_size": null})
+            serde_json::json!({"available_capacity": 838860800, "maximum_volume_size": 3221225472u64, "minimum_volume_size": null, "metadata": null})
         );
         assert_eq!(
             c.table(),
             "available:            800 MiB\nmaximum volume size:  3 GiB\nminimum volume size:  -\n"
+        );
+        let mut c = c;
+        c.metadata = Some(crate::scrape::Metadata {
+            pool_metadata_size: Some(4 << 20),
+            pool_metadata_percent: Some(73.25),
+            pool_lvs_left: Some(27),
+            vg_metadata_area_size: Some(1020 << 10),
+            vg_metadata_area_free: Some(500 << 10),
+            vg_lvs_left: None,
+        });
+        let t = c.table();
+        assert!(
+            t.contains("pool metadata:        73.2% used of 4 MiB, room for 27 more LVs\n")
+                && t.contains(
+                    "VG metadata area:     500 KiB free of 1020 KiB (LVM uses half), -\n"
+                ),
+            "{t}"
         );
     }
 

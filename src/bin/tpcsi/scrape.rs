@@ -1,0 +1,135 @@
+//! The driver's metadata figures, read from its `/metrics` endpoint
+//! (`metrics_address`): the one place the driver publishes them, as CSI's
+//! GetCapacity has no field for them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The address to dial for a `metrics_address`: an unspecified listen
+/// address (`0.0.0.0`, `[::]`) is reached on loopback.
+pub fn dial_address(listen: &str) -> Result<SocketAddr, String> {
+    let mut addr: SocketAddr = listen
+        .parse()
+        .map_err(|e| format!("metrics address {listen:?}: {e} (want IP:PORT)"))?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    Ok(addr)
+}
+
+/// `GET /metrics`: the samples, by series (`name{labels}`).
+pub async fn scrape(addr: SocketAddr) -> Result<BTreeMap<String, f64>, String> {
+    let mut conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot reach metrics at {addr}: {e}"))?;
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: tpcsi\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| format!("metrics at {addr}: {e}"))?;
+    let mut body = String::new();
+    conn.read_to_string(&mut body)
+        .await
+        .map_err(|e| format!("metrics at {addr}: {e}"))?;
+    let (head, text) = body
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("metrics at {addr}: no HTTP answer"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        let status = head.lines().next().unwrap_or_default();
+        return Err(format!("metrics at {addr}: {status}"));
+    }
+    Ok(samples(text))
+}
+
+/// The samples of a text exposition: `series value` lines.
+pub fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Both metadata stores, as the driver counts them.
+#[derive(Debug, Default, PartialEq, Serialize)]
+pub struct Metadata {
+    pub pool_metadata_size: Option<u64>,
+    pub pool_metadata_percent: Option<f64>,
+    /// Volumes and snapshots the pool's metadata takes before LVM refuses.
+    pub pool_lvs_left: Option<u64>,
+    pub vg_metadata_area_size: Option<u64>,
+    pub vg_metadata_area_free: Option<u64>,
+    pub vg_lvs_left: Option<u64>,
+}
+
+impl Metadata {
+    pub fn from_samples(s: &BTreeMap<String, f64>) -> Metadata {
+        let n = |k: &str| s.get(k).map(|v| *v as u64);
+        Metadata {
+            pool_metadata_size: n("thinpool_csi_pool_metadata_size_bytes"),
+            pool_metadata_percent: s.get("thinpool_csi_pool_metadata_percent").copied(),
+            pool_lvs_left: n("thinpool_csi_metadata_lvs_left{store=\"pool\"}"),
+            vg_metadata_area_size: n("thinpool_csi_vg_metadata_area_size_bytes"),
+            vg_metadata_area_free: n("thinpool_csi_vg_metadata_area_free_bytes"),
+            vg_lvs_left: n("thinpool_csi_metadata_lvs_left{store=\"vg\"}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unspecified_listen_addresses_are_dialled_on_loopback() {
+        assert_eq!(
+            dial_address("0.0.0.0:9808").unwrap().to_string(),
+            "127.0.0.1:9808"
+        );
+        assert_eq!(dial_address("[::]:9808").unwrap().to_string(), "[::1]:9808");
+        assert_eq!(
+            dial_address("10.1.2.3:80").unwrap().to_string(),
+            "10.1.2.3:80"
+        );
+        assert!(dial_address("localhost:9808").is_err());
+    }
+
+    #[test]
+    fn metadata_figures_from_an_exposition() {
+        let text = "# HELP x\n# TYPE x gauge\n\
+            thinpool_csi_pool_metadata_size_bytes 4194304\n\
+            thinpool_csi_pool_metadata_percent 73.3\n\
+            thinpool_csi_metadata_lvs_left{store=\"pool\"} 27\n\
+            thinpool_csi_metadata_lvs_left{store=\"vg\"} 900\n\
+            thinpool_csi_vg_metadata_area_size_bytes 1044480\n\
+            thinpool_csi_vg_metadata_area_free_bytes 480000\n\
+            thinpool_csi_rpc_requests_total{service=\"a b\",method=\"M\"} 3\n";
+        let m = Metadata::from_samples(&samples(text));
+        assert_eq!(
+            m,
+            Metadata {
+                pool_metadata_size: Some(4194304),
+                pool_metadata_percent: Some(73.3),
+                pool_lvs_left: Some(27),
+                vg_metadata_area_size: Some(1044480),
+                vg_metadata_area_free: Some(480000),
+                vg_lvs_left: Some(900),
+            }
+        );
+        // A label value with a space still leaves the value last.
+        assert_eq!(
+            samples(text).get("thinpool_csi_rpc_requests_total{service=\"a b\",method=\"M\"}"),
+            Some(&3.0)
+        );
+        assert_eq!(
+            Metadata::from_samples(&BTreeMap::new()),
+            Metadata::default()
+        );
+    }
+}
