@@ -130,7 +130,13 @@ async fn identity_and_full_controller_lifecycle() {
         "{:?}",
         lv.tags
     );
-    assert!(lv.tags.iter().any(|t| t.starts_with("tpcsi.name=")));
+    // "pvc-life" is spelled out by the LV name: no name tag repeats it
+    // in every VG metadata write (naming.rs).
+    assert!(
+        !lv.tags.iter().any(|t| t.starts_with("tpcsi.name=")),
+        "{:?}",
+        lv.tags
+    );
     assert_eq!(thin_names(&d.vg).len(), 1);
 
     // Get, validate, publish (twice), unpublish (twice).
