@@ -90,10 +90,24 @@ pub struct LoopPool {
     /// Percentage of the volume group the thin pool's data takes.
     #[serde(default = "default_pool_percent")]
     pub pool_percent: u8,
+    /// Volumes and snapshots the built VG and pool are sized for: the VG
+    /// metadata area and the pool's metadata LV (`lvm::room`). Unset:
+    /// [`DEFAULT_MAX_LVS`] as far as the file allows, without a warning.
+    pub max_lvs: Option<u64>,
+    /// The thin pool's chunk: its allocation and copy-on-write unit.
+    #[serde(default = "default_chunk_size", deserialize_with = "de_size")]
+    pub chunk_size: u64,
 }
 
 fn default_pool_percent() -> u8 {
     80
+}
+
+/// What a pool the driver builds is sized for when `max_lvs` is unset.
+pub const DEFAULT_MAX_LVS: u64 = 12_000;
+
+fn default_chunk_size() -> u64 {
+    64 << 10
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -282,6 +296,22 @@ impl Config {
                 return Err(invalid(
                     "loop_pool.pool_percent",
                     "must be between 10 and 95",
+                ));
+            }
+            if lp.max_lvs.is_some_and(|n| !(1..=1_000_000).contains(&n)) {
+                return Err(invalid(
+                    "loop_pool.max_lvs",
+                    "must be between 1 and 1000000",
+                ));
+            }
+            // dm-thin's bounds: 64 KiB to 1 GiB, a multiple of 64 KiB.
+            let chunk = lp.chunk_size;
+            if !(64 << 10..=1 << 30).contains(&chunk) || chunk % (64 << 10) != 0 {
+                return Err(invalid(
+                    "loop_pool.chunk_size",
+                    format!(
+                        "must be a multiple of 64KiB between 64KiB and 1GiB, got {chunk} bytes"
+                    ),
                 ));
             }
         }

@@ -186,6 +186,51 @@ pub fn at_lvm_limit(pool_lv: &Lv) -> Option<Problem> {
         .map(|s| room.problem(s, &pool_lv.vg, &pool_lv.name, 0))
 }
 
+/// VG metadata text per LV the driver sizes for: a volume's measured 528
+/// bytes (name and tags included), with a margin.
+pub const SIZING_TEXT_PER_LV: u64 = 600;
+
+/// Pool metadata per mapped data chunk, for sizing: `thin_metadata_size`
+/// (thin-provisioning-tools) counts about 32 bytes; with a margin.
+pub const SIZING_BYTES_PER_CHUNK: u64 = 48;
+
+const MIB: u64 = 1 << 20;
+
+/// The VG metadata area to give a PV made for `lvs` LVs: two copies of
+/// their text (LVM writes the next beside the last) and the VG's own, in
+/// whole MiB, at least LVM's 1 MiB, and at most a 32nd of the disk.
+pub fn mda_size_for(lvs: u64, disk: u64) -> u64 {
+    let need = (2 * (lvs * SIZING_TEXT_PER_LV + 64 * 1024)).div_ceil(MIB) * MIB;
+    need.min(disk / 32 / MIB * MIB).max(MIB)
+}
+
+/// The metadata LV to give a thin pool of `data` bytes in `chunk`-byte
+/// chunks that is to hold `lvs` thin LVs: what they and every mapped
+/// chunk take, with LVM's free floor on top (a quarter of the LV, which
+/// is at least 4 MiB from 16 MiB up), in whole extents; no more than
+/// `room` (what may go to it and LVM's spare copy, each as large), no
+/// less than LVM's 2 MiB.
+pub fn pool_metadata_for(lvs: u64, data: u64, chunk: u64, extent: u64, room: u64) -> u64 {
+    let used = lvs * THIN_DEVICE_BYTES + data / chunk.max(1) * SIZING_BYTES_PER_CHUNK + MIB;
+    let extent = extent.max(1);
+    let need = (used * 4 / 3).div_ceil(extent) * extent;
+    let cap = room / 2 / extent * extent;
+    need.min(cap).max(2 * MIB)
+}
+
+/// How many thin LVs a pool with this metadata LV holds with `data`
+/// mapped in full, short of LVM's refusal.
+pub fn lvs_in(metadata: u64, data: u64, chunk: u64) -> u64 {
+    let usable = metadata - lvm_metadata_floor(metadata);
+    let fixed = data / chunk.max(1) * SIZING_BYTES_PER_CHUNK + MIB;
+    usable.saturating_sub(fixed) / THIN_DEVICE_BYTES
+}
+
+/// How many LVs a VG metadata area of `mda` bytes holds.
+pub fn lvs_in_mda(mda: u64) -> u64 {
+    (mda / 2).saturating_sub(64 * 1024) / SIZING_TEXT_PER_LV
+}
+
 /// `n` bytes in MiB with two decimals, or KiB below 1 MiB.
 fn mib(n: u64) -> String {
     if n < 1 << 20 {
@@ -263,6 +308,38 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("pvchange --metadataignore y"), "{e}");
+    }
+
+    /// The sizing rule, at the dense node (10,000 volumes and
+    /// 2,000 snapshots) and at the test rig's small loop files.
+    #[test]
+    fn sizing_holds_what_it_was_asked_for_where_the_disk_allows() {
+        let ext = 4 * MIB;
+        // 12,000 LVs: two copies of 600 bytes each, 14 MiB of area.
+        assert_eq!(mda_size_for(12_000, 64 << 30), 14 * MIB);
+        assert!(lvs_in_mda(14 * MIB) >= 12_000);
+        // A 64 MiB disk gives it a 32nd; never below LVM's 1 MiB.
+        assert_eq!(mda_size_for(12_000, 64 * MIB), 2 * MIB);
+        assert_eq!(mda_size_for(10, 64 << 30), MIB);
+        // A 4 GiB pool of 64 KiB chunks for 12,064 LVs: 72 MiB (LVM's
+        // default would be 4 MiB: 640 volumes).
+        let meta = pool_metadata_for(12_064, 4 << 30, 64 << 10, ext, 1 << 30);
+        assert_eq!(meta, 72 * MIB);
+        assert!(lvs_in(meta, 4 << 30, 64 << 10) >= 12_064);
+        // Capped by what the VG has left beside the data (and the spare),
+        // in whole extents, and at least 2 MiB.
+        assert_eq!(
+            pool_metadata_for(12_064, 48 * MIB, 64 << 10, ext, 12 * MIB),
+            4 * MIB
+        );
+        assert_eq!(
+            pool_metadata_for(12_064, 48 * MIB, 64 << 10, ext, 2 * MIB),
+            2 * MIB
+        );
+        assert_eq!(
+            pool_metadata_for(100, 48 * MIB, 64 << 10, ext, 1 << 30),
+            4 * MIB
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::path::Path;
 use crate::config::{Config, LoopPool};
 use crate::error::{Error, Result};
 use crate::lvm::report::{rows, text};
-use crate::lvm::Lvm;
+use crate::lvm::{room, Lvm};
 use crate::naming::TAG_OWNER;
 use crate::sys::{self, SparseFile};
 
@@ -26,7 +26,7 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
                 lvm.vg
             )));
         };
-        build_vg_on_loop(lp, lvm, &owner_tag).await?;
+        build_vg_on_loop(lp, lvm, &owner_tag, cfg.metadata_reserve_lvs).await?;
     } else if let Some(lp) = &cfg.loop_pool {
         // The VG is there; keep its loop device attached for next time.
         loop_device(lp)?;
@@ -44,25 +44,7 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
                 lvm.lv_path(&lvm.pool)
             )))
         }
-        None if vg_tags(lvm).await?.contains(&owner_tag) => {
-            let pct = cfg.loop_pool.as_ref().map_or(80, |lp| lp.pool_percent);
-            lvm.change(
-                "lvcreate",
-                crate::argv![
-                    "--type",
-                    "thin-pool",
-                    "--zero",
-                    "y",
-                    "--extents",
-                    format!("{pct}%VG"),
-                    "--name",
-                    lvm.pool.as_str(),
-                    lvm.vg.as_str()
-                ],
-            )
-            .await?;
-            tracing::info!(pool = lvm.lv_path(&lvm.pool), pct, "created thin pool");
-        }
+        None if vg_tags(lvm).await?.contains(&owner_tag) => create_pool(cfg, lvm).await?,
         None => {
             return Err(Error::Unavailable(format!(
                 "thin pool {} does not exist, and volume group {} was not built by this driver",
@@ -72,6 +54,92 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The thin pool of a VG this driver built: `pool_percent` of it for
+/// data, in `chunk_size` chunks, zeroing, with a metadata LV sized for
+/// `max_lvs` (and the reserve) as far as the VG has room beside the data
+/// for it and LVM's spare copy (`room::pool_metadata_for`).
+async fn create_pool(cfg: &Config, lvm: &Lvm) -> Result<()> {
+    let (pct, asked, chunk) = cfg.loop_pool.as_ref().map_or((80, None, 64 << 10), |lp| {
+        (lp.pool_percent, lp.max_lvs, lp.chunk_size)
+    });
+    let max_lvs = asked.unwrap_or(crate::config::DEFAULT_MAX_LVS);
+    let (vg_size, extent) = vg_size(lvm).await?;
+    let extents = vg_size / extent.max(1);
+    let data = extents * u64::from(pct) / 100 * extent;
+    // Half of what is left beside the data, less an extent for LVM's
+    // rounding, may go to the metadata and its spare: the rest stays free
+    // to grow either later.
+    let room = vg_size.saturating_sub(data + extent) / 2;
+    let lvs = max_lvs + cfg.metadata_reserve_lvs;
+    let metadata = room::pool_metadata_for(lvs, data, chunk, extent, room);
+    let holds = room::lvs_in(metadata, data, chunk);
+    lvm.change(
+        "lvcreate",
+        crate::argv![
+            "--type",
+            "thin-pool",
+            "--zero",
+            "y",
+            "--chunksize",
+            format!("{chunk}b"),
+            "--poolmetadatasize",
+            format!("{metadata}b"),
+            "--extents",
+            format!("{pct}%VG"),
+            "--name",
+            lvm.pool.as_str(),
+            lvm.vg.as_str()
+        ],
+    )
+    .await?;
+    tracing::info!(
+        pool = lvm.lv_path(&lvm.pool),
+        pct,
+        chunk,
+        metadata,
+        holds,
+        "created thin pool; its metadata holds {holds} LVs"
+    );
+    if holds < lvs && asked.is_some() {
+        tracing::warn!(
+            asked = lvs,
+            holds,
+            "the volume group has no room for the pool metadata max_lvs asks for; \
+             a bigger loop_pool.size or a smaller pool_percent gives it more"
+        );
+    }
+    Ok(())
+}
+
+/// The VG's size and extent size.
+async fn vg_size(lvm: &Lvm) -> Result<(u64, u64)> {
+    let out = lvm
+        .query(
+            "vgs",
+            crate::argv![
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "vg_size,vg_extent_size",
+                lvm.vg.as_str()
+            ],
+        )
+        .await?;
+    let row = rows(&out.stdout, "vg")?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Internal(format!("vgs printed no row for {}", lvm.vg)))?;
+    let n = |k: &str| -> Result<u64> {
+        text(&row, k)?
+            .parse()
+            .map_err(|_| Error::Internal(format!("vgs field {k} is not a byte count")))
+    };
+    Ok((n("vg_size")?, n("vg_extent_size")?))
 }
 
 /// Refuses a thin pool that does not zero new chunks unless the config
@@ -227,7 +295,7 @@ async fn pv_vg(lvm: &Lvm, dev: &Path) -> Result<Option<String>> {
     Ok(None)
 }
 
-async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str) -> Result<()> {
+async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str, reserve: u64) -> Result<()> {
     let (dev, created) = loop_device(lp)?;
     let dev_s = dev.display().to_string();
     match pv_vg(lvm, &dev).await? {
@@ -259,9 +327,22 @@ async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str) -> Result<(
                     lp.backing_file.display()
                 )));
             }
-            // No --yes: pvcreate then refuses to wipe any signature it finds.
-            lvm.change("pvcreate", crate::argv![dev_s.as_str()]).await?;
-            tracing::info!(dev = dev_s, "created physical volume");
+            // A metadata area for max_lvs LVs (room::mda_size_for): it
+            // cannot grow once made. No --yes: pvcreate then refuses to
+            // wipe any signature it finds.
+            let max_lvs = lp.max_lvs.unwrap_or(crate::config::DEFAULT_MAX_LVS);
+            let mda = room::mda_size_for(max_lvs + reserve, lp.size);
+            lvm.change(
+                "pvcreate",
+                crate::argv!["--metadatasize", format!("{mda}b"), dev_s.as_str()],
+            )
+            .await?;
+            tracing::info!(
+                dev = dev_s,
+                metadata_area = mda,
+                holds = room::lvs_in_mda(mda),
+                "created physical volume"
+            );
         }
     }
     lvm.change(

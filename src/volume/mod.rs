@@ -200,7 +200,7 @@ impl Driver {
 
     /// `lv` with its decoded tags, when it is a volume of ours.
     pub(crate) fn owned_lv<'a>(&self, lv: &'a Lv) -> Option<Owned<'a>> {
-        VolumeTags::decode(lv.tags.iter().map(String::as_str))
+        VolumeTags::decode(&lv.name, lv.tags.iter().map(String::as_str))
             .filter(|tags| self.ours(lv, &tags.owner))
             .map(|tags| Owned { lv, tags })
     }

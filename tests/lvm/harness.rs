@@ -91,6 +91,18 @@ impl TestDriver {
         extra: &str,
         env: &[(String, String)],
     ) -> TestDriver {
+        Self::start_with_loop_keys(name, size, extra, "", env).await
+    }
+
+    /// [`TestDriver::start_with_env`] with `loop_keys` (lines) added to
+    /// the `[loop_pool]` table.
+    pub async fn start_with_loop_keys(
+        name: &str,
+        size: u64,
+        extra: &str,
+        loop_keys: &str,
+        env: &[(String, String)],
+    ) -> TestDriver {
         require_lvm();
         let dir = tempfile::Builder::new()
             .prefix(&format!("tpcsi-{name}-"))
@@ -102,7 +114,7 @@ impl TestDriver {
             "driver_name = \"{DRIVER_NAME}\"\nnode_id = \"{NODE_ID}\"\nvolume_group = \"{vg}\"\n\
              thin_pool = \"pool\"\nudev = \"off\"\n\
              csi_addons_endpoint = \"unix://{dir}/addons.sock\"\nstate_dir = \"{dir}/state\"\n{extra}\n\
-             [loop_pool]\nbacking_file = \"{dir}/pool.img\"\nsize = {size}\npool_percent = 80\n",
+             [loop_pool]\nbacking_file = \"{dir}/pool.img\"\nsize = {size}\npool_percent = 80\n{loop_keys}\n",
             dir = dir.path().display()
         );
         // Tests read LVM behind the driver's back: no cached reports

@@ -181,3 +181,49 @@ async fn pool_metadata_refuses_before_lvm_and_recovers_after_growing_it() {
         d.controller().await.delete_volume(del(&id)).await.unwrap();
     }
 }
+
+/// What the driver builds is sized for `loop_pool.max_lvs` (plus the
+/// reserve): the PV's metadata area and the pool's metadata LV hold that
+/// many LVs by the sizing rule, in 64 KiB chunks; a backing file too small
+/// for it gets what fits, and the log says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_built_vg_and_pool_are_sized_for_max_lvs() {
+    use thinpool_csi::lvm::room::{lvs_in, lvs_in_mda};
+    let d = TestDriver::start_with_loop_keys(
+        "sized",
+        1024 * MIB,
+        "metadata_reserve_lvs = 64\n",
+        "max_lvs = 4000\n",
+        &[],
+    )
+    .await;
+    let r = lvs(&d.vg);
+    let pool = r.find("pool").unwrap();
+    eprintln!(
+        "MEASURE 1 GiB file, max_lvs 4000: VG metadata area {} bytes, pool {} bytes, \
+         metadata LV {} bytes, chunk {}",
+        pool.vg_mda_size, pool.size, pool.metadata_size, pool.chunk_size
+    );
+    assert_eq!(pool.chunk_size, 64 << 10);
+    assert!(lvs_in_mda(pool.vg_mda_size) >= 4064, "{pool:?}");
+    assert!(pool.vg_mda_size > 2 * MIB, "more than LVM's default area");
+    assert!(
+        lvs_in(pool.metadata_size, pool.size, pool.chunk_size) >= 4064,
+        "{pool:?}"
+    );
+    assert!(d.log().contains("created thin pool"), "{}", d.log_tail(20));
+    drop(d);
+
+    // 64 MiB cannot give 12,000 LVs their metadata: it gets what fits,
+    // and the log says so when max_lvs was set.
+    let small =
+        TestDriver::start_with_loop_keys("small", 64 * MIB, "", "max_lvs = 12000\n", &[]).await;
+    let pool = lvs(&small.vg).find("pool").unwrap().clone();
+    assert!(pool.metadata_size >= 2 * MIB, "{pool:?}");
+    let log = small.log();
+    assert!(
+        log.contains("no room for the pool metadata max_lvs asks for"),
+        "the shortfall is logged: {}",
+        small.log_tail(20)
+    );
+}
