@@ -145,7 +145,9 @@ async fn vg_size(lvm: &Lvm) -> Result<(u64, u64)> {
 /// Refuses a thin pool that does not zero new chunks unless the config
 /// accepts it on purpose (`allow_unzeroed_pool`).
 pub async fn check_zeroing(cfg: &Config, lvm: &Lvm) -> Result<()> {
-    let report = lvm.fresh_report().await?;
+    // Right after `ensure`'s fresh report: that one serves (a report is an
+    // `lvs` of every LV, on the way to a driver that answers).
+    let report = lvm.known().await?;
     let Some(pool) = report.find(&lvm.pool) else {
         return Ok(());
     };

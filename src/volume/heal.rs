@@ -382,7 +382,9 @@ impl Driver {
     /// into node records, then drops the tag. Runs before the clean-up,
     /// which would otherwise take the overlays of such volumes for debris.
     pub async fn adopt_legacy(&self) {
-        let report = match self.lvm.fresh_report().await {
+        // Start-up's report (`pool::ensure` read it): no second `lvs` of
+        // every LV before the sockets come up.
+        let report = match self.lvm.known().await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "start-up: cannot read the LVM report; earlier versions' staging tags not looked at");
