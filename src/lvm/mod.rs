@@ -341,6 +341,12 @@ impl Lvm {
         self.read_since(Some(Instant::now())).await
     }
 
+    /// A report read since `since`, with our writes since applied: one
+    /// `lvs` serves every reader that asks from the same moment on.
+    pub async fn report_since(&self, since: Instant) -> Result<Arc<Report>> {
+        self.read_since(Some(since)).await
+    }
+
     /// Single flight: waits for an `lvs` already running, and takes its
     /// report if that `lvs` started after `since` (any report when
     /// `None`); otherwise runs one.

@@ -95,20 +95,23 @@ impl Driver {
                     )));
                 }
             }
-            d.heal_held(&id, record, Some(&target)).await
+            d.heal_held(&id, record, Some(&target), Instant::now()).await
         })
         .await
     }
 
     /// Heals one volume from its record; `only` limits the publishes
-    /// looked at to one target (NodeHealer), `None` heals them all.
+    /// looked at to one target (NodeHealer), `None` heals them all. LVM's
+    /// state is read as of `since` or later (our own writes since are in
+    /// it; the volume's guard keeps every other change to it out).
     async fn heal_held(
         &self,
         id: &str,
         mut record: Record,
         only: Option<&Path>,
+        since: Instant,
     ) -> Result<Verdict> {
-        let report = self.lvm.fresh_report().await?;
+        let report = self.lvm.report_since(since).await?;
         let Some(vol) = self.owned(&report, id)? else {
             // The volume was deleted: nothing of it can be on this node.
             self.drop_overlays_of(id).await;
@@ -566,6 +569,8 @@ impl Driver {
                 return;
             }
         };
+        // One `lvs` from here on serves every volume's heal: a report of
+        // every LV per staged volume would cost a dense node minutes.
         let started = Instant::now();
         let total = ids.len();
         let limit = Arc::new(tokio::sync::Semaphore::new(HEAL_PARALLEL));
@@ -574,14 +579,14 @@ impl Driver {
             let (d, limit) = (self.clone(), limit.clone());
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await;
-                d.heal_at_start(VolumeId::new_unchecked(id)).await;
+                d.heal_at_start(VolumeId::new_unchecked(id), started).await;
             });
         }
         while tasks.join_next().await.is_some() {}
         tracing::info!(volumes = total, elapsed = ?started.elapsed(), "start-up heal done");
     }
 
-    async fn heal_at_start(self: &Arc<Self>, id: VolumeId) {
+    async fn heal_at_start(self: &Arc<Self>, id: VolumeId, since: Instant) {
         let deadline = Instant::now() + HEAL_BUSY_WAIT;
         loop {
             let res = self
@@ -589,7 +594,7 @@ impl Driver {
                     let id = id.clone();
                     move |d, _| async move {
                         match d.load_record(&id).await? {
-                            Some(r) => d.heal_held(&id, r, None).await.map(Some),
+                            Some(r) => d.heal_held(&id, r, None, since).await.map(Some),
                             None => Ok(None),
                         }
                     }

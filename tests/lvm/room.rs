@@ -229,3 +229,52 @@ async fn the_built_vg_and_pool_are_sized_for_max_lvs() {
         small.log_tail(20)
     );
 }
+
+/// A restart heals every staged volume from one `lvs` of the VG, not one
+/// per volume: on a dense node each is a report of every LV.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_heals_every_staged_volume_from_one_report() {
+    use crate::node::{stage_req, Kubelet};
+    let tools = tempfile::tempdir().unwrap();
+    let (wrapper, calls) = crate::harness::counting_lvm(tools.path());
+    let k = Kubelet::new("heal1");
+    let mut d = TestDriver::start(
+        "heal1",
+        128 * MIB,
+        // A report cache, as deployed: start-up's reads share one report.
+        &format!(
+            "{}lvm_binary = \"{}\"\nreport_max_age_secs = 60\n",
+            k.extra(),
+            wrapper.display()
+        ),
+    )
+    .await;
+    for i in 0..4 {
+        let id = create(&d, &format!("heal1-{i}")).await.unwrap();
+        let staging = k.staging(&format!("v{i}"));
+        d.node()
+            .await
+            .node_stage_volume(stage_req(&id, &staging, mount_cap("ext4")))
+            .await
+            .unwrap();
+    }
+    let lvs_calls = || {
+        crate::harness::file_lines(&calls)
+            .iter()
+            .filter(|l| l.starts_with("lvs"))
+            .count()
+    };
+    d.stop();
+    let before = lvs_calls();
+    d.spawn().await;
+    let t = Instant::now();
+    while !d.log().contains("start-up heal done") {
+        assert!(t.elapsed().as_secs() < 120, "{}", d.log_tail(20));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let n = lvs_calls() - before;
+    eprintln!("MEASURE restart with 4 staged volumes: {n} lvs runs");
+    // `pool::ensure`'s report (which the zeroing check, the earlier
+    // versions' tags and Probe take too), and one for every heal.
+    assert!(n <= 2, "{n} lvs runs for a restart with 4 staged volumes");
+}
