@@ -14,8 +14,8 @@
 //!   area; `vg_mda_free` reports what is left of that half (1 MiB area:
 //!   519,168 bytes free in an empty VG). Each thin LV took 528 bytes of it
 //!   with a 61-character name and 151 characters of tags, so about 316
-//!   bytes plus its name and tags. At 0 LVM fails every change with
-//!   "Metadata too large for circular buffer".
+//!   bytes plus its name and tags. At 0 LVM fails a change that adds text
+//!   with "Metadata too large for circular buffer".
 //!
 //! The driver stops `reserve` LVs short of either limit, so that creates
 //! already running, and the estimate's error, never reach LVM's refusal.
@@ -97,7 +97,7 @@ impl Room {
             .then(|| limit.saturating_sub(self.pool_metadata_used) / THIN_DEVICE_BYTES)
     }
 
-    /// LVs the VG's metadata area takes before LVM refuses every change;
+    /// LVs the VG's metadata area takes before LVM refuses a new one;
     /// `None` when LVM did not report the area.
     pub fn vg_lvs_left(&self) -> Option<u64> {
         (self.vg_mda_size > 0).then(|| self.vg_mda_free / self.lv_text.max(1))
@@ -150,8 +150,8 @@ impl Room {
                 condition: Condition::MetadataShort,
                 what: format!(
                     "volume group {vg}'s metadata area is nearly full ({} bytes left of the {} \
-                     LVM can use of its {} area, about {} bytes per LV): LVM would fail every \
-                     change with \"Metadata too large for circular buffer\", and this driver \
+                     LVM can use of its {} area, about {} bytes per LV): LVM would fail the next \
+                     changes with \"Metadata too large for circular buffer\", and this driver \
                      keeps room for {reserve} more LVs",
                     self.vg_mda_free,
                     self.vg_mda_size / 2,
