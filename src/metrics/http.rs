@@ -60,6 +60,28 @@ where
     }
 }
 
+/// The client side, for `tpcsi` and the tests: `GET /metrics` at `addr`,
+/// and the samples of the answer, by series (`name{labels}`).
+pub async fn scrape(
+    addr: std::net::SocketAddr,
+) -> Result<std::collections::BTreeMap<String, f64>, String> {
+    let fail = |e: std::io::Error| format!("metrics at {addr}: {e}");
+    let mut conn = TcpStream::connect(addr).await.map_err(fail)?;
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: thinpool-csi\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(fail)?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).await.map_err(fail)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("metrics at {addr}: no HTTP answer"))?;
+    if !head.starts_with("HTTP/1.1 200 OK") {
+        let status = head.lines().next().unwrap_or_default();
+        return Err(format!("metrics at {addr}: {status}"));
+    }
+    Ok(super::text::samples(body))
+}
+
 async fn handle<F, Fut>(mut conn: TcpStream, render: &F) -> std::io::Result<()>
 where
     F: Fn() -> Fut,

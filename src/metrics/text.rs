@@ -118,6 +118,18 @@ impl Text {
 }
 
 /// A label value: backslash, double quote and line feed are escaped.
+/// The samples of an exposition, by series (`name{labels}`): its
+/// `series value` lines.
+pub fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
 pub fn escape_label(v: &str) -> String {
     escape(v, true)
 }

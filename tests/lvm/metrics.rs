@@ -9,29 +9,17 @@ use std::time::Duration;
 
 use thinpool_csi::lvm::report::Capacity;
 use thinpool_csi::proto::csi::v1::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
 use crate::controller::{block_cap, create_req, mount_cap};
 use crate::harness::{counting_lvm, file_lines, lvm, lvs, sh, TestDriver, MIB};
 
-/// GET /metrics: the samples by series (`name{labels}`).
+/// GET /metrics: the samples by series (`name{labels}`); an answer other
+/// than 200 OK fails the test.
 async fn scrape(addr: &str) -> BTreeMap<String, f64> {
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+    thinpool_csi::metrics::http::scrape(addr.parse().unwrap())
         .await
-        .unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).await.unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (series, value) = l.rsplit_once(' ').unwrap();
-            (series.to_string(), value.parse::<f64>().unwrap())
-        })
-        .collect()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn get(m: &BTreeMap<String, f64>, series: &str) -> f64 {

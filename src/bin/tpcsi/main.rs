@@ -489,7 +489,7 @@ async fn metadata(ends: &Endpoints) -> Option<scrape::Metadata> {
         return None;
     };
     let got = match scrape::dial_address(listen) {
-        Ok(addr) => scrape::scrape(addr).await,
+        Ok(addr) => thinpool_csi::metrics::http::scrape(addr).await,
         Err(e) => Err(e),
     };
     match got {

@@ -1,12 +1,12 @@
 //! The driver's metadata figures, read from its `/metrics` endpoint
-//! (`metrics_address`): the one place the driver publishes them, as CSI's
-//! GetCapacity has no field for them.
+//! (`metrics_address`, through `thinpool_csi::metrics::http::scrape`): the
+//! one place the driver publishes them, as CSI's GetCapacity has no field
+//! for them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The address to dial for a `metrics_address`: an unspecified listen
 /// address (`0.0.0.0`, `[::]`) is reached on loopback.
@@ -21,39 +21,6 @@ pub fn dial_address(listen: &str) -> Result<SocketAddr, String> {
         });
     }
     Ok(addr)
-}
-
-/// `GET /metrics`: the samples, by series (`name{labels}`).
-pub async fn scrape(addr: SocketAddr) -> Result<BTreeMap<String, f64>, String> {
-    let mut conn = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("cannot reach metrics at {addr}: {e}"))?;
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: tpcsi\r\nConnection: close\r\n\r\n")
-        .await
-        .map_err(|e| format!("metrics at {addr}: {e}"))?;
-    let mut body = String::new();
-    conn.read_to_string(&mut body)
-        .await
-        .map_err(|e| format!("metrics at {addr}: {e}"))?;
-    let (head, text) = body
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("metrics at {addr}: no HTTP answer"))?;
-    if !head.starts_with("HTTP/1.1 200") {
-        let status = head.lines().next().unwrap_or_default();
-        return Err(format!("metrics at {addr}: {status}"));
-    }
-    Ok(samples(text))
-}
-
-/// The samples of a text exposition: `series value` lines.
-pub fn samples(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
 }
 
 /// Both metadata stores, as the driver counts them.
@@ -85,6 +52,7 @@ impl Metadata {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use thinpool_csi::metrics::text::samples;
 
     #[test]
     fn unspecified_listen_addresses_are_dialled_on_loopback() {
