@@ -31,6 +31,12 @@ vg_mda_free";
 
 /// Arguments of `lvs` for the report of volume group `vg`.
 pub fn lvs_args(vg: &str) -> Vec<String> {
+    report_args(LVS_FIELDS, vg)
+}
+
+/// Arguments of a JSON report (`lvs`, `vgs`) of `fields` of `target`,
+/// sizes in bytes without a suffix.
+pub fn report_args(fields: &str, target: &str) -> Vec<String> {
     crate::argv![
         "--reportformat",
         "json",
@@ -38,8 +44,8 @@ pub fn lvs_args(vg: &str) -> Vec<String> {
         "b",
         "--nosuffix",
         "-o",
-        LVS_FIELDS,
-        vg
+        fields,
+        target
     ]
 }
 

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use crate::config::{Config, LoopPool};
 use crate::error::{Error, Result};
-use crate::lvm::report::{rows, text};
+use crate::lvm::report::{report_args, rows, text};
 use crate::lvm::{room, Lvm};
 use crate::naming::TAG_OWNER;
 use crate::sys::{self, SparseFile};
@@ -116,19 +116,7 @@ async fn create_pool(cfg: &Config, lvm: &Lvm) -> Result<()> {
 /// The VG's size and extent size.
 async fn vg_size(lvm: &Lvm) -> Result<(u64, u64)> {
     let out = lvm
-        .query(
-            "vgs",
-            crate::argv![
-                "--reportformat",
-                "json",
-                "--units",
-                "b",
-                "--nosuffix",
-                "-o",
-                "vg_size,vg_extent_size",
-                lvm.vg.as_str()
-            ],
-        )
+        .query("vgs", report_args("vg_size,vg_extent_size", &lvm.vg))
         .await?;
     let row = rows(&out.stdout, "vg")?
         .into_iter()
