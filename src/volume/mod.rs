@@ -59,26 +59,26 @@ impl Reservations {
         Reserved(self, name.to_string())
     }
 
-    /// How many reserved LVs `report` does not show yet.
-    pub fn pending_count(&self, report: &Report) -> u64 {
-        self.0
-            .lock()
-            .unwrap()
-            .keys()
-            .filter(|name| report.find(name).is_none())
-            .count() as u64
-    }
-
-    /// What the reservations add to `report`'s virtual sizes.
-    pub fn pending(&self, report: &Report) -> u64 {
+    /// What the reservations add to `report`: the LVs it does not show
+    /// yet, and their virtual sizes.
+    pub fn pending(&self, report: &Report) -> Pending {
         self.0
             .lock()
             .unwrap()
             .iter()
             .filter(|(name, _)| report.find(name).is_none())
-            .map(|(_, size)| size)
-            .sum()
+            .fold(Pending::default(), |p, (_, size)| Pending {
+                lvs: p.lvs + 1,
+                bytes: p.bytes + size,
+            })
     }
+}
+
+/// What [`Reservations::pending`] adds to a report.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Pending {
+    pub lvs: u64,
+    pub bytes: u64,
 }
 
 /// One reservation; dropping it releases it.
@@ -253,7 +253,7 @@ impl Driver {
             .thin_volumes(&self.lvm.pool)
             .map(|lv| lv.size)
             .sum::<u64>()
-            + self.reserved.pending(report);
+            + self.reserved.pending(report).bytes;
         let cap = Capacity::compute(
             pool.size,
             pool.data_percent.unwrap_or(0.0),
@@ -302,7 +302,7 @@ impl Driver {
     /// pool shows no Metadata% (inactive).
     pub fn room(&self, report: &Report) -> Option<Room> {
         let pool = self.pool(report).ok()?;
-        let made_since = report.added_since_read() + self.reserved.pending_count(report);
+        let made_since = report.added_since_read() + self.reserved.pending(report).lvs;
         Some(Room::estimate(
             pool.metadata_size,
             pool.metadata_percent?,
