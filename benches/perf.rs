@@ -24,11 +24,11 @@ mod harness;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::{TestDriver, MIB};
+use harness::{bare, TestDriver, MIB};
 use thinpool_csi::exec::{Coprocess, Stop};
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
@@ -140,25 +140,6 @@ fn del(id: &str) -> DeleteVolumeRequest {
 
 fn s(p: &Path) -> String {
     p.display().to_string()
-}
-
-/// Runs a bare command as an operator would (no extra LVM settings unless
-/// `args` give them) and returns its wall time; panics when it fails.
-fn bare(cmd: &str, args: &[&str]) -> f64 {
-    let t = Instant::now();
-    let out = Command::new(cmd)
-        .args(args)
-        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let took = t.elapsed().as_secs_f64();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    took
 }
 
 /// One long-lived `lvm` shell, started as the driver starts its own

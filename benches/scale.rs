@@ -24,7 +24,6 @@
 mod harness;
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use harness::{TestDriver, MIB};
@@ -110,20 +109,19 @@ fn bare_lvcreate(vg: &str, name: &str, tags: &[String], extra: Option<&str>) -> 
         args.extend(["--config".to_string(), c.to_string()]);
     }
     args.push(vg.into());
-    let t = Instant::now();
-    let out = Command::new("lvm")
-        .args(&args)
-        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let took = t.elapsed().as_secs_f64();
-    assert!(
-        out.status.success(),
-        "bare lvcreate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    took
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    harness::bare("lvm", &args)
+}
+
+/// Volume `i`'s CreateVolume, which must succeed; its id.
+async fn create(c: &mut ControllerClient<Channel>, i: usize) -> String {
+    c.create_volume(create_req(i))
+        .await
+        .unwrap_or_else(|e| panic!("CreateVolume {i}: {e:?}"))
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id
 }
 
 /// Creates volumes `from..to` over the clients concurrently, and a
@@ -138,14 +136,7 @@ async fn fill(cs: &[ControllerClient<Channel>], from: usize, to: usize, ids: &mu
             .map(|i| {
                 let mut c = cs[i % cs.len()].clone();
                 tokio::spawn(async move {
-                    let id = c
-                        .create_volume(create_req(i))
-                        .await
-                        .unwrap_or_else(|e| panic!("CreateVolume {i}: {e:?}"))
-                        .into_inner()
-                        .volume
-                        .unwrap()
-                        .volume_id;
+                    let id = create(&mut c, i).await;
                     if i % 5 == 4 {
                         c.create_snapshot(CreateSnapshotRequest {
                             source_volume_id: id.clone(),
@@ -226,14 +217,7 @@ async fn main() {
         let mut c = cs[0].clone();
         for _ in 0..samples {
             let t = Instant::now();
-            let id = c
-                .create_volume(create_req(made))
-                .await
-                .unwrap_or_else(|e| panic!("CreateVolume {made}: {e:?}"))
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id;
+            let id = create(&mut c, made).await;
             ours.push(t.elapsed().as_secs_f64());
             ids.push(id);
             made += 1;

@@ -107,13 +107,7 @@ async fn assert_full(d: &TestDriver, id: &str, staging: &Path) {
         msg.contains("full"),
         "the refusal names the full pool: {msg}"
     );
-    let cap = d
-        .controller()
-        .await
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = d.capacity().await;
     assert_eq!(
         (cap.available_capacity, cap.maximum_volume_size),
         (0, Some(0)),
@@ -142,16 +136,7 @@ async fn assert_full(d: &TestDriver, id: &str, staging: &Path) {
         .unwrap();
     eprintln!("NodeGetVolumeStats condition: {st:?}");
     assert!(st.abnormal && st.message.contains("full"), "{st:?}");
-    let got = d
-        .controller()
-        .await
-        .controller_get_volume(ControllerGetVolumeRequest {
-            volume_id: id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let cond = got.status.unwrap().volume_condition.unwrap();
+    let cond = d.condition(id).await;
     eprintln!("ControllerGetVolume condition: {cond:?}");
     assert!(cond.abnormal && cond.message.contains("full"), "{cond:?}");
 }

@@ -316,6 +316,31 @@ impl TestDriver {
         format!("unix://{}", self.dir.path().join("addons.sock").display())
     }
 
+    /// GetCapacity with no parameters (the pool as a whole).
+    pub async fn capacity(&self) -> thinpool_csi::proto::csi::v1::GetCapacityResponse {
+        self.controller()
+            .await
+            .get_capacity(thinpool_csi::proto::csi::v1::GetCapacityRequest::default())
+            .await
+            .expect("GetCapacity")
+            .into_inner()
+    }
+
+    /// The condition ControllerGetVolume reports for volume `id`.
+    pub async fn condition(&self, id: &str) -> thinpool_csi::proto::csi::v1::VolumeCondition {
+        self.controller()
+            .await
+            .controller_get_volume(thinpool_csi::proto::csi::v1::ControllerGetVolumeRequest {
+                volume_id: id.into(),
+            })
+            .await
+            .expect("ControllerGetVolume")
+            .into_inner()
+            .status
+            .and_then(|s| s.volume_condition)
+            .expect("a volume condition")
+    }
+
     pub async fn controller(&self) -> ControllerClient<Channel> {
         ControllerClient::connect(self.uri())
             .await
@@ -350,6 +375,27 @@ impl Drop for TestDriver {
 
 /// Runs an LVM command (with the settings for a system without udev) and
 /// returns stdout; panics with stderr on failure.
+/// Runs a bare command as an operator would (no extra LVM settings unless
+/// `args` give them) and returns its wall time; panics when it fails. The
+/// benches' (`benches/perf.rs`, `benches/scale.rs`), which share this file.
+#[allow(dead_code)]
+pub fn bare(cmd: &str, args: &[&str]) -> f64 {
+    let t = Instant::now();
+    let out = Command::new(cmd)
+        .args(args)
+        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let took = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
 pub fn lvm(args: &[&str]) -> String {
     try_lvm(args).unwrap_or_else(|e| panic!("lvm {args:?}: {e}"))
 }

@@ -1195,13 +1195,7 @@ async fn healer_restores_block_node_and_leaves_a_full_pool_alone() {
     // A full pool invites no claim: GetCapacity's maximum_volume_size,
     // which Kubernetes' scheduler reads first, is 0 too (the heal above
     // read a fresh report).
-    let cap = d
-        .controller()
-        .await
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = d.capacity().await;
     assert_eq!(
         (cap.available_capacity, cap.maximum_volume_size),
         (0, Some(0)),

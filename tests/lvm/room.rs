@@ -131,27 +131,12 @@ async fn pool_metadata_refuses_before_lvm_and_recovers_after_growing_it() {
     assert_eq!(snap.code(), Code::ResourceExhausted, "{snap:?}");
 
     // GetCapacity, the volume condition and readiness say no new LV fits.
-    let cap = d
-        .controller()
-        .await
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = d.capacity().await;
     assert_eq!(
         (cap.available_capacity, cap.maximum_volume_size),
         (0, Some(0))
     );
-    let got = d
-        .controller()
-        .await
-        .controller_get_volume(ControllerGetVolumeRequest {
-            volume_id: first.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let cond = got.status.unwrap().volume_condition.unwrap();
+    let cond = d.condition(&first).await;
     assert!(
         cond.abnormal && cond.message.contains("metadata"),
         "{cond:?}"
@@ -170,13 +155,7 @@ async fn pool_metadata_refuses_before_lvm_and_recovers_after_growing_it() {
     let (grown, pct) = pool_metadata(&vg);
     eprintln!("MEASURE grown to {grown} bytes: {pct}% used");
     made.push(create(&d, "room-after").await.expect("creates work again"));
-    let cap = d
-        .controller()
-        .await
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = d.capacity().await;
     assert!(cap.available_capacity > 0, "{cap:?}");
     assert!(tpcsi(&d, &["probe"]).status.success());
     for id in made {
