@@ -508,6 +508,18 @@ mod tests {
                 "[loop_pool]\nbacking_file = \"/x\"\nsize = \"1MiB\"",
                 "loop_pool.size",
             ),
+            (
+                "[loop_pool]\nbacking_file = \"/x\"\nsize = \"1GiB\"\nmax_lvs = 0",
+                "loop_pool.max_lvs",
+            ),
+            (
+                "[loop_pool]\nbacking_file = \"/x\"\nsize = \"1GiB\"\nchunk_size = \"96KiB\"",
+                "loop_pool.chunk_size",
+            ),
+            (
+                "[loop_pool]\nbacking_file = \"/x\"\nsize = \"1GiB\"\nchunk_size = \"2GiB\"",
+                "loop_pool.chunk_size",
+            ),
             ("allowed_roots = []", "allowed_roots"),
             ("allowed_roots = [\"var/lib/kubelet\"]", "allowed_roots"),
             ("allowed_roots = [\"/var/lib/../etc\"]", "allowed_roots"),
