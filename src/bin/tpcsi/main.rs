@@ -476,8 +476,6 @@ fn given_capability(a: &AccessArgs) -> Option<csi::VolumeCapability> {
     (a.fs.is_some() || a.block).then(|| capability(a, &[]))
 }
 
-/// The capability to stage or publish with: as given, or else the
-/// volume's own (its context's `fsType`; none means block).
 /// Both metadata stores from the driver's metrics, or why they are not
 /// shown (on stderr; GetCapacity's answer stands on its own).
 async fn metadata(ends: &Endpoints) -> Option<scrape::Metadata> {
@@ -501,6 +499,8 @@ async fn metadata(ends: &Endpoints) -> Option<scrape::Metadata> {
     }
 }
 
+/// The capability to stage or publish with: as given, or else the
+/// volume's own (its context's `fsType`; none means block).
 async fn node_capability(
     c: &mut Ctx,
     id: &str,
