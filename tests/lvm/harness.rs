@@ -165,6 +165,25 @@ impl TestDriver {
         self.spawn_with_env(&[]).await;
     }
 
+    /// [`TestDriver::spawn`], then waits until this start's heal of the
+    /// staged volumes has ended (`driver.log` holds every earlier start's
+    /// too). The heal holds each volume's lock while it works, so a call
+    /// made meanwhile is ABORTED, as kubelet's would be before its retry.
+    pub async fn spawn_and_heal(&mut self) {
+        const DONE: &str = "start-up heal done";
+        let before = self.log().matches(DONE).count();
+        self.spawn().await;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.log().matches(DONE).count() == before {
+            assert!(
+                Instant::now() < deadline,
+                "no start-up heal within 120 s: {}",
+                self.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(180);
         loop {

@@ -1093,17 +1093,12 @@ async fn healer_heals_mounts_activation_and_dev_node_and_restart_restages() {
     sh("umount", &[&s(&target)]);
     sh("umount", &[&s(&staging)]);
     lvm(&["lvchange", "-an", &format!("{}/{id}", d.vg)]);
-    d.spawn().await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while mounted(&staging).is_none() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    d.spawn_and_heal().await;
     assert!(
         mounted(&staging).is_some(),
         "not re-staged; log:\n{}",
         d.log()
     );
-    assert!(d.log().contains("start-up heal"), "{}", d.log());
     // The CO re-publishes; the data is there.
     let mut n = d.node().await;
     publish(&mut n, &id, &staging, &target, mount_cap("ext4"), false).await;

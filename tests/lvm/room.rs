@@ -245,12 +245,7 @@ async fn a_restart_heals_every_staged_volume_from_one_report() {
     };
     d.stop();
     let before = lvs_calls();
-    d.spawn().await;
-    let t = Instant::now();
-    while !d.log().contains("start-up heal done") {
-        assert!(t.elapsed().as_secs() < 120, "{}", d.log_tail(20));
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    d.spawn_and_heal().await;
     let n = lvs_calls() - before;
     eprintln!("MEASURE restart with 4 staged volumes: {n} lvs runs");
     // `pool::ensure`'s report (which the zeroing check, the earlier
