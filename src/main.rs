@@ -242,7 +242,7 @@ async fn main() -> ExitCode {
                 let d = driver.clone();
                 let render = move || {
                     let d = d.clone();
-                    async move { thinpool_csi::metrics::render(&d).await }
+                    async move { d.exposition().await }
                 };
                 thinpool_csi::metrics::http::serve(l, render, stopped(stop_rx.clone())).await
             }

@@ -772,7 +772,7 @@ mod tests {
             assert_eq!(v["code"] != "OK", v["error"].is_string(), "{v}");
         }
 
-        let m = crate::metrics::render(&driver).await;
+        let m = driver.exposition().await;
         for line in [
             r#"thinpool_csi_rpc_requests_total{service="csi.v1.Controller",method="DeleteVolume"} 2"#,
             r#"thinpool_csi_rpc_errors_total{service="csi.v1.Controller",method="CreateVolume",code="INVALID_ARGUMENT"} 1"#,

@@ -565,7 +565,7 @@ impl Lvm {
     /// ioctl, no LVM command): whether it is active, whatever the cached
     /// report says.
     pub async fn live_device(&self, name: &str) -> Result<Option<(u32, u32)>> {
-        let dm_name = crate::node::dm::lv_dm_name(&self.vg, name);
+        let dm_name = lv_dm_name(&self.vg, name);
         crate::blocking::run("read an LV's device numbers", self.timeout, move || {
             Ok(crate::sys::dm_numbers(&dm_name)?)
         })
@@ -614,6 +614,12 @@ impl Lvm {
         .await
         .map(drop)
     }
+}
+
+/// The device-mapper name LVM gives LV `lv` of VG `vg` (each `-` doubled,
+/// then joined with `-`).
+pub fn lv_dm_name(vg: &str, lv: &str) -> String {
+    format!("{}-{}", vg.replace('-', "--"), lv.replace('-', "--"))
 }
 
 /// UNAVAILABLE: the configured volume group is not there.
@@ -984,6 +990,13 @@ mod tests {
             lvm.report().await.unwrap();
         }
         assert_eq!(count(&calls, "lvs"), 3);
+    }
+
+    #[test]
+    fn lv_dm_names_double_dashes() {
+        assert_eq!(lv_dm_name("tpcsi-dev", "csi-a-1"), "tpcsi--dev-csi--a--1");
+        assert_eq!(lv_dm_name("vg", "lv"), "vg-lv");
+        assert_eq!(lv_dm_name("a-b", ""), "a--b-");
     }
 
     #[test]

@@ -147,16 +147,13 @@ pub fn holds_metadata_snap(status: &str) -> Result<bool> {
 
 impl Lvm {
     fn tpool(&self) -> String {
-        format!(
-            "{}-tpool",
-            crate::node::dm::lv_dm_name(&self.vg, &self.pool)
-        )
+        format!("{}-tpool", super::lv_dm_name(&self.vg, &self.pool))
     }
 
     fn tmeta(&self) -> PathBuf {
         PathBuf::from(format!(
             "/dev/mapper/{}_tmeta",
-            crate::node::dm::lv_dm_name(&self.vg, &self.pool)
+            super::lv_dm_name(&self.vg, &self.pool)
         ))
     }
 

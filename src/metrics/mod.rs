@@ -1,7 +1,9 @@
 //! Prometheus metrics: what the driver counts as it serves calls
 //! ([`Metrics`]: per-RPC counts, errors by gRPC code, latency histograms,
 //! reclaimed bytes), and what a scrape reads from the cached `lvs` report
-//! (pool size, Data%, Metadata%, free space, volume and snapshot counts).
+//! (pool size, Data%, Metadata%, free space, volume and snapshot counts),
+//! which the volume layer hands to [`render`] as a [`Scrape`]: this module
+//! knows reports and counters, not the driver.
 //!
 //! Counting costs an uncontended mutex per RPC; everything else is done
 //! only when somebody scrapes (`http` serves `/metrics` when
@@ -20,7 +22,7 @@ use std::time::Duration;
 use text::{Histogram, Kind, Text};
 use tonic::Code;
 
-use crate::driver::Driver;
+use crate::lvm::report::Lv;
 use crate::lvm::room::Room;
 
 /// Upper bounds of the RPC latency buckets, in seconds: from Probe's
@@ -147,7 +149,7 @@ impl Metrics {
 
 /// The two metadata stores: sizes, free space, and LVs left in each (the
 /// figures LVM did not report are left out, not reported as 0).
-fn metadata_room(t: &mut Text, pool: &crate::lvm::report::Lv, room: Option<Room>) {
+fn metadata_room(t: &mut Text, pool: &Lv, room: Option<Room>) {
     if pool.metadata_size > 0 {
         gauge(t, POOL_META_SIZE, pool.metadata_size as f64);
     }
@@ -181,45 +183,58 @@ fn gauge(t: &mut Text, name: &str, value: f64) {
     t.sample(name, &[], value);
 }
 
-/// The whole exposition: the pool and its contents from the cached LVM
-/// report (no LVM command while it is current), then the counters.
-pub async fn render(driver: &Driver) -> String {
+/// A pool as a scrape shows it, read by the volume layer from its cached
+/// report ([`crate::driver::Driver::exposition`]).
+pub struct PoolFigures<'a> {
+    pub lv: &'a Lv,
+    /// Bytes the pool can still hold physically, at its current Data%.
+    pub physical_free: u64,
+    /// overprovision_ratio x pool size - virtual sizes handed out.
+    pub virtual_headroom: u64,
+    /// Whether the pool takes new allocations.
+    pub usable: bool,
+    pub room: Option<Room>,
+}
+
+/// What one scrape shows: `None` for a report that could not be read;
+/// `pool: None` for a report without a usable pool in it.
+pub struct Scrape<'a> {
+    pub pool: Option<PoolFigures<'a>>,
+    pub volumes: usize,
+    pub snapshots: usize,
+}
+
+/// The whole exposition: the pool and its contents (`None`: no LVM
+/// report), then the counters.
+pub fn render(scrape: Option<Scrape>, counters: &Metrics) -> String {
     let mut t = Text::default();
-    match driver.lvm.report().await {
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics: no LVM report; pool figures left out");
-            gauge(&mut t, POOL_UP, 0.0);
-        }
-        Ok(report) => {
-            match (driver.pool(&report), driver.capacity(&report)) {
-                (Ok(pool), Ok((cap, _))) => {
+    match scrape {
+        None => gauge(&mut t, POOL_UP, 0.0),
+        Some(s) => {
+            match s.pool {
+                Some(p) => {
                     gauge(&mut t, POOL_UP, 1.0);
-                    gauge(&mut t, POOL_SIZE, pool.size as f64);
+                    gauge(&mut t, POOL_SIZE, p.lv.size as f64);
                     // An inactive pool has no Data%/Metadata%: left out,
                     // not reported as 0.
-                    if let Some(p) = pool.data_percent {
-                        gauge(&mut t, POOL_DATA, p);
+                    if let Some(pct) = p.lv.data_percent {
+                        gauge(&mut t, POOL_DATA, pct);
                     }
-                    if let Some(p) = pool.metadata_percent {
-                        gauge(&mut t, POOL_META, p);
+                    if let Some(pct) = p.lv.metadata_percent {
+                        gauge(&mut t, POOL_META, pct);
                     }
-                    gauge(&mut t, POOL_PHYS_FREE, cap.physical_free as f64);
-                    gauge(&mut t, POOL_VIRT_FREE, cap.virtual_headroom as f64);
-                    let usable = driver.check_pool_usable(&report).is_ok();
-                    gauge(&mut t, POOL_USABLE, if usable { 1.0 } else { 0.0 });
-                    metadata_room(&mut t, pool, driver.room(&report));
+                    gauge(&mut t, POOL_PHYS_FREE, p.physical_free as f64);
+                    gauge(&mut t, POOL_VIRT_FREE, p.virtual_headroom as f64);
+                    gauge(&mut t, POOL_USABLE, if p.usable { 1.0 } else { 0.0 });
+                    metadata_room(&mut t, p.lv, p.room);
                 }
-                _ => gauge(&mut t, POOL_UP, 0.0),
+                None => gauge(&mut t, POOL_UP, 0.0),
             }
-            gauge(&mut t, VOLUMES, driver.owned_volumes(&report).len() as f64);
-            gauge(
-                &mut t,
-                SNAPSHOTS,
-                driver.owned_snapshots(&report).len() as f64,
-            );
+            gauge(&mut t, VOLUMES, s.volumes as f64);
+            gauge(&mut t, SNAPSHOTS, s.snapshots as f64);
         }
     }
-    driver.metrics.write(&mut t);
+    counters.write(&mut t);
     t.finish()
 }
 
@@ -249,7 +264,6 @@ pub fn code_name(code: Code) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
 
     #[test]
     fn rpc_counts_errors_and_latency() {
@@ -308,19 +322,23 @@ mod tests {
 
     /// Without an LVM report a scrape still answers: pool_up 0 and the
     /// counters, no pool figures.
-    #[tokio::test]
-    async fn a_scrape_without_lvm_reports_the_pool_down() {
-        let cfg = Config {
-            lvm_binary: "/nonexistent/lvm".into(),
-            ..Config::default()
-        };
-        let d = Driver::new(cfg, "n1".into());
-        d.metrics
-            .rpc("csi.v1.Identity", "Probe", Code::Ok, Duration::ZERO);
-        let s = render(&d).await;
-        assert!(s.contains("\nthinpool_csi_pool_up 0\n"), "{s}");
-        assert!(!s.contains(POOL_SIZE), "{s}");
-        assert!(s.contains("thinpool_csi_rpc_requests_total{"), "{s}");
+    #[test]
+    fn a_scrape_without_lvm_reports_the_pool_down() {
+        let m = Metrics::default();
+        m.rpc("csi.v1.Identity", "Probe", Code::Ok, Duration::ZERO);
+        for scrape in [
+            None,
+            Some(Scrape {
+                pool: None,
+                volumes: 0,
+                snapshots: 0,
+            }),
+        ] {
+            let s = render(scrape, &m);
+            assert!(s.contains("\nthinpool_csi_pool_up 0\n"), "{s}");
+            assert!(!s.contains(POOL_SIZE), "{s}");
+            assert!(s.contains("thinpool_csi_rpc_requests_total{"), "{s}");
+        }
     }
 
     /// The shipped alert rules and dashboard use only metrics this driver

@@ -144,17 +144,11 @@ pub fn is_read_only(major: u32, minor: u32) -> bool {
     std::fs::read_to_string(sys_dir(major, minor).join("ro")).is_ok_and(|s| s.trim() == "1")
 }
 
-/// The device-mapper name LVM gives LV `lv` of VG `vg` (each `-` doubled,
-/// then joined with `-`).
-pub fn lv_dm_name(vg: &str, lv: &str) -> String {
-    format!("{}-{}", vg.replace('-', "--"), lv.replace('-', "--"))
-}
-
 /// Every overlay of this driver stacked on an LV of VG `vg`, with the
 /// device-mapper name of that LV. Overlays over another VG's LVs (another
 /// driver instance on this node) are not listed.
 pub fn overlays_in_vg(vg: &str) -> Vec<(String, String)> {
-    let vg_prefix = format!("{}-", vg.replace('-', "--"));
+    let vg_prefix = crate::lvm::lv_dm_name(vg, "");
     list(PathBuf::from("/sys/block"))
         .iter()
         .filter(|k| k.starts_with("dm-"))
@@ -489,12 +483,6 @@ mod tests {
             vec!["tpcsi-ro-a-1".to_string(), "vg-lv".to_string()]
         );
         assert!(parse_ls("No devices found\n").is_empty());
-    }
-
-    #[test]
-    fn lv_dm_names_double_dashes() {
-        assert_eq!(lv_dm_name("tpcsi-dev", "csi-a-1"), "tpcsi--dev-csi--a--1");
-        assert_eq!(lv_dm_name("vg", "lv"), "vg-lv");
     }
 
     #[test]

@@ -365,7 +365,10 @@ impl Driver {
 
     /// Removes the read-only overlays stacked on volume `id`'s LV.
     async fn drop_overlays_of(&self, id: &str) {
-        let (lv, vg) = (dm::lv_dm_name(&self.lvm.vg, id), self.lvm.vg.clone());
+        let (lv, vg) = (
+            crate::lvm::lv_dm_name(&self.lvm.vg, id),
+            self.lvm.vg.clone(),
+        );
         let overlays = self
             .tools
             .blocking("list overlays", move || Ok(dm::overlays_in_vg(&vg)))

@@ -300,6 +300,34 @@ impl Driver {
     /// Room in the pool's metadata and the VG's metadata area, counting
     /// LVs made or reserved since `report` was read; `None` while the
     /// pool shows no Metadata% (inactive).
+    /// The Prometheus exposition: this pool's figures from the cached
+    /// report (no LVM command while it is current), then the counters.
+    pub async fn exposition(&self) -> String {
+        let report = match self.lvm.report().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: no LVM report; pool figures left out");
+                return crate::metrics::render(None, &self.metrics);
+            }
+        };
+        let pool = match (self.pool(&report), self.capacity(&report)) {
+            (Ok(lv), Ok((cap, _))) => Some(crate::metrics::PoolFigures {
+                lv,
+                physical_free: cap.physical_free,
+                virtual_headroom: cap.virtual_headroom,
+                usable: self.check_pool_usable(&report).is_ok(),
+                room: self.room(&report),
+            }),
+            _ => None,
+        };
+        let scrape = crate::metrics::Scrape {
+            pool,
+            volumes: self.owned_volumes(&report).len(),
+            snapshots: self.owned_snapshots(&report).len(),
+        };
+        crate::metrics::render(Some(scrape), &self.metrics)
+    }
+
     pub fn room(&self, report: &Report) -> Option<Room> {
         let pool = self.pool(report).ok()?;
         let made_since = report.added_since_read() + self.reserved.pending(report).lvs;
