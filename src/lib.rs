@@ -3,7 +3,6 @@
 
 pub mod blocking;
 pub mod config;
-pub mod driver;
 pub mod error;
 pub mod exec;
 pub mod grpc;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use thinpool_csi::config::{parse_endpoint, Config, LogFormat};
-use thinpool_csi::driver::Driver;
+use thinpool_csi::volume::Volumes;
 use thinpool_csi::{grpc, naming, pool};
 
 const USAGE: &str = "usage: thinpool-csi [--config FILE] [--endpoint unix:///path] [--node-id ID]
@@ -148,24 +148,24 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let driver = Arc::new(Driver::new(cfg, node_id));
+    let volumes = Arc::new(Volumes::new(cfg, node_id));
     // Pods wait on a filesystem left frozen: before anything that can fail.
-    driver.thaw_left_frozen().await;
-    if driver.lvm.thin_tools_run().await {
-        driver
+    volumes.thaw_left_frozen().await;
+    if volumes.lvm.thin_tools_run().await {
+        volumes
             .thin_tools
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
     // A pool that cannot be brought up is reported by Probe; the driver
     // still serves so the CO can see why.
-    match pool::ensure(&driver.cfg, &driver.lvm).await {
+    match pool::ensure(&volumes.cfg, &volumes.lvm).await {
         Err(e) => {
             tracing::error!(error = %e.message(), "thin pool is not usable");
             // Private reclaim mounts a killed driver left need no LVM to go.
-            driver.clean_debris().await;
+            volumes.clean_debris().await;
         }
         Ok(()) => {
-            if let Err(e) = pool::check_zeroing(&driver.cfg, &driver.lvm).await {
+            if let Err(e) = pool::check_zeroing(&volumes.cfg, &volumes.lvm).await {
                 let e = e.message();
                 eprintln!("thinpool-csi: {e}");
                 tracing::error!(error = %e, "not starting");
@@ -173,18 +173,18 @@ async fn main() -> ExitCode {
             }
             // What an earlier version recorded becomes node records, and
             // debris of a killed driver goes, before any call can come in.
-            driver.adopt_legacy().await;
-            driver.clean_debris().await;
+            volumes.adopt_legacy().await;
+            volumes.clean_debris().await;
             // Bring back what was staged here (a rebooted node lost its
             // mounts), while the sockets come up; the per-volume guard
             // keeps it apart from calls the CO makes meanwhile.
-            let d = driver.clone();
+            let d = volumes.clone();
             tokio::spawn(async move { d.heal_recorded().await });
         }
     }
     // Off unless configured; a port taken by another process stops
     // start-up before any socket is bound.
-    let metrics_addr = driver
+    let metrics_addr = volumes
         .cfg
         .metrics_socket_addr()
         .expect("validated with the config");
@@ -208,7 +208,7 @@ async fn main() -> ExitCode {
     let Ok(listener) = bind(&socket) else {
         return ExitCode::FAILURE;
     };
-    let addons_socket = match driver.cfg.csi_addons_endpoint.as_str() {
+    let addons_socket = match volumes.cfg.csi_addons_endpoint.as_str() {
         "" => None,
         ep => Some(parse_endpoint(ep).expect("validated with the config")),
     };
@@ -229,17 +229,17 @@ async fn main() -> ExitCode {
         let _ = rx.wait_for(|s| *s).await;
     };
     tracing::info!(socket = %socket.display(), addons = ?addons_socket, "serving CSI");
-    let csi = grpc::serve(driver.clone(), listener, stopped(stop_rx.clone()));
+    let csi = grpc::serve(volumes.clone(), listener, stopped(stop_rx.clone()));
     let addons = async {
         match addons_listener {
-            Some(l) => grpc::serve_addons(driver.clone(), l, stopped(stop_rx.clone())).await,
+            Some(l) => grpc::serve_addons(volumes.clone(), l, stopped(stop_rx.clone())).await,
             None => Ok(()),
         }
     };
     let metrics = async {
         match metrics_listener {
             Some(l) => {
-                let d = driver.clone();
+                let d = volumes.clone();
                 let render = move || {
                     let d = d.clone();
                     async move { d.exposition().await }
@@ -256,7 +256,7 @@ async fn main() -> ExitCode {
     // No new call comes in now; operations whose caller already left still
     // run (a CO's retry expects them done). Leaving now would cut them off
     // at their next step, so a routine restart would act like a kill -9.
-    driver.drain(driver.cfg.command_timeout()).await;
+    volumes.drain(volumes.cfg.command_timeout()).await;
     let _ = std::fs::remove_file(&socket);
     if let Some(p) = &addons_socket {
         let _ = std::fs::remove_file(p);

@@ -7,7 +7,6 @@ use tonic::{Request, Response, Status};
 
 use super::validate::Carrier;
 use super::{reply, validate};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::naming::{self, Access, ContentSource};
 use crate::proto::csi::v1::controller_server::Controller;
@@ -16,9 +15,10 @@ use crate::proto::csi::v1::controller_service_capability::{Rpc, Type as CapType}
 use crate::proto::csi::v1::*;
 use crate::volume::controller::{CreateSpec, VolumeInfo};
 use crate::volume::snapshot::SnapshotInfo;
+use crate::volume::Volumes;
 
 pub struct ControllerService {
-    pub driver: Arc<Driver>,
+    pub volumes: Arc<Volumes>,
 }
 
 /// The RPCs this controller implements, and nothing else. What it
@@ -51,7 +51,7 @@ pub fn capabilities(controller_expansion: bool) -> Vec<RpcType> {
 
 impl ControllerService {
     fn topology(&self) -> Vec<Topology> {
-        let d = &self.driver;
+        let d = &self.volumes;
         vec![Topology {
             segments: [(d.topology_key(), d.node_id.clone())].into(),
         }]
@@ -74,7 +74,7 @@ impl ControllerService {
     }
 
     async fn create(&self, req: CreateVolumeRequest) -> Result<CreateVolumeResponse> {
-        let d = &self.driver;
+        let d = &self.volumes;
         let name = validate::required_string("name", &req.name)?;
         let access = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)?;
         let params = validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool)?;
@@ -118,7 +118,7 @@ impl ControllerService {
             );
             return Ok(DeleteVolumeResponse {});
         };
-        self.driver.delete_volume(id).await?;
+        self.volumes.delete_volume(id).await?;
         Ok(DeleteVolumeResponse {})
     }
 
@@ -126,7 +126,7 @@ impl ControllerService {
         &self,
         req: ControllerPublishVolumeRequest,
     ) -> Result<ControllerPublishVolumeResponse> {
-        let d = &self.driver;
+        let d = &self.volumes;
         let id = validate::volume_id(&req.volume_id)?;
         let node_id = validate::required_string("node_id", &req.node_id)?;
         let cap = req.volume_capability.as_ref().ok_or_else(|| {
@@ -145,7 +145,7 @@ impl ControllerService {
         &self,
         req: ValidateVolumeCapabilitiesRequest,
     ) -> Result<ValidateVolumeCapabilitiesResponse> {
-        let d = &self.driver;
+        let d = &self.volumes;
         let id = validate::volume_id(&req.volume_id)?;
         if req.volume_capabilities.is_empty() {
             return Err(Error::InvalidArgument(
@@ -178,7 +178,7 @@ impl ControllerService {
 
     async fn list(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse> {
         let max = validate::page(req.max_entries, &req.starting_token, naming::is_volume_id)?;
-        let (page, next_token) = self.driver.list_volumes(&req.starting_token, max).await?;
+        let (page, next_token) = self.volumes.list_volumes(&req.starting_token, max).await?;
         let entries = page
             .iter()
             .map(|v| list_volumes_response::Entry {
@@ -196,7 +196,7 @@ impl ControllerService {
     }
 
     async fn get_capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
-        let d = &self.driver;
+        let d = &self.volumes;
         // external-provisioner's capacity controller sends no capability
         // and the StorageClass's parameters as they are, reserved
         // `csi.storage.k8s.io/` keys included (`validate::SIDECAR_KEYS`).
@@ -231,7 +231,7 @@ impl ControllerService {
         &self,
         req: ControllerExpandVolumeRequest,
     ) -> Result<ControllerExpandVolumeResponse> {
-        let d = &self.driver;
+        let d = &self.volumes;
         if !d.cfg.controller_expansion {
             // Not advertised, so not served: NodeExpandVolume grows the LV.
             return Err(Error::Unimplemented(
@@ -260,7 +260,7 @@ impl ControllerService {
         req: ControllerGetVolumeRequest,
     ) -> Result<ControllerGetVolumeResponse> {
         let id = validate::existing_volume_id(&req.volume_id)?;
-        let v = self.driver.get_volume(&id).await?;
+        let v = self.volumes.get_volume(&id).await?;
         Ok(ControllerGetVolumeResponse {
             volume: Some(self.volume(&v)),
             status: Some(controller_get_volume_response::VolumeStatus {
@@ -306,7 +306,7 @@ impl ControllerService {
         validate::snapshot_parameters(Carrier::CreateSnapshot, &req.parameters)?;
         let source = validate::existing_volume_id(&req.source_volume_id)?;
         let s = self
-            .driver
+            .volumes
             .create_snapshot(name.to_string(), source)
             .await?;
         Ok(CreateSnapshotResponse {
@@ -322,7 +322,7 @@ impl ControllerService {
             );
             return Ok(DeleteSnapshotResponse {});
         };
-        self.driver.delete_snapshot(id).await?;
+        self.volumes.delete_snapshot(id).await?;
         Ok(DeleteSnapshotResponse {})
     }
 
@@ -341,7 +341,7 @@ impl ControllerService {
             return Ok(empty());
         }
         let (page, next_token) = self
-            .driver
+            .volumes
             .list_snapshots(by_id, by_source, &req.starting_token, max)
             .await?;
         Ok(ListSnapshotsResponse {
@@ -370,7 +370,7 @@ impl ControllerService {
         let mutable =
             validate::mutable_parameters(Carrier::ControllerModifyVolume, &req.mutable_parameters)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.driver.modify_volume(id, mutable).await?;
+        self.volumes.modify_volume(id, mutable).await?;
         Ok(ControllerModifyVolumeResponse {})
     }
 }
@@ -439,7 +439,7 @@ impl Controller for ControllerService {
         &self,
         _r: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
-        let capabilities = capabilities(self.driver.cfg.controller_expansion)
+        let capabilities = capabilities(self.volumes.cfg.controller_expansion)
             .into_iter()
             .map(|t| ControllerServiceCapability {
                 r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{reply, validate};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::naming;
 use crate::proto::csi::v1::group_controller_server::GroupController;
@@ -15,9 +14,10 @@ use crate::proto::csi::v1::group_controller_service_capability::rpc::Type as Rpc
 use crate::proto::csi::v1::group_controller_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::*;
 use crate::volume::group::GroupInfo;
+use crate::volume::Volumes;
 
 pub struct GroupService {
-    pub driver: Arc<Driver>,
+    pub volumes: Arc<Volumes>,
 }
 
 fn group(g: &GroupInfo) -> VolumeGroupSnapshot {
@@ -68,7 +68,7 @@ impl GroupService {
             .iter()
             .map(|id| validate::existing_volume_id(id))
             .collect::<Result<Vec<_>>>()?;
-        let g = self.driver.create_group(name.to_string(), sources).await?;
+        let g = self.volumes.create_group(name.to_string(), sources).await?;
         Ok(CreateVolumeGroupSnapshotResponse {
             group_snapshot: Some(group(&g)),
         })
@@ -81,7 +81,7 @@ impl GroupService {
         let Some(id) = group_id(&req.group_snapshot_id)? else {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         };
-        self.driver.delete_group(id, req.snapshot_ids).await?;
+        self.volumes.delete_group(id, req.snapshot_ids).await?;
         Ok(DeleteVolumeGroupSnapshotResponse {})
     }
 
@@ -95,7 +95,7 @@ impl GroupService {
                 req.group_snapshot_id
             ))
         })?;
-        let g = self.driver.get_group(&id, &req.snapshot_ids).await?;
+        let g = self.volumes.get_group(&id, &req.snapshot_ids).await?;
         Ok(GetVolumeGroupSnapshotResponse {
             group_snapshot: Some(group(&g)),
         })

@@ -31,7 +31,7 @@ impl NodeService {
             .as_ref()
             .map(|c| self.capability(Some(c)))
             .transpose()?;
-        let v = self.driver.heal(id, target, staging, cap).await?;
+        let v = self.volumes.heal(id, target, staging, cap).await?;
         Ok(NodeHealerResponse {
             abnormal: v.abnormal,
             message: v.message,

@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::driver::Driver;
 use crate::proto::csi::v1::identity_server::Identity;
 use crate::proto::csi::v1::plugin_capability::{self, service, volume_expansion};
 use crate::proto::csi::v1::*;
+use crate::volume::Volumes;
 
 pub struct IdentityService {
-    pub driver: Arc<Driver>,
+    pub volumes: Arc<Volumes>,
 }
 
 #[tonic::async_trait]
@@ -20,11 +20,11 @@ impl Identity for IdentityService {
         _r: Request<GetPluginInfoRequest>,
     ) -> Result<Response<GetPluginInfoResponse>, Status> {
         Ok(Response::new(GetPluginInfoResponse {
-            name: self.driver.cfg.driver_name.clone(),
+            name: self.volumes.cfg.driver_name.clone(),
             vendor_version: env!("CARGO_PKG_VERSION").to_string(),
             manifest: [
-                ("volume_group".to_string(), self.driver.lvm.vg.clone()),
-                ("thin_pool".to_string(), self.driver.lvm.pool.clone()),
+                ("volume_group".to_string(), self.volumes.lvm.vg.clone()),
+                ("thin_pool".to_string(), self.volumes.lvm.pool.clone()),
             ]
             .into(),
         }))
@@ -51,7 +51,7 @@ impl Identity for IdentityService {
                 )),
             },
         ];
-        if self.driver.serves_metadata() {
+        if self.volumes.serves_metadata() {
             capabilities.push(service(service::Type::SnapshotMetadataService));
         }
         Ok(Response::new(GetPluginCapabilitiesResponse {
@@ -71,7 +71,7 @@ impl Identity for IdentityService {
     /// readiness (`tpcsi probe`, which also asks GetCapacity) and
     /// CreateVolume's error report it.
     async fn probe(&self, _r: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        self.driver.probe().await;
+        self.volumes.probe().await;
         Ok(Response::new(ProbeResponse { ready: Some(true) }))
     }
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{reply, validate};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::node;
 use crate::proto::csi::v1::node_server::Node;
@@ -16,6 +15,7 @@ use crate::proto::csi::v1::node_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::node_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::volume_usage::Unit;
 use crate::proto::csi::v1::*;
+use crate::volume::Volumes;
 use crate::volume::{Capability, NodePath};
 
 /// The node RPCs this driver implements and advertises.
@@ -28,16 +28,16 @@ pub const CAPABILITIES: &[RpcType] = &[
 ];
 
 pub struct NodeService {
-    pub driver: Arc<Driver>,
+    pub volumes: Arc<Volumes>,
 }
 
 impl NodeService {
-    pub fn new(driver: Arc<Driver>) -> NodeService {
-        NodeService { driver }
+    pub fn new(volumes: Arc<Volumes>) -> NodeService {
+        NodeService { volumes }
     }
 
     pub(super) fn path(&self, field: &str, value: &str) -> Result<NodePath> {
-        validate::node_path(field, value, &self.driver.cfg.allowed_roots)
+        validate::node_path(field, value, &self.volumes.cfg.allowed_roots)
     }
 
     fn optional_path(&self, field: &str, value: &str) -> Result<Option<NodePath>> {
@@ -48,7 +48,7 @@ impl NodeService {
     }
 
     pub(super) fn capability(&self, cap: Option<&VolumeCapability>) -> Result<Capability> {
-        validate::full_capability(cap, &self.driver.cfg.default_fs_type)
+        validate::full_capability(cap, &self.volumes.cfg.default_fs_type)
     }
 
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse> {
@@ -56,7 +56,7 @@ impl NodeService {
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let cap = self.capability(req.volume_capability.as_ref())?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.driver.stage(id, staging, cap).await?;
+        self.volumes.stage(id, staging, cap).await?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -64,7 +64,7 @@ impl NodeService {
         let id = validate::volume_id(&req.volume_id)?;
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.driver.unstage(id, staging).await?;
+        self.volumes.unstage(id, staging).await?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
@@ -80,7 +80,7 @@ impl NodeService {
         }
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.driver
+        self.volumes
             .publish(id, staging, target, cap, req.readonly)
             .await?;
         Ok(NodePublishVolumeResponse {})
@@ -93,7 +93,7 @@ impl NodeService {
         let id = validate::volume_id(&req.volume_id)?;
         let target = self.path("target_path", &req.target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.driver.unpublish(id, target).await?;
+        self.volumes.unpublish(id, target).await?;
         Ok(NodeUnpublishVolumeResponse {})
     }
 
@@ -114,7 +114,7 @@ impl NodeService {
             ));
         }
         let path = self.path("volume_path", &req.volume_path)?;
-        let s = self.driver.volume_stats(&id, &path).await?;
+        let s = self.volumes.volume_stats(&id, &path).await?;
         Ok(NodeGetVolumeStatsResponse {
             usage: volume_usage(&s.usage),
             volume_condition: Some(VolumeCondition {
@@ -129,7 +129,7 @@ impl NodeService {
     }
 
     async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
-        let d = &self.driver;
+        let d = &self.volumes;
         let id = validate::volume_id(&req.volume_id)?;
         validate::required_path("volume_path", &req.volume_path)?;
         // An unknown volume is NOT_FOUND whatever path came with it.
@@ -232,7 +232,7 @@ impl Node for NodeService {
         &self,
         _r: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
-        let d = &self.driver;
+        let d = &self.volumes;
         Ok(Response::new(NodeGetInfoResponse {
             node_id: d.node_id.clone(),
             max_volumes_per_node: 0,

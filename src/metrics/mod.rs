@@ -184,7 +184,7 @@ fn gauge(t: &mut Text, name: &str, value: f64) {
 }
 
 /// A pool as a scrape shows it, read by the volume layer from its cached
-/// report ([`crate::driver::Driver::exposition`]).
+/// report ([`crate::volume::Volumes::exposition`]).
 pub struct PoolFigures<'a> {
     pub lv: &'a Lv,
     /// Bytes the pool can still hold physically, at its current Data%.

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use super::size::{fs_minimum, size, size_fits};
 use super::{Owned, SizeRange, VolumeId};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::lvm::report::{Capacity, Lv, Problem, Report};
 use crate::naming::{self, Access, ContentSource, VolumeTags};
+use crate::volume::Volumes;
 
 /// A checked CreateVolume request.
 #[derive(Debug, Clone)]
@@ -52,7 +52,7 @@ impl VolumeInfo {
         }
     }
 
-    fn of(d: &Driver, report: &Report, o: &Owned) -> VolumeInfo {
+    fn of(d: &Volumes, report: &Report, o: &Owned) -> VolumeInfo {
         let pool_problem = d.pool_problem(report).ok().flatten();
         VolumeInfo::with_pool_problem(o, pool_problem.as_ref())
     }
@@ -100,7 +100,7 @@ pub fn check_access(vol: &Owned, wanted: &Access) -> Result<()> {
     naming::fits(&vol.lv.name, vol.tags.access.as_ref(), wanted).map_err(Error::InvalidArgument)
 }
 
-impl Driver {
+impl Volumes {
     /// CreateVolume; idempotent by name.
     pub async fn create_volume(self: &Arc<Self>, spec: CreateSpec) -> Result<VolumeInfo> {
         let lv_name = naming::lv_name_for(&spec.co_name);
@@ -480,7 +480,7 @@ impl Driver {
     /// Paged on names first (thin volumes of our pool, shaped like our ids,
     /// carrying our owner tag: string compares only); the tags are decoded
     /// for the page alone. A volume whose other tags are damaged is left
-    /// out of its page, as [`Driver::owned`] would leave it out.
+    /// out of its page, as [`Volumes::owned`] would leave it out.
     pub async fn list_volumes(&self, token: &str, max: usize) -> Result<(Vec<VolumeInfo>, String)> {
         let report = self.lvm.report().await?;
         let owner = self.owner_tag();

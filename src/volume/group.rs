@@ -33,11 +33,11 @@ use std::time::Duration;
 
 use super::snapshot::{OwnedSnapshot, SnapshotInfo};
 use super::VolumeId;
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::lvm::report::Report;
 use crate::naming::{self, GroupTag, SnapshotTags};
 use crate::node::{fs, Tools};
+use crate::volume::Volumes;
 
 /// The longest the members of a group stay frozen.
 pub const FREEZE_BOUND: Duration = Duration::from_secs(60);
@@ -216,7 +216,7 @@ fn cannot_hold_still(members: &[Member], nests: bool) -> Vec<String> {
         .collect()
 }
 
-impl Driver {
+impl Volumes {
     /// The member snapshots of group `id`, sorted by name.
     fn group_members<'a>(&self, report: &'a Report, id: &str) -> Vec<OwnedSnapshot<'a>> {
         self.owned_snapshots(report)

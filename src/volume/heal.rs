@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use super::node::kind_of;
 use super::{Capability, NodePath, VolumeId};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::naming;
 use crate::node::record::{self, Kind, Publish, Record};
 use crate::node::{self, block, dm, fs};
 use crate::sys::{self, MsFlags};
+use crate::volume::Volumes;
 
 /// The outcome of one check: `abnormal` when anything was wrong, whether
 /// or not it could be healed, with a message saying what and what was done.
@@ -39,7 +39,7 @@ const HEAL_PARALLEL: usize = 8;
 /// How long the start-up heal waits for a volume the CO is busy with.
 const HEAL_BUSY_WAIT: Duration = Duration::from_secs(120);
 
-impl Driver {
+impl Volumes {
     /// NodeHealer: checks volume `id` at `target` (and `staging`), and
     /// heals what it safely can, as its node record says.
     pub async fn heal(

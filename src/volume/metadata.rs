@@ -9,9 +9,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::SnapshotId;
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::lvm::thin::Query;
+use crate::volume::Volumes;
 
 /// What a SnapshotMetadata call asks about.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ pub fn clip(offset: u64, length: u64, start: u64, capacity: u64) -> Option<(u64,
     (end > begin).then(|| (begin, end - begin))
 }
 
-impl Driver {
+impl Volumes {
     /// GetMetadataAllocated / GetMetadataDelta; see the module
     /// documentation. The reading runs as a task that stops when the
     /// receiver is dropped (the client went away) and releases the pool's

@@ -5,7 +5,7 @@
 //!
 //! **Operations outlive their caller.** A CO cancels a call at its
 //! deadline and retries it. Every mutation therefore runs as a task
-//! ([`Driver::detached`]) that holds the volume's guard until its work
+//! ([`Volumes::detached`]) that holds the volume's guard until its work
 //! ends: the caller's cancel only detaches the caller, a retry meets
 //! ABORTED while the task runs, and the finished state afterwards (every
 //! operation is idempotent). No `lvcreate` or `mkfs` is ever killed because
@@ -31,13 +31,70 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::driver::Driver;
+use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::guard::InFlight;
 use crate::lvm::report::{Capacity, Lv, Problem, Report};
 use crate::lvm::room::Room;
+use crate::lvm::Lvm;
+use crate::metrics::Metrics;
 use crate::naming::VolumeTags;
+use crate::node::record::Records;
+use crate::node::Tools;
 use crate::node::{self as nodefs, fs, paths, Device};
 pub use request::{Capability, NodePath, SizeRange, SnapshotId, VolumeId};
+
+/// The volume layer's state: the configuration, the node id, the LVM
+/// handle (with its report cache), the node layer's tools, the node
+/// records, the in-flight guard, the allocation lock and the reservations
+/// of creates in flight. Every operation is a method of it.
+pub struct Volumes {
+    pub cfg: Config,
+    pub node_id: String,
+    pub lvm: std::sync::Arc<Lvm>,
+    pub tools: Tools,
+    /// The node records under `state_dir` (`node::record`).
+    pub records: Records,
+    pub inflight: InFlight,
+    /// Serialises "check capacity, then allocate", so two concurrent
+    /// creates cannot both pass the overprovision check.
+    pub alloc: tokio::sync::Mutex<()>,
+    /// Virtual sizes of new volumes whose `lvcreate` runs (checked under
+    /// `alloc`, then made outside it, so creates overlap): counted by
+    /// `Volumes::capacity` until the report shows the LV.
+    pub reserved: Reservations,
+    /// Whether thin-provisioning-tools run here (set at start-up): the
+    /// SnapshotMetadata service is advertised and served only then.
+    pub thin_tools: std::sync::atomic::AtomicBool,
+    /// Per-RPC counts and latencies, reclaimed bytes (`crate::metrics`).
+    pub metrics: std::sync::Arc<Metrics>,
+}
+
+impl Volumes {
+    pub fn new(cfg: Config, node_id: String) -> Volumes {
+        Volumes {
+            lvm: std::sync::Arc::new(Lvm::new(&cfg)),
+            tools: Tools::new(&cfg),
+            records: Records::new(&cfg.state_dir),
+            cfg,
+            node_id,
+            inflight: InFlight::default(),
+            alloc: tokio::sync::Mutex::new(()),
+            reserved: Default::default(),
+            thin_tools: std::sync::atomic::AtomicBool::new(false),
+            metrics: Default::default(),
+        }
+    }
+
+    /// Whether the SnapshotMetadata service can work on this node.
+    pub fn serves_metadata(&self) -> bool {
+        self.thin_tools.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn topology_key(&self) -> String {
+        self.cfg.topology_key()
+    }
+}
 
 /// A thin volume of our pool that carries our owner tag.
 pub struct Owned<'a> {
@@ -120,7 +177,7 @@ impl Drop for CancelOnDrop {
     }
 }
 
-impl Driver {
+impl Volumes {
     /// Runs a mutation of volume `id` as a task that holds the volume's
     /// guard until it ends; see the module documentation. A second call
     /// for the same volume meanwhile gets ABORTED.
@@ -131,7 +188,7 @@ impl Driver {
         op: F,
     ) -> Result<T>
     where
-        F: FnOnce(Arc<Driver>, Cancel) -> Fut,
+        F: FnOnce(Arc<Volumes>, Cancel) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
@@ -226,7 +283,7 @@ impl Driver {
         .advise("check the id: this driver acts only on thin LVs of its pool that carry its owner tag; rename or remove that LV by hand if it is in the way")
     }
 
-    /// Like [`Driver::owned`], but a missing volume is NOT_FOUND.
+    /// Like [`Volumes::owned`], but a missing volume is NOT_FOUND.
     pub fn must_own<'a>(&self, report: &'a Report, id: &str) -> Result<Owned<'a>> {
         self.owned(report, id)?
             .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))
@@ -406,7 +463,7 @@ impl Driver {
             .await
     }
 
-    /// [`Driver::resolve`] of a path the request may leave out.
+    /// [`Volumes::resolve`] of a path the request may leave out.
     pub async fn resolve_optional(&self, path: Option<&NodePath>) -> Result<Option<PathBuf>> {
         match path {
             Some(p) => self.resolve(p).await,
@@ -531,7 +588,7 @@ mod tests {
     fn reservations_count_until_the_report_shows_the_volume() {
         let pool = r#"{"lv_name":"pool","vg_name":"vg","lv_attr":"twi-aotz--","lv_size":"1073741824","pool_lv":"","segtype":"thin-pool","data_percent":"0","metadata_percent":"0","lv_tags":"","lv_health_status":"","lv_kernel_major":"253","lv_kernel_minor":"1","vg_extent_size":"4194304","vg_size":"2147483648","vg_free":"0","chunk_size":"65536"}"#;
         let mut report = Report::parse(&format!(r#"{{"report":[{{"lv":[{pool}]}}]}}"#)).unwrap();
-        let d = Driver::new(
+        let d = Volumes::new(
             Config {
                 volume_group: "vg".into(),
                 thin_pool: "pool".into(),
@@ -566,7 +623,7 @@ mod tests {
     /// that its caller left.
     #[tokio::test]
     async fn detached_operations_outlive_their_caller() {
-        let d = Arc::new(Driver::new(Config::default(), "n1".into()));
+        let d = Arc::new(Volumes::new(Config::default(), "n1".into()));
         let (tx, rx) = tokio::sync::oneshot::channel();
         let call = d.detached("vol", "Test", |_, cancel| async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -589,7 +646,7 @@ mod tests {
     /// its bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn drain_waits_for_abandoned_operations_within_its_bound() {
-        let d = Arc::new(Driver::new(Config::default(), "n1".into()));
+        let d = Arc::new(Volumes::new(Config::default(), "n1".into()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let call = d.detached("vol", "Test", |_, _| async move {
             let _ = rx.await;
@@ -610,7 +667,7 @@ mod tests {
     /// it returns: no retry runs beside a stuck unmount.
     #[tokio::test]
     async fn a_stalled_step_keeps_the_volume_busy() {
-        let d = Arc::new(Driver::new(Config::default(), "n1".into()));
+        let d = Arc::new(Volumes::new(Config::default(), "n1".into()));
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let res = d
             .detached("vol", "Test", |_, _| async move {
@@ -639,7 +696,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_caller_that_waits_is_not_cancelled() {
-        let d = Arc::new(Driver::new(Config::default(), "n1".into()));
+        let d = Arc::new(Volumes::new(Config::default(), "n1".into()));
         let cancelled = d
             .detached("vol", "Test", |_, c| async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;

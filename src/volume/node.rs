@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Capability, NodePath, Owned, SizeRange, VolumeId};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::naming::{self, Access};
 use crate::node::record::{Kind, Publish, Record};
 use crate::node::{self, block, fs};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
+use crate::volume::Volumes;
 
 /// Whether a capability fits how the volume was created; `Err` says why
 /// not. Volumes without a recorded access accept either.
@@ -45,7 +45,7 @@ pub struct VolumeStats {
     pub problems: Vec<String>,
 }
 
-impl Driver {
+impl Volumes {
     /// The real location of a checked path whose parent must exist.
     async fn resolve_existing_parent(&self, field: &str, p: &NodePath) -> Result<PathBuf> {
         self.resolve(p).await?.ok_or_else(|| {
@@ -657,7 +657,7 @@ impl Driver {
     }
 }
 
-/// The refusal of [`Driver::refuse_if_in_use`], from a record already read.
+/// The refusal of [`Volumes::refuse_if_in_use`], from a record already read.
 pub(super) fn refuse_if_recorded(record: Option<&Record>, id: &str, what: &str) -> Result<()> {
     let Some(r) = record else {
         return Ok(());

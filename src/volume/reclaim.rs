@@ -12,11 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{Cancel, VolumeId};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::lvm::report::round_up;
 use crate::naming::Access;
 use crate::node::reclaim::{self, Stop};
+use crate::volume::Volumes;
 
 /// Pool usage of a volume before and after a reclaim, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct Reclaimed {
     pub post: u64,
 }
 
-impl Driver {
+impl Volumes {
     /// Bytes the volume has allocated in the pool (size × Data%), from a
     /// fresh `lvs` report.
     pub async fn usage(&self, id: &str) -> Result<u64> {

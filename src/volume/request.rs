@@ -55,7 +55,7 @@ checked_id!(
 
 /// A staging or target path that passed `node::paths::check`: absolute,
 /// normalized, no `..`, under one of the allowed roots. Where it really
-/// leads is found with `Driver::resolve` when the call runs.
+/// leads is found with `Volumes::resolve` when the call runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodePath(PathBuf);
 

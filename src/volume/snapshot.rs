@@ -15,10 +15,10 @@ use std::sync::Arc;
 
 use super::controller::paginate;
 use super::{SnapshotId, VolumeId};
-use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::lvm::report::{Lv, Report};
 use crate::naming::{self, SnapshotTags};
+use crate::volume::Volumes;
 
 /// A snapshot LV of our pool that carries our tags.
 pub struct OwnedSnapshot<'a> {
@@ -56,7 +56,7 @@ impl SnapshotInfo {
     }
 }
 
-impl Driver {
+impl Volumes {
     /// Looks snapshot `id` up in `report` and proves it is ours; a foreign
     /// LV of that name is FAILED_PRECONDITION and never touched.
     pub fn owned_snapshot<'a>(
@@ -84,7 +84,7 @@ impl Driver {
         snaps
     }
 
-    /// Like [`Driver::owned_snapshot`], but a missing snapshot is NOT_FOUND.
+    /// Like [`Volumes::owned_snapshot`], but a missing snapshot is NOT_FOUND.
     pub fn must_own_snapshot<'a>(&self, report: &'a Report, id: &str) -> Result<OwnedSnapshot<'a>> {
         self.owned_snapshot(report, id)?
             .ok_or_else(|| Error::NotFound(format!("snapshot {id} does not exist")))
