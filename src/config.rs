@@ -77,6 +77,32 @@ pub struct Config {
     /// Log lines as human-readable text or as JSON objects, one a line.
     /// `--log-format` wins.
     pub log_format: LogFormat,
+    /// More thin pools, each a device class a StorageClass picks with the
+    /// `deviceClass` parameter. The top-level pool keys are the class
+    /// named [`naming::DEFAULT_CLASS`].
+    pub device_classes: Vec<DeviceClass>,
+    /// The class of a CreateVolume or GetCapacity that names none.
+    pub default_device_class: String,
+}
+
+/// One more thin pool: the top-level per-pool keys, each defaulting to the
+/// top-level value except the pool's own (`volume_group`, `loop_pool`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceClass {
+    pub name: String,
+    pub volume_group: String,
+    #[serde(default = "default_thin_pool")]
+    pub thin_pool: String,
+    pub overprovision_ratio: Option<f64>,
+    pub default_fs_type: Option<String>,
+    pub loop_pool: Option<LoopPool>,
+    pub allow_unzeroed_pool: Option<bool>,
+    pub metadata_reserve_lvs: Option<u64>,
+}
+
+fn default_thin_pool() -> String {
+    "pool".into()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -166,6 +192,8 @@ impl Default for Config {
             metadata_reserve_lvs: 64,
             metrics_address: String::new(),
             log_format: LogFormat::Text,
+            device_classes: Vec::new(),
+            default_device_class: naming::DEFAULT_CLASS.into(),
         }
     }
 }
@@ -224,23 +252,7 @@ impl Config {
         if !self.node_id.is_empty() {
             naming::validate_node_id(&self.node_id).map_err(|r| invalid("node_id", r))?;
         }
-        naming::validate_lvm_name(&self.volume_group).map_err(|r| invalid("volume_group", r))?;
-        naming::validate_lvm_name(&self.thin_pool).map_err(|r| invalid("thin_pool", r))?;
-        if !(self.overprovision_ratio.is_finite() && self.overprovision_ratio >= 1.0) {
-            return Err(invalid(
-                "overprovision_ratio",
-                format!("must be a number >= 1.0, got {}", self.overprovision_ratio),
-            ));
-        }
-        if !FS_TYPES.contains(&self.default_fs_type.as_str()) {
-            return Err(invalid(
-                "default_fs_type",
-                format!(
-                    "must be one of {FS_TYPES:?}, got {:?}",
-                    self.default_fs_type
-                ),
-            ));
-        }
+        self.validate_pool()?;
         if self.default_volume_size == 0 {
             return Err(invalid("default_volume_size", "must be > 0"));
         }
@@ -279,6 +291,30 @@ impl Config {
         self.metrics_socket_addr()
             .map_err(|r| invalid("metrics_address", r))?;
         validate_allowed_roots(&self.allowed_roots).map_err(|r| invalid("allowed_roots", r))?;
+        self.validate_classes()?;
+        Ok(())
+    }
+
+    /// The keys of one pool (the top-level one, or a device class's as
+    /// [`Config::classes`] spells it out).
+    fn validate_pool(&self) -> Result<(), ConfigError> {
+        naming::validate_lvm_name(&self.volume_group).map_err(|r| invalid("volume_group", r))?;
+        naming::validate_lvm_name(&self.thin_pool).map_err(|r| invalid("thin_pool", r))?;
+        if !(self.overprovision_ratio.is_finite() && self.overprovision_ratio >= 1.0) {
+            return Err(invalid(
+                "overprovision_ratio",
+                format!("must be a number >= 1.0, got {}", self.overprovision_ratio),
+            ));
+        }
+        if !FS_TYPES.contains(&self.default_fs_type.as_str()) {
+            return Err(invalid(
+                "default_fs_type",
+                format!(
+                    "must be one of {FS_TYPES:?}, got {:?}",
+                    self.default_fs_type
+                ),
+            ));
+        }
         if let Some(lp) = &self.loop_pool {
             if !lp.backing_file.is_absolute() {
                 return Err(invalid(
@@ -313,6 +349,118 @@ impl Config {
                         "must be a multiple of 64KiB between 64KiB and 1GiB, got {chunk} bytes"
                     ),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each device class as the whole config its pool is served with:
+    /// the default class first (`None`, the top-level keys), then each of
+    /// `device_classes` by name, its keys over the top-level ones.
+    pub fn classes(&self) -> Vec<(Option<String>, Config)> {
+        let base = Config {
+            device_classes: Vec::new(),
+            ..self.clone()
+        };
+        let mut out = vec![(None, base.clone())];
+        let mut named: Vec<&DeviceClass> = self.device_classes.iter().collect();
+        named.sort_by(|a, b| a.name.cmp(&b.name));
+        for c in named {
+            let cfg = Config {
+                volume_group: c.volume_group.clone(),
+                thin_pool: c.thin_pool.clone(),
+                overprovision_ratio: c.overprovision_ratio.unwrap_or(base.overprovision_ratio),
+                default_fs_type: c
+                    .default_fs_type
+                    .clone()
+                    .unwrap_or_else(|| base.default_fs_type.clone()),
+                loop_pool: c.loop_pool.clone(),
+                allow_unzeroed_pool: c.allow_unzeroed_pool.unwrap_or(base.allow_unzeroed_pool),
+                metadata_reserve_lvs: c.metadata_reserve_lvs.unwrap_or(base.metadata_reserve_lvs),
+                ..base.clone()
+            };
+            out.push((Some(c.name.clone()), cfg));
+        }
+        out
+    }
+
+    /// Class names are unique and well formed, each class's pool keys
+    /// pass the top-level checks, no two classes share a thin pool or a
+    /// loop file, and the default class is one of them.
+    fn validate_classes(&self) -> Result<(), ConfigError> {
+        let mut names = vec![naming::DEFAULT_CLASS.to_string()];
+        for c in &self.device_classes {
+            naming::validate_class_name(&c.name).map_err(|r| invalid("device_classes.name", r))?;
+            if names.contains(&c.name) {
+                return Err(invalid(
+                    "device_classes.name",
+                    format!(
+                        "{:?} is used twice (\"{}\" is the top-level pool's class)",
+                        c.name,
+                        naming::DEFAULT_CLASS
+                    ),
+                ));
+            }
+            names.push(c.name.clone());
+        }
+        if !names.contains(&self.default_device_class) {
+            return Err(invalid(
+                "default_device_class",
+                format!(
+                    "{:?} is not a device class here (classes: {names:?})",
+                    self.default_device_class
+                ),
+            ));
+        }
+        let classes = self.classes();
+        let mut pools = Vec::new();
+        let mut files = Vec::new();
+        for (name, cfg) in &classes {
+            let class = name.as_deref().unwrap_or(naming::DEFAULT_CLASS);
+            if name.is_some() {
+                cfg.validate_pool().map_err(|e| match e {
+                    ConfigError::Invalid { key, reason } => ConfigError::Invalid {
+                        key,
+                        reason: format!("in device class {class:?}: {reason}"),
+                    },
+                    other => other,
+                })?;
+            }
+            let pool = (cfg.volume_group.clone(), cfg.thin_pool.clone());
+            if pools.contains(&pool) {
+                return Err(invalid(
+                    "device_classes.thin_pool",
+                    format!(
+                        "class {class:?} names thin pool {}/{}, which another class serves",
+                        pool.0, pool.1
+                    ),
+                ));
+            }
+            pools.push(pool);
+            let built = |c: &Config| c.loop_pool.is_some();
+            if let Some((other, _)) = classes.iter().find(|(n, c)| {
+                n != name && c.volume_group == cfg.volume_group && (built(c) || built(cfg))
+            }) {
+                return Err(invalid(
+                    "device_classes.volume_group",
+                    format!(
+                        "classes {class:?} and {:?} share volume group {}, which a loop_pool builds: give each built pool a volume group of its own",
+                        other.as_deref().unwrap_or(naming::DEFAULT_CLASS),
+                        cfg.volume_group
+                    ),
+                ));
+            }
+            if let Some(lp) = &cfg.loop_pool {
+                if files.contains(&lp.backing_file) {
+                    return Err(invalid(
+                        "device_classes.loop_pool.backing_file",
+                        format!(
+                            "class {class:?} names {}, which another class's loop pool uses",
+                            lp.backing_file.display()
+                        ),
+                    ));
+                }
+                files.push(lp.backing_file.clone());
             }
         }
         Ok(())
@@ -464,6 +612,123 @@ mod tests {
             dev.loop_pool.is_some(),
             "dev.toml must use a loop-backed pool"
         );
+    }
+
+    #[test]
+    fn device_classes_inherit_the_top_level_keys_they_do_not_set() {
+        let c = Config::parse(
+            r#"
+overprovision_ratio = 3.0
+default_fs_type = "xfs"
+default_device_class = "fast"
+[[device_classes]]
+name = "slow"
+volume_group = "hdd"
+overprovision_ratio = 1.5
+[[device_classes]]
+name = "fast"
+volume_group = "nvme"
+thin_pool = "tp"
+default_fs_type = "ext4"
+loop_pool = { backing_file = "/var/lib/x/fast.img", size = "1GiB" }
+"#,
+        )
+        .unwrap();
+        let classes = c.classes();
+        let names: Vec<Option<&str>> = classes.iter().map(|(n, _)| n.as_deref()).collect();
+        assert_eq!(names, [None, Some("fast"), Some("slow")]);
+        let (_, default) = &classes[0];
+        assert_eq!(
+            (default.volume_group.as_str(), default.thin_pool.as_str()),
+            ("thinpool-csi", "pool")
+        );
+        assert!(default.device_classes.is_empty());
+        let (_, fast) = &classes[1];
+        assert_eq!(
+            (fast.volume_group.as_str(), fast.thin_pool.as_str()),
+            ("nvme", "tp")
+        );
+        assert_eq!(fast.overprovision_ratio, 3.0);
+        assert_eq!(fast.default_fs_type, "ext4");
+        assert!(fast.loop_pool.is_some());
+        let (_, slow) = &classes[2];
+        assert_eq!(
+            (slow.thin_pool.as_str(), slow.overprovision_ratio),
+            ("pool", 1.5)
+        );
+        assert_eq!(slow.default_fs_type, "xfs");
+        assert!(slow.loop_pool.is_none());
+        // One config without classes is one class.
+        assert_eq!(Config::parse("").unwrap().classes().len(), 1);
+    }
+
+    #[test]
+    fn bad_device_classes_are_named() {
+        let class = |extra: &str| {
+            format!("[[device_classes]]\nname = \"fast\"\nvolume_group = \"nvme\"\n{extra}")
+        };
+        for (text, key, says) in [
+            (
+                class("").replace("fast", "Fast"),
+                "device_classes.name",
+                "not a device class name",
+            ),
+            (
+                class("").replace("\"fast\"", "\"default\""),
+                "device_classes.name",
+                "used twice",
+            ),
+            (
+                format!("{}{}", class(""), class("")),
+                "device_classes.name",
+                "used twice",
+            ),
+            (
+                format!("default_device_class = \"slow\"\n{}", class("")),
+                "default_device_class",
+                "not a device class here",
+            ),
+            (
+                class("").replace("nvme", "thinpool-csi"),
+                "device_classes.thin_pool",
+                "another class serves",
+            ),
+            (
+                class("overprovision_ratio = 0.5"),
+                "overprovision_ratio",
+                "in device class \"fast\"",
+            ),
+            (
+                class("default_fs_type = \"btrfs\""),
+                "default_fs_type",
+                "in device class",
+            ),
+            (
+                class("").replace("nvme", "vg/x"),
+                "volume_group",
+                "not a valid LVM name",
+            ),
+            (
+                format!(
+                    "loop_pool = {{ backing_file = \"/a.img\", size = \"1GiB\" }}\n{}",
+                    class("loop_pool = { backing_file = \"/a.img\", size = \"1GiB\" }")
+                ),
+                "device_classes.loop_pool.backing_file",
+                "another class's loop pool",
+            ),
+            (
+                format!(
+                    "loop_pool = {{ backing_file = \"/a.img\", size = \"1GiB\" }}\n{}",
+                    class("thin_pool = \"p2\"").replace("nvme", "thinpool-csi")
+                ),
+                "device_classes.volume_group",
+                "share volume group",
+            ),
+            (class("mkfs = 1"), "", "unknown field"),
+        ] {
+            let e = Config::parse(&text).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(says), "{text}\n=> {e}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use thinpool_csi::config::{parse_endpoint, Config, LogFormat};
-use thinpool_csi::volume::Volumes;
+use thinpool_csi::volume::classes::Classes;
 use thinpool_csi::{grpc, naming, pool};
 
 const USAGE: &str = "usage: thinpool-csi [--config FILE] [--endpoint unix:///path] [--node-id ID]
@@ -148,43 +148,48 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let volumes = Arc::new(Volumes::new(cfg, node_id));
+    let classes = Arc::new(Classes::new(&cfg, &node_id));
+    let base = classes.base().clone();
     // Pods wait on a filesystem left frozen: before anything that can fail.
-    volumes.thaw_left_frozen().await;
-    if volumes.lvm.thin_tools_run().await {
-        volumes
-            .thin_tools
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+    base.thaw_left_frozen().await;
+    let thin_tools = base.lvm.thin_tools_run().await;
+    for v in classes.all() {
+        v.thin_tools
+            .store(thin_tools, std::sync::atomic::Ordering::Relaxed);
     }
-    // A pool that cannot be brought up is reported by Probe; the driver
-    // still serves so the CO can see why.
-    match pool::ensure(&volumes.cfg, &volumes.lvm).await {
-        Err(e) => {
-            tracing::error!(error = %e.message(), "thin pool is not usable");
-            // Private reclaim mounts a killed driver left need no LVM to go.
-            volumes.clean_debris().await;
-        }
-        Ok(()) => {
-            if let Err(e) = pool::check_zeroing(&volumes.cfg, &volumes.lvm).await {
-                let e = e.message();
-                eprintln!("thinpool-csi: {e}");
-                tracing::error!(error = %e, "not starting");
-                return ExitCode::FAILURE;
+    // Each device class comes up on its own: a pool that cannot be brought
+    // up is reported by Probe and its calls, and the others serve.
+    for v in classes.all() {
+        let class = v.class_name();
+        match pool::ensure(&v.cfg, &v.lvm).await {
+            Err(e) => {
+                tracing::error!(class, error = %e.message(), "thin pool is not usable");
+                // Private reclaim mounts a killed driver left need no LVM to go.
+                v.clean_debris().await;
             }
-            // What an earlier version recorded becomes node records, and
-            // debris of a killed driver goes, before any call can come in.
-            volumes.adopt_legacy().await;
-            volumes.clean_debris().await;
-            // Bring back what was staged here (a rebooted node lost its
-            // mounts), while the sockets come up; the per-volume guard
-            // keeps it apart from calls the CO makes meanwhile.
-            let d = volumes.clone();
-            tokio::spawn(async move { d.heal_recorded().await });
+            Ok(()) => {
+                if let Err(e) = pool::check_zeroing(&v.cfg, &v.lvm).await {
+                    let e = e.message();
+                    eprintln!("thinpool-csi: device class {class:?}: {e}");
+                    tracing::error!(class, error = %e, "not starting");
+                    return ExitCode::FAILURE;
+                }
+                // What an earlier version recorded becomes node records,
+                // and debris of a killed driver goes, before any call can
+                // come in.
+                v.adopt_legacy().await;
+                v.clean_debris().await;
+                // Bring back what was staged here (a rebooted node lost
+                // its mounts), while the sockets come up; the per-volume
+                // guard keeps it apart from calls the CO makes meanwhile.
+                let d = v.clone();
+                tokio::spawn(async move { d.heal_recorded().await });
+            }
         }
     }
     // Off unless configured; a port taken by another process stops
     // start-up before any socket is bound.
-    let metrics_addr = volumes
+    let metrics_addr = base
         .cfg
         .metrics_socket_addr()
         .expect("validated with the config");
@@ -208,7 +213,7 @@ async fn main() -> ExitCode {
     let Ok(listener) = bind(&socket) else {
         return ExitCode::FAILURE;
     };
-    let addons_socket = match volumes.cfg.csi_addons_endpoint.as_str() {
+    let addons_socket = match base.cfg.csi_addons_endpoint.as_str() {
         "" => None,
         ep => Some(parse_endpoint(ep).expect("validated with the config")),
     };
@@ -229,17 +234,17 @@ async fn main() -> ExitCode {
         let _ = rx.wait_for(|s| *s).await;
     };
     tracing::info!(socket = %socket.display(), addons = ?addons_socket, "serving CSI");
-    let csi = grpc::serve(volumes.clone(), listener, stopped(stop_rx.clone()));
+    let csi = grpc::serve(classes.clone(), listener, stopped(stop_rx.clone()));
     let addons = async {
         match addons_listener {
-            Some(l) => grpc::serve_addons(volumes.clone(), l, stopped(stop_rx.clone())).await,
+            Some(l) => grpc::serve_addons(classes.clone(), l, stopped(stop_rx.clone())).await,
             None => Ok(()),
         }
     };
     let metrics = async {
         match metrics_listener {
             Some(l) => {
-                let d = volumes.clone();
+                let d = classes.clone();
                 let render = move || {
                     let d = d.clone();
                     async move { d.exposition().await }
@@ -256,7 +261,9 @@ async fn main() -> ExitCode {
     // No new call comes in now; operations whose caller already left still
     // run (a CO's retry expects them done). Leaving now would cut them off
     // at their next step, so a routine restart would act like a kill -9.
-    volumes.drain(volumes.cfg.command_timeout()).await;
+    for v in classes.all() {
+        v.drain(base.cfg.command_timeout()).await;
+    }
     let _ = std::fs::remove_file(&socket);
     if let Some(p) = &addons_socket {
         let _ = std::fs::remove_file(p);

@@ -90,9 +90,10 @@ fn name_with(prefix: &str, co_name: &str) -> String {
     format!("{prefix}{readable}-{hash}")
 }
 
-/// True when `id` has the exact shape of an id [`lv_name_for`] makes. Only
-/// such ids are ever passed to LVM, so `vg0/root`, `../x` or the pool name
-/// can never reach an LVM command line.
+/// True when `id` has the exact shape of an id [`lv_name_for`] makes, in
+/// any device class ([`split_class`]). Only such ids are ever passed to
+/// LVM, so `vg0/root`, `../x` or the pool name can never reach an LVM
+/// command line.
 pub fn is_volume_id(id: &str) -> bool {
     has_shape(ID_PREFIX, id)
 }
@@ -103,7 +104,59 @@ pub fn is_snapshot_id(id: &str) -> bool {
     has_shape(SNAPSHOT_PREFIX, id)
 }
 
+/// The name of the device class made of the top-level pool keys, whose
+/// ids carry no class.
+pub const DEFAULT_CLASS: &str = "default";
+
+/// What joins a device class to a name in ids and LV names
+/// (`fast.csi-data-…`): outside the class alphabet, inside LVM's.
+const CLASS_SEP: char = '.';
+
+/// Longest device class name: ids stay within LVM's 127-character names.
+const CLASS_MAX: usize = 32;
+
+/// Device class names: lowercase letters, digits and inner '-', at most
+/// [`CLASS_MAX`] characters; [`DEFAULT_CLASS`] names the top-level pool.
+pub fn validate_class_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= CLASS_MAX
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a device class name (lowercase letters, digits and '-', \
+             not at either end, at most {CLASS_MAX} characters)"
+        ))
+    }
+}
+
+/// The device class an id or LV name belongs to (`None`: the default
+/// class, whose names carry none) and the name within it. A prefix that is
+/// not a class name is left in the name, so the shape checks refuse it.
+pub fn split_class(id: &str) -> (Option<&str>, &str) {
+    match id.split_once(CLASS_SEP) {
+        Some((class, rest)) if validate_class_name(class).is_ok() && class != DEFAULT_CLASS => {
+            (Some(class), rest)
+        }
+        _ => (None, id),
+    }
+}
+
+/// `name` as an id of device class `class` (`None`: the default class).
+pub fn in_class(class: Option<&str>, name: String) -> String {
+    match class {
+        Some(c) => format!("{c}{CLASS_SEP}{name}"),
+        None => name,
+    }
+}
+
 fn has_shape(prefix: &str, id: &str) -> bool {
+    let (_, id) = split_class(id);
     let Some(rest) = id.strip_prefix(prefix) else {
         return false;
     };
@@ -207,6 +260,13 @@ pub enum ContentSource {
 }
 
 impl ContentSource {
+    /// The id of the snapshot or volume copied.
+    pub fn id(&self) -> &str {
+        match self {
+            ContentSource::Snapshot(id) | ContentSource::Volume(id) => id,
+        }
+    }
+
     fn encode(&self) -> String {
         match self {
             ContentSource::Snapshot(id) => format!("snapshot:{id}"),
@@ -331,6 +391,7 @@ fn spelled_out(co_name: &str) -> bool {
 
 /// The CO name a volume's LV name spells out in full, when it does.
 fn name_in(lv_name: &str) -> Option<String> {
+    let (_, lv_name) = split_class(lv_name);
     let rest = lv_name.strip_prefix(ID_PREFIX)?;
     let readable = rest.get(..rest.len().checked_sub(HASH_HEX + 1)?)?;
     (spelled_out(readable) && lv_name_for(readable) == lv_name).then(|| readable.to_string())
@@ -527,6 +588,75 @@ mod tests {
             "csi-{}-0123456789abcdef",
             "a".repeat(40)
         )));
+    }
+
+    #[test]
+    fn ids_name_their_device_class() {
+        let base = lv_name_for("pvc-1");
+        let fast = in_class(Some("fast"), base.clone());
+        assert_eq!(fast, format!("fast.{base}"));
+        assert_eq!(split_class(&fast), (Some("fast"), base.as_str()));
+        assert_eq!(split_class(&base), (None, base.as_str()));
+        assert_eq!(in_class(None, base.clone()), base);
+        assert!(is_volume_id(&fast) && !is_snapshot_id(&fast));
+        let snap = in_class(Some("hdd-2"), snapshot_lv_name_for("s"));
+        assert!(is_snapshot_id(&snap) && !is_volume_id(&snap));
+        validate_lvm_name(&in_class(
+            Some(&"c".repeat(32)),
+            lv_name_for(&"x".repeat(128)),
+        ))
+        .unwrap();
+        // Class parts of odd shape, or the default class spelled out, are
+        // no class: the id is then refused whole.
+        for bad in [
+            "Fast",
+            "-a",
+            "a-",
+            "a_b",
+            "a b",
+            "default",
+            "",
+            &"c".repeat(33),
+            "a.b",
+            "..",
+            "fast/x",
+        ] {
+            let id = format!("{bad}.{base}");
+            assert!(!is_volume_id(&id), "{id:?} accepted");
+        }
+        for name in ["fast", "a", "nvme-0", &"c".repeat(32)] {
+            validate_class_name(name).unwrap();
+        }
+        for name in [
+            "",
+            "Fast",
+            "-a",
+            "a-",
+            "a.b",
+            "a_b",
+            "ä",
+            &"c".repeat(33),
+            "fast;rm",
+        ] {
+            assert!(validate_class_name(name).is_err(), "{name:?} accepted");
+        }
+    }
+
+    #[test]
+    fn a_classed_pv_name_needs_no_name_tag() {
+        let t = VolumeTags {
+            owner: "o.x".into(),
+            co_name: "pvc-1".into(),
+            access: None,
+            params: BTreeMap::new(),
+            mutable: BTreeMap::new(),
+            from: None,
+        };
+        let lv = in_class(Some("fast"), lv_name_for("pvc-1"));
+        let tags = t.encode();
+        assert!(!tags.iter().any(|x| x.starts_with(TAG_NAME)), "{tags:?}");
+        let back = VolumeTags::decode(&lv, tags.iter().map(String::as_str)).unwrap();
+        assert_eq!(back.co_name, "pvc-1");
     }
 
     #[test]

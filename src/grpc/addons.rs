@@ -13,10 +13,10 @@ use crate::proto::identity::*;
 use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceController;
 use crate::proto::reclaimspace::reclaim_space_node_server::ReclaimSpaceNode;
 use crate::proto::reclaimspace::*;
-use crate::volume::Volumes;
+use crate::volume::classes::Classes;
 
 pub struct AddonsService {
-    pub volumes: Arc<Volumes>,
+    pub classes: Arc<Classes>,
 }
 
 fn consumption(bytes: u64) -> Option<StorageConsumption> {
@@ -37,7 +37,7 @@ impl AddonsService {
         validate::addons_path_len("staging_target_path", &req.staging_target_path)?;
         // The paths are checked but not used: the volume layer finds the
         // mount from the mount table by the LV's device numbers.
-        let r = self.volumes.node_reclaim(id).await?;
+        let r = self.classes.of(&id)?.node_reclaim(id).await?;
         Ok(NodeReclaimSpaceResponse {
             pre_usage: consumption(r.pre),
             post_usage: consumption(r.post),
@@ -48,10 +48,9 @@ impl AddonsService {
         &self,
         req: ControllerReclaimSpaceRequest,
     ) -> Result<ControllerReclaimSpaceResponse> {
-        let d = &self.volumes;
         let id = validate::existing_volume_id(&req.volume_id)?;
         validate::opaque_parameters(&req.parameters)?;
-        let r = d.controller_reclaim(id).await?;
+        let r = self.classes.of(&id)?.controller_reclaim(id).await?;
         Ok(ControllerReclaimSpaceResponse {
             pre_usage: consumption(r.pre),
             post_usage: consumption(r.post),
@@ -107,7 +106,7 @@ impl Identity for AddonsService {
         _r: Request<GetIdentityRequest>,
     ) -> Result<Response<GetIdentityResponse>, Status> {
         Ok(Response::new(GetIdentityResponse {
-            name: self.volumes.cfg.driver_name.clone(),
+            name: self.classes.base().cfg.driver_name.clone(),
             vendor_version: env!("CARGO_PKG_VERSION").to_string(),
             manifest: Default::default(),
         }))
@@ -124,7 +123,7 @@ impl Identity for AddonsService {
 
     async fn probe(&self, _r: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
         // As the CSI Probe (`grpc::identity`).
-        self.volumes.probe().await;
+        self.classes.probe().await;
         Ok(Response::new(ProbeResponse { ready: Some(true) }))
     }
 }

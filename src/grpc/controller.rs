@@ -13,12 +13,12 @@ use crate::proto::csi::v1::controller_server::Controller;
 use crate::proto::csi::v1::controller_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::controller_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::*;
+use crate::volume::classes::Classes;
 use crate::volume::controller::{CreateSpec, VolumeInfo};
 use crate::volume::snapshot::SnapshotInfo;
-use crate::volume::Volumes;
 
 pub struct ControllerService {
-    pub volumes: Arc<Volumes>,
+    pub classes: Arc<Classes>,
 }
 
 /// The RPCs this controller implements, and nothing else. What it
@@ -51,7 +51,7 @@ pub fn capabilities(controller_expansion: bool) -> Vec<RpcType> {
 
 impl ControllerService {
     fn topology(&self) -> Vec<Topology> {
-        let d = &self.volumes;
+        let d = self.classes.base();
         vec![Topology {
             segments: [(d.topology_key(), d.node_id.clone())].into(),
         }]
@@ -74,10 +74,12 @@ impl ControllerService {
     }
 
     async fn create(&self, req: CreateVolumeRequest) -> Result<CreateVolumeResponse> {
-        let d = &self.volumes;
         let name = validate::required_string("name", &req.name)?;
+        let d = self
+            .classes
+            .named(validate::device_class(&req.parameters)?)?;
         let access = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)?;
-        let params = validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool)?;
+        let params = validate::parameters(&req.parameters, d.class_name(), &d.lvm.vg, &d.lvm.pool)?;
         let range = validate::size_range(req.capacity_range.as_ref())?;
         let mutable =
             validate::mutable_parameters(Carrier::CreateVolumeMutable, &req.mutable_parameters)?;
@@ -118,7 +120,14 @@ impl ControllerService {
             );
             return Ok(DeleteVolumeResponse {});
         };
-        self.volumes.delete_volume(id).await?;
+        // A volume of a class this node no longer serves may still have
+        // its LV here: refused, so the CO keeps its record, rather than
+        // answered as gone.
+        let d = self.classes.of(&id).map_err(|e| {
+            Error::FailedPrecondition(e.to_string())
+                .advise("add the device class back to the driver's config (device_classes), or remove the LV by hand and then the PV")
+        })?;
+        d.delete_volume(id).await?;
         Ok(DeleteVolumeResponse {})
     }
 
@@ -126,15 +135,17 @@ impl ControllerService {
         &self,
         req: ControllerPublishVolumeRequest,
     ) -> Result<ControllerPublishVolumeResponse> {
-        let d = &self.volumes;
         let id = validate::volume_id(&req.volume_id)?;
         let node_id = validate::required_string("node_id", &req.node_id)?;
         let cap = req.volume_capability.as_ref().ok_or_else(|| {
             Error::InvalidArgument("volume_capability is required".into())
                 .advise("set volume_capability (mount or block, with an access_mode)")
         })?;
-        let access = validate::capability(cap, &d.cfg.default_fs_type)?;
+        let base = &self.classes.base().cfg.default_fs_type;
+        validate::capability(cap, base)?;
         let id = validate::known_volume(id, &req.volume_id)?;
+        let d = self.classes.of(&id)?;
+        let access = validate::capability(cap, &d.cfg.default_fs_type)?;
         let dev = d.controller_publish(&id, node_id, &access).await?;
         Ok(ControllerPublishVolumeResponse {
             publish_context: [("devicePath".to_string(), dev)].into(),
@@ -145,7 +156,6 @@ impl ControllerService {
         &self,
         req: ValidateVolumeCapabilitiesRequest,
     ) -> Result<ValidateVolumeCapabilitiesResponse> {
-        let d = &self.volumes;
         let id = validate::volume_id(&req.volume_id)?;
         if req.volume_capabilities.is_empty() {
             return Err(Error::InvalidArgument(
@@ -153,8 +163,12 @@ impl ControllerService {
             ));
         }
         let id = validate::known_volume(id, &req.volume_id)?;
+        let d = self.classes.of(&id)?;
         let wanted = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)
-            .and_then(|a| validate::parameters(&req.parameters, &d.lvm.vg, &d.lvm.pool).map(|_| a))
+            .and_then(|a| {
+                validate::parameters(&req.parameters, d.class_name(), &d.lvm.vg, &d.lvm.pool)
+                    .map(|_| a)
+            })
             .and_then(|a| {
                 validate::mutable_parameters(Carrier::CreateVolumeMutable, &req.mutable_parameters)
                     .map(|_| a)
@@ -178,7 +192,7 @@ impl ControllerService {
 
     async fn list(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse> {
         let max = validate::page(req.max_entries, &req.starting_token, naming::is_volume_id)?;
-        let (page, next_token) = self.volumes.list_volumes(&req.starting_token, max).await?;
+        let (page, next_token) = self.classes.list_volumes(&req.starting_token, max).await?;
         let entries = page
             .iter()
             .map(|v| list_volumes_response::Entry {
@@ -196,16 +210,21 @@ impl ControllerService {
     }
 
     async fn get_capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
-        let d = &self.volumes;
         // external-provisioner's capacity controller sends no capability
         // and the StorageClass's parameters as they are, reserved
-        // `csi.storage.k8s.io/` keys included (`validate::SIDECAR_KEYS`).
+        // `csi.storage.k8s.io/` keys included (`validate::SIDECAR_KEYS`),
+        // once per StorageClass: so each class gets its own
+        // CSIStorageCapacity objects.
+        let d = self
+            .classes
+            .named(validate::device_class(&req.parameters)?)?;
         for cap in &req.volume_capabilities {
             validate::capability(cap, &d.cfg.default_fs_type)?;
         }
         validate::class_parameters(
             Carrier::GetCapacity,
             &req.parameters,
+            d.class_name(),
             &d.lvm.vg,
             &d.lvm.pool,
         )?;
@@ -231,8 +250,7 @@ impl ControllerService {
         &self,
         req: ControllerExpandVolumeRequest,
     ) -> Result<ControllerExpandVolumeResponse> {
-        let d = &self.volumes;
-        if !d.cfg.controller_expansion {
+        if !self.classes.base().cfg.controller_expansion {
             // Not advertised, so not served: NodeExpandVolume grows the LV.
             return Err(Error::Unimplemented(
                 "ControllerExpandVolume is off on this driver (controller_expansion = false)".into(),
@@ -242,12 +260,17 @@ impl ControllerService {
         let id = validate::volume_id(&req.volume_id)?;
         let range = validate::size_range(req.capacity_range.as_ref())?
             .ok_or_else(|| Error::InvalidArgument("capacity_range is required".into()))?;
+        let base = &self.classes.base().cfg.default_fs_type;
+        if let Some(c) = &req.volume_capability {
+            validate::capability(c, base)?;
+        }
+        let id = validate::known_volume(id, &req.volume_id)?;
+        let d = self.classes.of(&id)?;
         let requested = req
             .volume_capability
             .as_ref()
             .map(|c| validate::capability(c, &d.cfg.default_fs_type))
             .transpose()?;
-        let id = validate::known_volume(id, &req.volume_id)?;
         let (size, node_expansion_required) = d.expand_volume(id, range, requested).await?;
         Ok(ControllerExpandVolumeResponse {
             capacity_bytes: size as i64,
@@ -260,7 +283,7 @@ impl ControllerService {
         req: ControllerGetVolumeRequest,
     ) -> Result<ControllerGetVolumeResponse> {
         let id = validate::existing_volume_id(&req.volume_id)?;
-        let v = self.volumes.get_volume(&id).await?;
+        let v = self.classes.of(&id)?.get_volume(&id).await?;
         Ok(ControllerGetVolumeResponse {
             volume: Some(self.volume(&v)),
             status: Some(controller_get_volume_response::VolumeStatus {
@@ -306,7 +329,8 @@ impl ControllerService {
         validate::snapshot_parameters(Carrier::CreateSnapshot, &req.parameters)?;
         let source = validate::existing_volume_id(&req.source_volume_id)?;
         let s = self
-            .volumes
+            .classes
+            .of(&source)?
             .create_snapshot(name.to_string(), source)
             .await?;
         Ok(CreateSnapshotResponse {
@@ -322,7 +346,7 @@ impl ControllerService {
             );
             return Ok(DeleteSnapshotResponse {});
         };
-        self.volumes.delete_snapshot(id).await?;
+        self.classes.of(&id)?.delete_snapshot(id).await?;
         Ok(DeleteSnapshotResponse {})
     }
 
@@ -341,7 +365,7 @@ impl ControllerService {
             return Ok(empty());
         }
         let (page, next_token) = self
-            .volumes
+            .classes
             .list_snapshots(by_id, by_source, &req.starting_token, max)
             .await?;
         Ok(ListSnapshotsResponse {
@@ -370,7 +394,7 @@ impl ControllerService {
         let mutable =
             validate::mutable_parameters(Carrier::ControllerModifyVolume, &req.mutable_parameters)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.volumes.modify_volume(id, mutable).await?;
+        self.classes.of(&id)?.modify_volume(id, mutable).await?;
         Ok(ControllerModifyVolumeResponse {})
     }
 }
@@ -439,7 +463,7 @@ impl Controller for ControllerService {
         &self,
         _r: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
-        let capabilities = capabilities(self.volumes.cfg.controller_expansion)
+        let capabilities = capabilities(self.classes.base().cfg.controller_expansion)
             .into_iter()
             .map(|t| ControllerServiceCapability {
                 r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),

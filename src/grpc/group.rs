@@ -13,11 +13,11 @@ use crate::proto::csi::v1::group_controller_server::GroupController;
 use crate::proto::csi::v1::group_controller_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::group_controller_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::*;
+use crate::volume::classes::Classes;
 use crate::volume::group::GroupInfo;
-use crate::volume::Volumes;
 
 pub struct GroupService {
-    pub volumes: Arc<Volumes>,
+    pub classes: Arc<Classes>,
 }
 
 fn group(g: &GroupInfo) -> VolumeGroupSnapshot {
@@ -68,7 +68,13 @@ impl GroupService {
             .iter()
             .map(|id| validate::existing_volume_id(id))
             .collect::<Result<Vec<_>>>()?;
-        let g = self.volumes.create_group(name.to_string(), sources).await?;
+        // The first volume's class takes the group; a member of another
+        // class is refused there (`Volumes::refuse_other_class`).
+        let g = self
+            .classes
+            .of(&sources[0])?
+            .create_group(name.to_string(), sources)
+            .await?;
         Ok(CreateVolumeGroupSnapshotResponse {
             group_snapshot: Some(group(&g)),
         })
@@ -81,7 +87,11 @@ impl GroupService {
         let Some(id) = group_id(&req.group_snapshot_id)? else {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         };
-        self.volumes.delete_group(id, req.snapshot_ids).await?;
+        let d = self.classes.of(&id).map_err(|e| {
+            Error::FailedPrecondition(e.to_string())
+                .advise("add the device class back to the driver's config (device_classes), or remove the group's snapshot LVs by hand")
+        })?;
+        d.delete_group(id, req.snapshot_ids).await?;
         Ok(DeleteVolumeGroupSnapshotResponse {})
     }
 
@@ -95,7 +105,11 @@ impl GroupService {
                 req.group_snapshot_id
             ))
         })?;
-        let g = self.volumes.get_group(&id, &req.snapshot_ids).await?;
+        let g = self
+            .classes
+            .of(&id)?
+            .get_group(&id, &req.snapshot_ids)
+            .await?;
         Ok(GetVolumeGroupSnapshotResponse {
             group_snapshot: Some(group(&g)),
         })

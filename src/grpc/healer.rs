@@ -29,9 +29,9 @@ impl NodeService {
         let cap = req
             .volume_capability
             .as_ref()
-            .map(|c| self.capability(Some(c)))
+            .map(|c| self.capability(Some(&id), Some(c)))
             .transpose()?;
-        let v = self.volumes.heal(id, target, staging, cap).await?;
+        let v = self.classes.of(&id)?.heal(id, target, staging, cap).await?;
         Ok(NodeHealerResponse {
             abnormal: v.abnormal,
             message: v.message,

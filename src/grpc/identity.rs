@@ -7,10 +7,10 @@ use tonic::{Request, Response, Status};
 use crate::proto::csi::v1::identity_server::Identity;
 use crate::proto::csi::v1::plugin_capability::{self, service, volume_expansion};
 use crate::proto::csi::v1::*;
-use crate::volume::Volumes;
+use crate::volume::classes::Classes;
 
 pub struct IdentityService {
-    pub volumes: Arc<Volumes>,
+    pub classes: Arc<Classes>,
 }
 
 #[tonic::async_trait]
@@ -20,11 +20,18 @@ impl Identity for IdentityService {
         _r: Request<GetPluginInfoRequest>,
     ) -> Result<Response<GetPluginInfoResponse>, Status> {
         Ok(Response::new(GetPluginInfoResponse {
-            name: self.volumes.cfg.driver_name.clone(),
+            name: self.classes.base().cfg.driver_name.clone(),
             vendor_version: env!("CARGO_PKG_VERSION").to_string(),
             manifest: [
-                ("volume_group".to_string(), self.volumes.lvm.vg.clone()),
-                ("thin_pool".to_string(), self.volumes.lvm.pool.clone()),
+                (
+                    "volume_group".to_string(),
+                    self.classes.base().lvm.vg.clone(),
+                ),
+                (
+                    "thin_pool".to_string(),
+                    self.classes.base().lvm.pool.clone(),
+                ),
+                ("device_classes".to_string(), self.classes.names().join(",")),
             ]
             .into(),
         }))
@@ -51,7 +58,7 @@ impl Identity for IdentityService {
                 )),
             },
         ];
-        if self.volumes.serves_metadata() {
+        if self.classes.base().serves_metadata() {
             capabilities.push(service(service::Type::SnapshotMetadataService));
         }
         Ok(Response::new(GetPluginCapabilitiesResponse {
@@ -71,7 +78,7 @@ impl Identity for IdentityService {
     /// readiness (`tpcsi probe`, which also asks GetCapacity) and
     /// CreateVolume's error report it.
     async fn probe(&self, _r: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        self.volumes.probe().await;
+        self.classes.probe().await;
         Ok(Response::new(ProbeResponse { ready: Some(true) }))
     }
 }

@@ -13,15 +13,15 @@ use super::validate;
 use crate::error::{Error, Result};
 use crate::proto::csi::v1::snapshot_metadata_server::SnapshotMetadata;
 use crate::proto::csi::v1::*;
+use crate::volume::classes::Classes;
 use crate::volume::metadata::{Ask, Ranges};
 use crate::volume::SnapshotId;
-use crate::volume::Volumes;
 
 /// Ranges per message when the request leaves `max_results` at 0.
 pub const DEFAULT_BATCH: usize = 1024;
 
 pub struct MetadataService {
-    pub volumes: Arc<Volumes>,
+    pub classes: Arc<Classes>,
 }
 
 /// A snapshot id the request must name: empty is INVALID_ARGUMENT, an id
@@ -162,7 +162,7 @@ impl MetadataService {
         F: Fn(i32, i64, Vec<BlockMetadata>) -> R + Send + 'static,
     {
         let run = async {
-            if !self.volumes.serves_metadata() {
+            if !self.classes.base().serves_metadata() {
                 return Err(Error::Unimplemented(
                     "SnapshotMetadata needs thin-provisioning-tools (thin_dump, thin_delta), which do not run on this node".into(),
                 )
@@ -170,7 +170,14 @@ impl MetadataService {
             }
             let ask = ask?;
             let (start, batch) = window(starting_offset, max_results)?;
-            let ranges = self.volumes.snapshot_metadata(ask, start).await?;
+            let target = match &ask {
+                Ask::Allocated(id) | Ask::Delta { target: id, .. } => id,
+            };
+            let ranges = self
+                .classes
+                .of(target)?
+                .snapshot_metadata(ask, start)
+                .await?;
             Ok(respond(ranges, batch, move |capacity, blocks| {
                 make(BlockMetadataType::VariableLength as i32, capacity, blocks)
             }))

@@ -24,7 +24,7 @@ use crate::proto::csi::v1::group_controller_server::GroupControllerServer;
 use crate::proto::csi::v1::identity_server::IdentityServer;
 use crate::proto::csi::v1::node_server::NodeServer;
 use crate::proto::csi::v1::snapshot_metadata_server::SnapshotMetadataServer;
-use crate::volume::Volumes;
+use crate::volume::classes::Classes;
 
 /// A handler's result as tonic wants it; errors map through `crate::error`.
 pub(crate) fn reply<T>(r: Result<T>) -> std::result::Result<tonic::Response<T>, tonic::Status> {
@@ -33,24 +33,24 @@ pub(crate) fn reply<T>(r: Result<T>) -> std::result::Result<tonic::Response<T>, 
 
 /// Serves the CSI services on `listener` until `shutdown` resolves.
 pub async fn serve(
-    volumes: Arc<Volumes>,
+    classes: Arc<Classes>,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     tonic::transport::Server::builder()
-        .layer(observe::ObserveLayer::new(volumes.metrics.clone()))
+        .layer(observe::ObserveLayer::new(classes.metrics().clone()))
         .add_service(IdentityServer::new(identity::IdentityService {
-            volumes: volumes.clone(),
+            classes: classes.clone(),
         }))
         .add_service(ControllerServer::new(controller::ControllerService {
-            volumes: volumes.clone(),
+            classes: classes.clone(),
         }))
-        .add_service(NodeServer::new(node::NodeService::new(volumes.clone())))
+        .add_service(NodeServer::new(node::NodeService::new(classes.clone())))
         .add_service(SnapshotMetadataServer::new(metadata::MetadataService {
-            volumes: volumes.clone(),
+            classes: classes.clone(),
         }))
         .add_service(GroupControllerServer::new(group::GroupService {
-            volumes: volumes.clone(),
+            classes: classes.clone(),
         }))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
@@ -59,7 +59,7 @@ pub async fn serve(
 
 /// Serves the CSI-Addons services on `listener` until `shutdown` resolves.
 pub async fn serve_addons(
-    volumes: Arc<Volumes>,
+    classes: Arc<Classes>,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
@@ -68,15 +68,15 @@ pub async fn serve_addons(
     use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceControllerServer;
     use crate::proto::reclaimspace::reclaim_space_node_server::ReclaimSpaceNodeServer;
     let svc = || addons::AddonsService {
-        volumes: volumes.clone(),
+        classes: classes.clone(),
     };
     tonic::transport::Server::builder()
-        .layer(observe::ObserveLayer::new(volumes.metrics.clone()))
+        .layer(observe::ObserveLayer::new(classes.metrics().clone()))
         .add_service(AddonsIdentityServer::new(svc()))
         .add_service(ReclaimSpaceNodeServer::new(svc()))
         .add_service(ReclaimSpaceControllerServer::new(svc()))
         .add_service(HealerNodeServer::new(node::NodeService::new(
-            volumes.clone(),
+            classes.clone(),
         )))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
@@ -159,7 +159,7 @@ mod tests {
             state_dir: dir.path().join("state"),
             ..Config::default()
         };
-        let driver = Arc::new(Volumes::new(cfg, "node-1".into()));
+        let driver = Arc::new(Classes::new(&cfg, "node-1"));
         let socket = dir.path().join("csi.sock");
         let listener = UnixListener::bind(&socket).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -15,8 +15,8 @@ use crate::proto::csi::v1::node_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::node_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::volume_usage::Unit;
 use crate::proto::csi::v1::*;
-use crate::volume::Volumes;
-use crate::volume::{Capability, NodePath};
+use crate::volume::classes::Classes;
+use crate::volume::{Capability, NodePath, VolumeId};
 
 /// The node RPCs this driver implements and advertises.
 pub const CAPABILITIES: &[RpcType] = &[
@@ -28,16 +28,16 @@ pub const CAPABILITIES: &[RpcType] = &[
 ];
 
 pub struct NodeService {
-    pub volumes: Arc<Volumes>,
+    pub classes: Arc<Classes>,
 }
 
 impl NodeService {
-    pub fn new(volumes: Arc<Volumes>) -> NodeService {
-        NodeService { volumes }
+    pub fn new(classes: Arc<Classes>) -> NodeService {
+        NodeService { classes }
     }
 
     pub(super) fn path(&self, field: &str, value: &str) -> Result<NodePath> {
-        validate::node_path(field, value, &self.volumes.cfg.allowed_roots)
+        validate::node_path(field, value, &self.classes.base().cfg.allowed_roots)
     }
 
     fn optional_path(&self, field: &str, value: &str) -> Result<Option<NodePath>> {
@@ -47,16 +47,28 @@ impl NodeService {
         }
     }
 
-    pub(super) fn capability(&self, cap: Option<&VolumeCapability>) -> Result<Capability> {
-        validate::full_capability(cap, &self.volumes.cfg.default_fs_type)
+    /// The capability, with the default filesystem of the class of `id`
+    /// (of the top-level pool while the id is unknown: the request is
+    /// checked whole before the id is looked up).
+    pub(super) fn capability(
+        &self,
+        id: Option<&VolumeId>,
+        cap: Option<&VolumeCapability>,
+    ) -> Result<Capability> {
+        validate::full_capability(cap, self.default_fs(id))
+    }
+
+    pub(super) fn default_fs(&self, id: Option<&VolumeId>) -> &str {
+        let class = id.and_then(|id| self.classes.of(id).ok());
+        &class.unwrap_or(self.classes.base()).cfg.default_fs_type
     }
 
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse> {
         let id = validate::volume_id(&req.volume_id)?;
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
-        let cap = self.capability(req.volume_capability.as_ref())?;
+        let cap = self.capability(id.as_ref(), req.volume_capability.as_ref())?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.volumes.stage(id, staging, cap).await?;
+        self.classes.of(&id)?.stage(id, staging, cap).await?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -64,14 +76,14 @@ impl NodeService {
         let id = validate::volume_id(&req.volume_id)?;
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.volumes.unstage(id, staging).await?;
+        self.classes.of(&id)?.unstage(id, staging).await?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<NodePublishVolumeResponse> {
         let id = validate::volume_id(&req.volume_id)?;
         let target = self.path("target_path", &req.target_path)?;
-        let cap = self.capability(req.volume_capability.as_ref())?;
+        let cap = self.capability(id.as_ref(), req.volume_capability.as_ref())?;
         if req.staging_target_path.is_empty() {
             return Err(Error::FailedPrecondition(
                 "staging_target_path is required: this driver stages volumes (STAGE_UNSTAGE_VOLUME)".into(),
@@ -80,7 +92,8 @@ impl NodeService {
         }
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.volumes
+        self.classes
+            .of(&id)?
             .publish(id, staging, target, cap, req.readonly)
             .await?;
         Ok(NodePublishVolumeResponse {})
@@ -93,7 +106,7 @@ impl NodeService {
         let id = validate::volume_id(&req.volume_id)?;
         let target = self.path("target_path", &req.target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.volumes.unpublish(id, target).await?;
+        self.classes.of(&id)?.unpublish(id, target).await?;
         Ok(NodeUnpublishVolumeResponse {})
     }
 
@@ -114,7 +127,7 @@ impl NodeService {
             ));
         }
         let path = self.path("volume_path", &req.volume_path)?;
-        let s = self.volumes.volume_stats(&id, &path).await?;
+        let s = self.classes.of(&id)?.volume_stats(&id, &path).await?;
         Ok(NodeGetVolumeStatsResponse {
             usage: volume_usage(&s.usage),
             volume_condition: Some(VolumeCondition {
@@ -129,11 +142,11 @@ impl NodeService {
     }
 
     async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
-        let d = &self.volumes;
         let id = validate::volume_id(&req.volume_id)?;
         validate::required_path("volume_path", &req.volume_path)?;
         // An unknown volume is NOT_FOUND whatever path came with it.
         let id = validate::known_volume(id, &req.volume_id)?;
+        let d = self.classes.of(&id)?;
         let path = self.path("volume_path", &req.volume_path)?;
         let staging = self.optional_path("staging_target_path", &req.staging_target_path)?;
         let requested = req
@@ -232,7 +245,7 @@ impl Node for NodeService {
         &self,
         _r: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
-        let d = &self.volumes;
+        let d = self.classes.base();
         Ok(Response::new(NodeGetInfoResponse {
             node_id: d.node_id.clone(),
             max_volumes_per_node: 0,

@@ -626,7 +626,6 @@ mod tests {
         use crate::proto::csi::v1::*;
         use crate::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
         use crate::proto::reclaimspace::ControllerReclaimSpaceRequest;
-        use crate::volume::Volumes;
 
         const SECRET: &str = "s3cr3t-Pa55w0rd-value";
         let out = Captured::default();
@@ -647,7 +646,7 @@ mod tests {
             allowed_roots: vec![dir.path().to_path_buf()],
             ..Config::default()
         };
-        let driver = Arc::new(Volumes::new(cfg, "n1".into()));
+        let driver = Arc::new(crate::volume::classes::Classes::new(&cfg, "n1"));
         let (csi, addons) = (dir.path().join("csi.sock"), dir.path().join("addons.sock"));
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

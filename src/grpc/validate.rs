@@ -587,9 +587,26 @@ fn map_size(params: &HashMap<String, String>) -> Result<()> {
     Ok(())
 }
 
+/// The StorageClass parameter that picks a device class
+/// (`volume::classes`); checked against the class the id or the request
+/// went to, and not kept in tags (the id carries the class).
+pub const DEVICE_CLASS: &str = "deviceClass";
+
+/// The device class a StorageClass's parameters name, if any.
+pub fn device_class(params: &HashMap<String, String>) -> Result<Option<&str>> {
+    match params.get(DEVICE_CLASS) {
+        None => Ok(None),
+        Some(v) => {
+            bounded_string(&format!("parameter {DEVICE_CLASS}"), v)?;
+            Ok(Some(v.as_str()))
+        }
+    }
+}
+
 /// The StorageClass parameters this driver understands, with the short
 /// names they are stored under in LVM tags.
 pub const PARAMETERS: &[(&str, &str)] = &[
+    (DEVICE_CLASS, "class"),
     ("volumeGroup", "vg"),
     ("thinPool", "pool"),
     (PVC_NAME, "pvcname"),
@@ -600,10 +617,11 @@ pub const PARAMETERS: &[(&str, &str)] = &[
 /// CreateVolume's parameters (see [`class_parameters`]).
 pub fn parameters(
     params: &HashMap<String, String>,
+    class: &str,
     vg: &str,
     pool: &str,
 ) -> Result<BTreeMap<String, String>> {
-    class_parameters(Carrier::CreateVolume, params, vg, pool)
+    class_parameters(Carrier::CreateVolume, params, class, vg, pool)
 }
 
 /// Checks the StorageClass parameters of GetCapacity or CreateVolume:
@@ -615,6 +633,7 @@ pub fn parameters(
 pub fn class_parameters(
     carrier: Carrier,
     params: &HashMap<String, String>,
+    class: &str,
     vg: &str,
     pool: &str,
 ) -> Result<BTreeMap<String, String>> {
@@ -634,6 +653,7 @@ pub fn class_parameters(
         };
         bounded_string(&format!("parameter {key}"), value)?;
         let expected = match *short {
+            "class" => Some(class),
             "vg" => Some(vg),
             "pool" => Some(pool),
             _ => None,
@@ -641,11 +661,13 @@ pub fn class_parameters(
         if let Some(expected) = expected {
             if value != expected {
                 return invalid(format!(
-                    "parameter {key}={value:?} does not match this driver's {expected:?}"
+                    "parameter {key}={value:?} does not match device class {class:?}'s {expected:?}"
                 ));
             }
         }
-        out.insert(short.to_string(), value.clone());
+        if *short != "class" {
+            out.insert(short.to_string(), value.clone());
+        }
     }
     Ok(out)
 }
@@ -757,26 +779,27 @@ mod tests {
     fn get_capacity_takes_the_storage_class_as_the_provisioner_sends_it() {
         let mut p = storage_class_as_the_capacity_controller_sends_it();
         assert_eq!(p.len(), 3 + 14 + 8, "{p:?}");
-        class_parameters(Carrier::GetCapacity, &p, "vg", "pool").unwrap();
+        class_parameters(Carrier::GetCapacity, &p, "default", "vg", "pool").unwrap();
         // The deprecated fs type, in the spellings the provisioner takes;
         // and the immediate-binding path's metadata.
         for fstype in ["fstype", "fsType", "FSTYPE"] {
             let mut q = p.clone();
             q.remove("csi.storage.k8s.io/fstype");
             q.insert(fstype.into(), "xfs".into());
-            class_parameters(Carrier::GetCapacity, &q, "vg", "pool").unwrap();
+            class_parameters(Carrier::GetCapacity, &q, "default", "vg", "pool").unwrap();
         }
         for k in [PVC_NAME, PVC_NAMESPACE, PV_NAME] {
             p.insert(k.into(), "x".into());
         }
-        class_parameters(Carrier::GetCapacity, &p, "vg", "pool").unwrap();
+        class_parameters(Carrier::GetCapacity, &p, "default", "vg", "pool").unwrap();
         // Still checked: the driver's own keys, and keys nobody reserves.
         p.insert("volumeGroup".into(), "other".into());
-        assert!(class_parameters(Carrier::GetCapacity, &p, "vg", "pool").is_err());
+        assert!(class_parameters(Carrier::GetCapacity, &p, "default", "vg", "pool").is_err());
         for bogus in ["csi.storage.k8s.io/bogus", "fs-type", "iops"] {
             let e = class_parameters(
                 Carrier::GetCapacity,
                 &map(&[(bogus, "1"), ("csi.storage.k8s.io/fstype", "ext4")]),
+                "default",
                 "vg",
                 "pool",
             )
@@ -805,7 +828,7 @@ mod tests {
             (PVC_NAMESPACE, "default"),
             (PV_NAME, "pvc-1"),
         ]);
-        let kept = parameters(&p, "vg", "pool").unwrap();
+        let kept = parameters(&p, "default", "vg", "pool").unwrap();
         // What the provisioner acted on is not the volume's: not kept in
         // its tags, so a retry with or without it is the same volume.
         assert_eq!(
@@ -814,8 +837,13 @@ mod tests {
         );
         // The provisioner never sends a prefixed key it reads: a caller
         // that does expects an effect, and is told.
-        let e =
-            parameters(&map(&[("csi.storage.k8s.io/fstype", "xfs")]), "vg", "pool").unwrap_err();
+        let e = parameters(
+            &map(&[("csi.storage.k8s.io/fstype", "xfs")]),
+            "default",
+            "vg",
+            "pool",
+        )
+        .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         let msg = e.message();
         assert!(msg.contains("\"csi.storage.k8s.io/fstype\""), "{msg}");
@@ -823,6 +851,7 @@ mod tests {
         assert!(msg.contains("mount.fs_type"), "{msg}");
         let e = parameters(
             &map(&[("csi.storage.k8s.io/node-stage-secret-name", "s")]),
+            "default",
             "vg",
             "pool",
         )
@@ -831,6 +860,7 @@ mod tests {
         // A snapshot's metadata is not a volume's.
         assert!(parameters(
             &map(&[("csi.storage.k8s.io/volumesnapshot/name", "s")]),
+            "default",
             "vg",
             "pool"
         )
@@ -849,7 +879,7 @@ mod tests {
         ];
         let check = |carrier: Carrier, p: &HashMap<String, String>| match carrier {
             Carrier::GetCapacity | Carrier::CreateVolume => {
-                class_parameters(carrier, p, "vg", "pool").map(|_| ())
+                class_parameters(carrier, p, "default", "vg", "pool").map(|_| ())
             }
             Carrier::CreateVolumeMutable | Carrier::ControllerModifyVolume => {
                 mutable_parameters(carrier, p).map(|_| ())
@@ -1023,17 +1053,19 @@ mod tests {
                 ("csi.storage.k8s.io/pvc/name", "data"),
                 ("thinPool", "pool"),
             ]),
+            "default",
             "vg",
             "pool",
         )
         .unwrap();
         assert_eq!(ok.get("pvcname").unwrap(), "data");
         assert_eq!(ok.get("pool").unwrap(), "pool");
-        let e = parameters(&p(&[("fsType; rm -rf /", "x")]), "vg", "pool").unwrap_err();
+        let e = parameters(&p(&[("fsType; rm -rf /", "x")]), "default", "vg", "pool").unwrap_err();
         assert!(e.to_string().contains("unknown parameter"), "{e}");
-        assert!(parameters(&p(&[("volumeGroup", "other")]), "vg", "pool").is_err());
+        assert!(parameters(&p(&[("volumeGroup", "other")]), "default", "vg", "pool").is_err());
         assert!(parameters(
             &p(&[("csi.storage.k8s.io/pv/name", &"x".repeat(129))]),
+            "default",
             "vg",
             "pool"
         )

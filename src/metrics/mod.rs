@@ -147,28 +147,6 @@ impl Metrics {
     }
 }
 
-/// The two metadata stores: sizes, free space, and LVs left in each (the
-/// figures LVM did not report are left out, not reported as 0).
-fn metadata_room(t: &mut Text, pool: &Lv, room: Option<Room>) {
-    if pool.metadata_size > 0 {
-        gauge(t, POOL_META_SIZE, pool.metadata_size as f64);
-    }
-    if pool.vg_mda_size > 0 {
-        gauge(t, VG_MDA_SIZE, pool.vg_mda_size as f64);
-        gauge(t, VG_MDA_FREE, pool.vg_mda_free as f64);
-    }
-    let Some(room) = room else { return };
-    let left = [("pool", room.pool_lvs_left()), ("vg", room.vg_lvs_left())];
-    if left.iter().any(|(_, n)| n.is_some()) {
-        family(t, LVS_LEFT);
-        for (store, n) in left {
-            if let Some(n) = n {
-                t.sample(LVS_LEFT, &[("store", store)], n as f64);
-            }
-        }
-    }
-}
-
 fn family(t: &mut Text, name: &str) {
     let (_, kind, help) = NAMES
         .iter()
@@ -177,14 +155,8 @@ fn family(t: &mut Text, name: &str) {
     t.family(name, *kind, help);
 }
 
-/// A gauge family with one unlabelled sample.
-fn gauge(t: &mut Text, name: &str, value: f64) {
-    family(t, name);
-    t.sample(name, &[], value);
-}
-
 /// A pool as a scrape shows it, read by the volume layer from its cached
-/// report ([`crate::volume::Volumes::exposition`]).
+/// report (`Volumes::scrape`, `Classes::exposition`).
 pub struct PoolFigures<'a> {
     pub lv: &'a Lv,
     /// Bytes the pool can still hold physically, at its current Data%.
@@ -196,42 +168,80 @@ pub struct PoolFigures<'a> {
     pub room: Option<Room>,
 }
 
-/// What one scrape shows: `None` for a report that could not be read;
-/// `pool: None` for a report without a usable pool in it.
+/// What one scrape shows of a device class: `None` for a report that
+/// could not be read; `pool: None` for a report without a usable pool.
 pub struct Scrape<'a> {
     pub pool: Option<PoolFigures<'a>>,
     pub volumes: usize,
     pub snapshots: usize,
 }
 
-/// The whole exposition: the pool and its contents (`None`: no LVM
-/// report), then the counters.
-pub fn render(scrape: Option<Scrape>, counters: &Metrics) -> String {
-    let mut t = Text::default();
-    match scrape {
-        None => gauge(&mut t, POOL_UP, 0.0),
-        Some(s) => {
-            match s.pool {
-                Some(p) => {
-                    gauge(&mut t, POOL_UP, 1.0);
-                    gauge(&mut t, POOL_SIZE, p.lv.size as f64);
-                    // An inactive pool has no Data%/Metadata%: left out,
-                    // not reported as 0.
-                    if let Some(pct) = p.lv.data_percent {
-                        gauge(&mut t, POOL_DATA, pct);
-                    }
-                    if let Some(pct) = p.lv.metadata_percent {
-                        gauge(&mut t, POOL_META, pct);
-                    }
-                    gauge(&mut t, POOL_PHYS_FREE, p.physical_free as f64);
-                    gauge(&mut t, POOL_VIRT_FREE, p.virtual_headroom as f64);
-                    gauge(&mut t, POOL_USABLE, if p.usable { 1.0 } else { 0.0 });
-                    metadata_room(&mut t, p.lv, p.room);
-                }
-                None => gauge(&mut t, POOL_UP, 0.0),
+/// One sample: its family, its labels, its value.
+type Sample = (&'static str, Vec<(&'static str, String)>, f64);
+
+/// The samples of device class `class`, each labelled with it. Figures
+/// LVM did not report (an inactive pool's Data%, a metadata area it did
+/// not size) are left out, not reported as 0.
+fn class_samples(class: &str, scrape: Option<&Scrape>, out: &mut Vec<Sample>) {
+    let mut add = |name: &'static str, store: Option<&str>, v: f64| {
+        let mut labels = vec![("class", class.to_string())];
+        labels.extend(store.map(|s| ("store", s.to_string())));
+        out.push((name, labels, v));
+    };
+    let Some(s) = scrape else {
+        add(POOL_UP, None, 0.0);
+        return;
+    };
+    match &s.pool {
+        Some(p) => {
+            add(POOL_UP, None, 1.0);
+            add(POOL_SIZE, None, p.lv.size as f64);
+            if let Some(pct) = p.lv.data_percent {
+                add(POOL_DATA, None, pct);
             }
-            gauge(&mut t, VOLUMES, s.volumes as f64);
-            gauge(&mut t, SNAPSHOTS, s.snapshots as f64);
+            if let Some(pct) = p.lv.metadata_percent {
+                add(POOL_META, None, pct);
+            }
+            add(POOL_PHYS_FREE, None, p.physical_free as f64);
+            add(POOL_VIRT_FREE, None, p.virtual_headroom as f64);
+            add(POOL_USABLE, None, if p.usable { 1.0 } else { 0.0 });
+            if p.lv.metadata_size > 0 {
+                add(POOL_META_SIZE, None, p.lv.metadata_size as f64);
+            }
+            if p.lv.vg_mda_size > 0 {
+                add(VG_MDA_SIZE, None, p.lv.vg_mda_size as f64);
+                add(VG_MDA_FREE, None, p.lv.vg_mda_free as f64);
+            }
+            if let Some(room) = &p.room {
+                for (store, n) in [("pool", room.pool_lvs_left()), ("vg", room.vg_lvs_left())] {
+                    if let Some(n) = n {
+                        add(LVS_LEFT, Some(store), n as f64);
+                    }
+                }
+            }
+        }
+        None => add(POOL_UP, None, 0.0),
+    }
+    add(VOLUMES, None, s.volumes as f64);
+    add(SNAPSHOTS, None, s.snapshots as f64);
+}
+
+/// The whole exposition: each device class's pool and contents (labelled
+/// `class`), then the counters.
+pub fn render(classes: &[(&str, Option<Scrape>)], counters: &Metrics) -> String {
+    let mut samples = Vec::new();
+    for (class, scrape) in classes {
+        class_samples(class, scrape.as_ref(), &mut samples);
+    }
+    let mut t = Text::default();
+    for (name, _, _) in NAMES {
+        let mut first = true;
+        for (_, labels, v) in samples.iter().filter(|s| s.0 == *name) {
+            if std::mem::take(&mut first) {
+                family(&mut t, name);
+            }
+            let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            t.sample(name, &labels, *v);
         }
     }
     counters.write(&mut t);
@@ -321,24 +331,37 @@ mod tests {
     }
 
     /// Without an LVM report a scrape still answers: pool_up 0 and the
-    /// counters, no pool figures.
+    /// counters, no pool figures; each class has its own series.
     #[test]
     fn a_scrape_without_lvm_reports_the_pool_down() {
         let m = Metrics::default();
         m.rpc("csi.v1.Identity", "Probe", Code::Ok, Duration::ZERO);
-        for scrape in [
-            None,
-            Some(Scrape {
-                pool: None,
-                volumes: 0,
-                snapshots: 0,
-            }),
-        ] {
-            let s = render(scrape, &m);
-            assert!(s.contains("\nthinpool_csi_pool_up 0\n"), "{s}");
-            assert!(!s.contains(POOL_SIZE), "{s}");
-            assert!(s.contains("thinpool_csi_rpc_requests_total{"), "{s}");
-        }
+        let empty = || Scrape {
+            pool: None,
+            volumes: 0,
+            snapshots: 3,
+        };
+        let s = render(&[("default", None), ("fast", Some(empty()))], &m);
+        assert!(
+            s.contains("\nthinpool_csi_pool_up{class=\"default\"} 0\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("\nthinpool_csi_pool_up{class=\"fast\"} 0\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("\nthinpool_csi_snapshots{class=\"fast\"} 3\n"),
+            "{s}"
+        );
+        assert!(!s.contains("snapshots{class=\"default\"}"), "{s}");
+        assert_eq!(
+            s.matches("# TYPE thinpool_csi_pool_up gauge").count(),
+            1,
+            "{s}"
+        );
+        assert!(!s.contains(POOL_SIZE), "{s}");
+        assert!(s.contains("thinpool_csi_rpc_requests_total{"), "{s}");
     }
 
     /// The shipped alert rules and dashboard use only metrics this driver

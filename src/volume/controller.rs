@@ -103,7 +103,10 @@ pub fn check_access(vol: &Owned, wanted: &Access) -> Result<()> {
 impl Volumes {
     /// CreateVolume; idempotent by name.
     pub async fn create_volume(self: &Arc<Self>, spec: CreateSpec) -> Result<VolumeInfo> {
-        let lv_name = naming::lv_name_for(&spec.co_name);
+        if let Some(from) = &spec.from {
+            self.refuse_other_class(from.id(), "copy")?;
+        }
+        let lv_name = self.in_class_id(naming::lv_name_for(&spec.co_name));
         self.detached(&lv_name.clone(), "CreateVolume", move |d, _| async move {
             d.create_held(&lv_name, spec).await
         })
@@ -486,7 +489,9 @@ impl Volumes {
         let owner = self.owner_tag();
         let mut named: Vec<ByName> = report
             .thin_volumes(&self.lvm.pool)
-            .filter(|lv| naming::is_volume_id(&lv.name) && lv.tags.contains(&owner))
+            .filter(|lv| {
+                naming::is_volume_id(&lv.name) && self.holds(&lv.name) && lv.tags.contains(&owner)
+            })
             .map(ByName)
             .collect();
         named.sort_unstable_by(|a, b| a.0.name.cmp(&b.0.name));

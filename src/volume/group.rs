@@ -232,7 +232,7 @@ impl Volumes {
         co_name: String,
         sources: Vec<VolumeId>,
     ) -> Result<GroupInfo> {
-        let id = naming::group_id_for(&co_name);
+        let id = self.in_class_id(naming::group_id_for(&co_name));
         self.detached(
             &id.clone(),
             "CreateVolumeGroupSnapshot",
@@ -242,6 +242,9 @@ impl Volumes {
     }
 
     async fn group_held(&self, id: &str, co_name: &str, sources: &[VolumeId]) -> Result<GroupInfo> {
+        for s in sources {
+            self.refuse_other_class(s.as_str(), "snapshot together with")?;
+        }
         let wanted: BTreeSet<&str> = sources.iter().map(|s| s.as_str()).collect();
         let report = self.lvm.fresh_report().await?;
         let members = self.group_members(&report, id);
@@ -331,7 +334,7 @@ impl Volumes {
         let mut made = Vec::new();
         let mut res = Ok(());
         for vol in &vols {
-            let name = naming::group_member_name(co_name, &vol.lv.name);
+            let name = self.in_class_id(naming::group_member_name(co_name, &vol.lv.name));
             let tags = SnapshotTags {
                 owner: self.cfg.driver_name.clone(),
                 co_name: naming::member_co_name(co_name, &vol.lv.name),

@@ -566,7 +566,12 @@ impl Volumes {
             .blocking("list node records", move || records.ids())
             .await
         {
-            Ok(ids) => ids,
+            // The records of every class share state_dir: this class heals
+            // its own.
+            Ok(ids) => ids
+                .into_iter()
+                .filter(|id| self.holds(id))
+                .collect::<Vec<_>>(),
             Err(e) => {
                 tracing::warn!(error = %e, "start-up heal: cannot list node records");
                 return;
@@ -586,7 +591,7 @@ impl Volumes {
             });
         }
         while tasks.join_next().await.is_some() {}
-        tracing::info!(volumes = total, elapsed = ?started.elapsed(), "start-up heal done");
+        tracing::info!(class = self.class_name(), volumes = total, elapsed = ?started.elapsed(), "start-up heal done");
     }
 
     async fn heal_at_start(self: &Arc<Self>, id: VolumeId, since: Instant) {

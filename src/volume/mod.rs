@@ -16,6 +16,7 @@
 //! (NodeHealer and the start-up heal), [`reclaim`] (ReclaimSpace),
 //! [`size`] (range to LV size), [`request`] (typed request values).
 
+pub mod classes;
 pub mod controller;
 pub mod group;
 pub mod heal;
@@ -51,6 +52,9 @@ pub use request::{Capability, NodePath, SizeRange, SnapshotId, VolumeId};
 pub struct Volumes {
     pub cfg: Config,
     pub node_id: String,
+    /// The device class this pool is (`None`: the top-level pool, the
+    /// class named [`crate::naming::DEFAULT_CLASS`]); its ids carry it.
+    pub class: Option<String>,
     pub lvm: std::sync::Arc<Lvm>,
     pub tools: Tools,
     /// The node records under `state_dir` (`node::record`).
@@ -71,19 +75,66 @@ pub struct Volumes {
 }
 
 impl Volumes {
+    /// The volumes of a config's top-level pool (the default class).
     pub fn new(cfg: Config, node_id: String) -> Volumes {
+        Volumes::in_class(cfg, node_id, None, Default::default())
+    }
+
+    /// The volumes of device class `class` (`None`: the default class),
+    /// served with `cfg` ([`Config::classes`]), counting into `metrics`.
+    pub fn in_class(
+        cfg: Config,
+        node_id: String,
+        class: Option<String>,
+        metrics: Arc<Metrics>,
+    ) -> Volumes {
         Volumes {
             lvm: std::sync::Arc::new(Lvm::new(&cfg)),
             tools: Tools::new(&cfg),
             records: Records::new(&cfg.state_dir),
             cfg,
             node_id,
+            class,
             inflight: InFlight::default(),
             alloc: tokio::sync::Mutex::new(()),
             reserved: Default::default(),
             thin_tools: std::sync::atomic::AtomicBool::new(false),
-            metrics: Default::default(),
+            metrics,
         }
+    }
+
+    /// This class's name ([`naming::DEFAULT_CLASS`] for the top-level pool).
+    pub fn class_name(&self) -> &str {
+        self.class
+            .as_deref()
+            .unwrap_or(crate::naming::DEFAULT_CLASS)
+    }
+
+    /// `name` (an LV name [`crate::naming`] made) as an id of this class.
+    pub fn in_class_id(&self, name: String) -> String {
+        crate::naming::in_class(self.class.as_deref(), name)
+    }
+
+    /// Whether `id` names this class ([`crate::naming::split_class`]).
+    pub fn holds(&self, id: &str) -> bool {
+        crate::naming::split_class(id).0 == self.class.as_deref()
+    }
+
+    /// INVALID_ARGUMENT when `id` belongs to another device class: a
+    /// volume is never copied, restored or group-snapshotted across
+    /// classes (each is a pool of its own).
+    pub fn refuse_other_class(&self, id: &str, what: &str) -> Result<()> {
+        if self.holds(id) {
+            return Ok(());
+        }
+        let theirs = crate::naming::split_class(id)
+            .0
+            .unwrap_or(crate::naming::DEFAULT_CLASS);
+        Err(Error::InvalidArgument(format!(
+            "cannot {what} {id} of device class {theirs:?} in device class {:?}: classes are separate pools",
+            self.class_name()
+        ))
+        .advise("keep the source and the new volume or snapshot in one device class (the StorageClass's deviceClass parameter)"))
     }
 
     /// Whether the SnapshotMetadata service can work on this node.
@@ -269,7 +320,10 @@ impl Volumes {
 
     /// A thin LV of our pool with our owner.
     pub(crate) fn ours(&self, lv: &Lv, owner: &str) -> bool {
-        owner == self.cfg.driver_name && lv.is_thin_volume() && lv.pool == self.lvm.pool
+        owner == self.cfg.driver_name
+            && lv.is_thin_volume()
+            && lv.pool == self.lvm.pool
+            && self.holds(&lv.name)
     }
 
     /// An LV named like one of ours that is not: never touched.
@@ -357,32 +411,23 @@ impl Volumes {
     /// Room in the pool's metadata and the VG's metadata area, counting
     /// LVs made or reserved since `report` was read; `None` while the
     /// pool shows no Metadata% (inactive).
-    /// The Prometheus exposition: this pool's figures from the cached
-    /// report (no LVM command while it is current), then the counters.
-    pub async fn exposition(&self) -> String {
-        let report = match self.lvm.report().await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics: no LVM report; pool figures left out");
-                return crate::metrics::render(None, &self.metrics);
-            }
-        };
-        let pool = match (self.pool(&report), self.capacity(&report)) {
+    /// What a metrics scrape shows of this class, from `report`.
+    pub fn scrape<'a>(&self, report: &'a Report) -> crate::metrics::Scrape<'a> {
+        let pool = match (self.pool(report), self.capacity(report)) {
             (Ok(lv), Ok((cap, _))) => Some(crate::metrics::PoolFigures {
                 lv,
                 physical_free: cap.physical_free,
                 virtual_headroom: cap.virtual_headroom,
-                usable: self.check_pool_usable(&report).is_ok(),
-                room: self.room(&report),
+                usable: self.check_pool_usable(report).is_ok(),
+                room: self.room(report),
             }),
             _ => None,
         };
-        let scrape = crate::metrics::Scrape {
+        crate::metrics::Scrape {
             pool,
-            volumes: self.owned_volumes(&report).len(),
-            snapshots: self.owned_snapshots(&report).len(),
-        };
-        crate::metrics::render(Some(scrape), &self.metrics)
+            volumes: self.owned_volumes(report).len(),
+            snapshots: self.owned_snapshots(report).len(),
+        }
     }
 
     pub fn room(&self, report: &Report) -> Option<Room> {
@@ -423,10 +468,12 @@ impl Volumes {
     /// stopped mid-way), within a bound. What the pool cannot do is not
     /// Probe's answer (see `grpc::identity`): readiness and the failing
     /// calls report it, so it is only logged at DEBUG here.
-    pub async fn probe(&self) {
-        if let Err(e) = self.bring_pool_up().await {
-            tracing::debug!(error = %e.message(), "Probe: the pool is not usable");
+    pub async fn probe(&self) -> Result<()> {
+        let res = self.bring_pool_up().await;
+        if let Err(e) = &res {
+            tracing::debug!(class = self.class_name(), error = %e.message(), "Probe: the pool is not usable");
         }
+        res
     }
 
     async fn bring_pool_up(&self) -> Result<()> {

@@ -97,7 +97,7 @@ impl Volumes {
         co_name: String,
         source: VolumeId,
     ) -> Result<SnapshotInfo> {
-        let id = naming::snapshot_lv_name_for(&co_name);
+        let id = self.in_class_id(naming::snapshot_lv_name_for(&co_name));
         self.detached(&id.clone(), "CreateSnapshot", move |d, _| async move {
             d.snapshot_held(&id, co_name, &source).await
         })

@@ -36,15 +36,22 @@ pub struct Metadata {
 }
 
 impl Metadata {
-    pub fn from_samples(s: &BTreeMap<String, f64>) -> Metadata {
-        let n = |k: &str| s.get(k).map(|v| *v as u64);
+    /// Device class `class`'s figures (`default`: the top-level pool).
+    pub fn from_samples(s: &BTreeMap<String, f64>, class: &str) -> Metadata {
+        let key = |name: &str, store: Option<&str>| match store {
+            None => format!("{name}{{class=\"{class}\"}}"),
+            Some(st) => format!("{name}{{class=\"{class}\",store=\"{st}\"}}"),
+        };
+        let n = |name: &str, store| s.get(&key(name, store)).map(|v| *v as u64);
         Metadata {
-            pool_metadata_size: n("thinpool_csi_pool_metadata_size_bytes"),
-            pool_metadata_percent: s.get("thinpool_csi_pool_metadata_percent").copied(),
-            pool_lvs_left: n("thinpool_csi_metadata_lvs_left{store=\"pool\"}"),
-            vg_metadata_area_size: n("thinpool_csi_vg_metadata_area_size_bytes"),
-            vg_metadata_area_free: n("thinpool_csi_vg_metadata_area_free_bytes"),
-            vg_lvs_left: n("thinpool_csi_metadata_lvs_left{store=\"vg\"}"),
+            pool_metadata_size: n("thinpool_csi_pool_metadata_size_bytes", None),
+            pool_metadata_percent: s
+                .get(&key("thinpool_csi_pool_metadata_percent", None))
+                .copied(),
+            pool_lvs_left: n("thinpool_csi_metadata_lvs_left", Some("pool")),
+            vg_metadata_area_size: n("thinpool_csi_vg_metadata_area_size_bytes", None),
+            vg_metadata_area_free: n("thinpool_csi_vg_metadata_area_free_bytes", None),
+            vg_lvs_left: n("thinpool_csi_metadata_lvs_left", Some("vg")),
         }
     }
 }
@@ -71,14 +78,15 @@ mod tests {
     #[test]
     fn metadata_figures_from_an_exposition() {
         let text = "# HELP x\n# TYPE x gauge\n\
-            thinpool_csi_pool_metadata_size_bytes 4194304\n\
-            thinpool_csi_pool_metadata_percent 73.3\n\
-            thinpool_csi_metadata_lvs_left{store=\"pool\"} 27\n\
-            thinpool_csi_metadata_lvs_left{store=\"vg\"} 900\n\
-            thinpool_csi_vg_metadata_area_size_bytes 1044480\n\
-            thinpool_csi_vg_metadata_area_free_bytes 480000\n\
+            thinpool_csi_pool_metadata_size_bytes{class=\"default\"} 4194304\n\
+            thinpool_csi_pool_metadata_size_bytes{class=\"fast\"} 8388608\n\
+            thinpool_csi_pool_metadata_percent{class=\"default\"} 73.3\n\
+            thinpool_csi_metadata_lvs_left{class=\"default\",store=\"pool\"} 27\n\
+            thinpool_csi_metadata_lvs_left{class=\"default\",store=\"vg\"} 900\n\
+            thinpool_csi_vg_metadata_area_size_bytes{class=\"default\"} 1044480\n\
+            thinpool_csi_vg_metadata_area_free_bytes{class=\"default\"} 480000\n\
             thinpool_csi_rpc_requests_total{service=\"a b\",method=\"M\"} 3\n";
-        let m = Metadata::from_samples(&samples(text));
+        let m = Metadata::from_samples(&samples(text), "default");
         assert_eq!(
             m,
             Metadata {
@@ -96,7 +104,7 @@ mod tests {
             Some(&3.0)
         );
         assert_eq!(
-            Metadata::from_samples(&BTreeMap::new()),
+            Metadata::from_samples(&BTreeMap::new(), "default"),
             Metadata::default()
         );
     }
