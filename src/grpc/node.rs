@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn usage_reports_bytes_and_inodes() {
-        let u = volume_usage(&node::Usage::Filesystem(node::fs::Usage {
+        let u = volume_usage(&node::Usage::Filesystem(node::usage::Usage {
             bytes_total: 100,
             bytes_available: 60,
             bytes_used: 30,

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use crate::config::FS_TYPES;
 use crate::error::{Error, Result};
 use crate::naming::{self, Access, ContentSource, MAX_STRING};
-use crate::node::fs::MountOptions;
+use crate::node::mount_options::MountOptions;
 use crate::node::paths;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::csi::v1::volume_capability::AccessType;

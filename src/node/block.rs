@@ -19,7 +19,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::node::record::Publish as Published;
-use crate::node::{dm, fs, left_alone, mount_table, paths, Device, Tools};
+use crate::node::{dm, left_alone, mount_table, mounts, paths, Device, Tools};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::sys;
 
@@ -86,7 +86,7 @@ pub fn stage(dev: &Device, staging: &Path, roots: &[std::path::PathBuf]) -> Resu
             ))
         });
     }
-    fs::ensure_dir(staging, roots)?;
+    mounts::ensure_dir(staging, roots)?;
     tracing::info!(volume = dev.volume_id, staging = %staging.display(), "NodeStageVolume: staged (block)");
     Ok(())
 }

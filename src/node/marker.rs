@@ -1,6 +1,6 @@
 //! Formatting markers: one small file per volume, under `state_dir`, that
 //! exists only while a format the driver began is unfinished (see
-//! `fs::stage`). Written with fsync of the file and its directory, so it
+//! `mounts::stage`). Written with fsync of the file and its directory, so it
 //! survives a crash or a reboot.
 
 use std::path::Path;

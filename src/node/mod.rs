@@ -14,19 +14,25 @@
 //!   (blkid, mkfs, resize2fs, dmsetup) through `crate::exec`.
 //!
 //! Modules: [`paths`] (which paths are accepted), [`blkid`] (what is on a
-//! device and whether it may be formatted), [`fs`] (filesystem volumes),
-//! [`block`] (raw block volumes), [`dm`] (thin mapping counts and
-//! read-only overlays).
+//! device and whether it may be formatted); for filesystem volumes
+//! [`mount_options`], [`mkfs`], [`mounts`] (stage and publish), [`grow`],
+//! [`freeze`] and [`usage`] (usage and health); [`block`] (raw block
+//! volumes), [`dm`] (thin mapping counts and read-only overlays).
 
 pub mod blkid;
 pub mod block;
 pub mod dm;
 pub mod durable;
-pub mod fs;
+pub mod freeze;
+pub mod grow;
 pub mod marker;
+pub mod mkfs;
+pub mod mount_options;
+pub mod mounts;
 pub mod paths;
 pub mod reclaim;
 pub mod record;
+pub mod usage;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -332,7 +338,7 @@ pub fn device_unused(dev: &Device) -> Result<bool> {
 /// What NodeGetVolumeStats found at a volume path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Usage {
-    Filesystem(fs::Usage),
+    Filesystem(usage::Usage),
     /// A raw block volume of this many bytes.
     Block(u64),
     /// Nothing measurable (see the problems).
@@ -425,8 +431,8 @@ pub fn stats(
                 m.major, m.minor
             )));
         }
-        let mut problems = fs::problems(&info, dev);
-        let usage = match fs::usage(&sys::fd_path(&fd)) {
+        let mut problems = usage::problems(&info, dev);
+        let usage = match usage::usage(&sys::fd_path(&fd)) {
             Ok(u) => Usage::Filesystem(u),
             Err(nix::errno::Errno::EIO) => {
                 problems.push(format!(
@@ -573,7 +579,7 @@ pub async fn expand(
         ))
         .advise("call NodeStageVolume first, then NodeExpandVolume")
     })?;
-    fs::grow(tools, &mount.fs_type, dev, &mount.mount_point).await?;
+    grow::grow(tools, &mount.fs_type, dev, &mount.mount_point).await?;
     tracing::info!(
         volume = dev.volume_id,
         size,

@@ -336,22 +336,23 @@ fn loop_ext4_lifecycle() {
     // A freeze recorded by a driver that was then killed is thawed at the
     // next start, and its record goes.
     let records = dir.join("frozen");
-    let at = crate::node::fs::MountOf {
+    let at = crate::node::freeze::MountOf {
         path: mnt.clone(),
         device: numbers,
     };
-    crate::node::fs::freeze_recorded(&records.join("group-1"), std::slice::from_ref(&at)).unwrap();
+    crate::node::freeze::freeze_recorded(&records.join("group-1"), std::slice::from_ref(&at))
+        .unwrap();
     assert!(
         freeze::freeze(&mnt, numbers).is_err(),
         "frozen by the record's freeze"
     );
     assert_eq!(
-        crate::node::fs::thaw_left_frozen(&records).unwrap(),
+        crate::node::freeze::thaw_left_frozen(&records).unwrap(),
         std::slice::from_ref(&at)
     );
     assert!(!freeze::thaw(&mnt, numbers).unwrap(), "thawed at start-up");
     assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0);
-    assert!(crate::node::fs::thaw_left_frozen(&records)
+    assert!(crate::node::freeze::thaw_left_frozen(&records)
         .unwrap()
         .is_empty());
     // A record of an earlier version (bare paths) is thawed where the
@@ -363,7 +364,7 @@ fn loop_ext4_lifecycle() {
     )
     .unwrap();
     assert_eq!(
-        crate::node::fs::thaw_left_frozen(&records).unwrap(),
+        crate::node::freeze::thaw_left_frozen(&records).unwrap(),
         std::slice::from_ref(&at)
     );
     assert!(!freeze::thaw(&mnt, numbers).unwrap(), "thawed at start-up");
@@ -377,7 +378,7 @@ fn loop_ext4_lifecycle() {
         serde_json::to_string(&[&plain]).unwrap().as_bytes(),
     )
     .unwrap();
-    let other = crate::node::fs::MountOf {
+    let other = crate::node::freeze::MountOf {
         path: mnt.clone(),
         device: (major, minor + 1),
     };
@@ -386,7 +387,7 @@ fn loop_ext4_lifecycle() {
         serde_json::to_string(&[&other]).unwrap().as_bytes(),
     )
     .unwrap();
-    assert!(crate::node::fs::thaw_left_frozen(&records)
+    assert!(crate::node::freeze::thaw_left_frozen(&records)
         .unwrap()
         .is_empty());
     assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0);
@@ -890,7 +891,7 @@ fn xfs_grows_through_the_checked_mount_root_only() {
         minor,
     };
     let refused = |path: &Path, minor: u32| {
-        let e = crate::node::fs::grow_xfs(&dev(minor), path).unwrap_err();
+        let e = crate::node::grow::grow_xfs(&dev(minor), path).unwrap_err();
         let status: tonic::Status = e.into();
         status
     };
@@ -913,7 +914,7 @@ fn xfs_grows_through_the_checked_mount_root_only() {
     assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
     assert_eq!(blocks(), before, "a refused grow grew nothing");
 
-    crate::node::fs::grow_xfs(&dev(minor), &mnt).expect("grow");
+    crate::node::grow::grow_xfs(&dev(minor), &mnt).expect("grow");
     let after = blocks();
     assert_eq!(
         after.datablocks * 4096,
@@ -921,6 +922,6 @@ fn xfs_grows_through_the_checked_mount_root_only() {
         "{before:?} -> {after:?}"
     );
     assert_eq!(after.imaxpct, before.imaxpct);
-    crate::node::fs::grow_xfs(&dev(minor), &mnt).expect("a second grow is a no-op");
+    crate::node::grow::grow_xfs(&dev(minor), &mnt).expect("a second grow is a no-op");
     assert_eq!(blocks(), after);
 }

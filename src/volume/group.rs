@@ -36,7 +36,7 @@ use super::VolumeId;
 use crate::error::{Error, Result};
 use crate::lvm::report::Report;
 use crate::naming::{self, GroupTag, SnapshotTags};
-use crate::node::{fs, Tools};
+use crate::node::{freeze, Tools};
 use crate::volume::Volumes;
 
 /// The longest the members of a group stay frozen.
@@ -78,7 +78,7 @@ struct Turn {
 struct Frozen {
     tools: Tools,
     record: PathBuf,
-    points: Vec<fs::MountOf>,
+    points: Vec<freeze::MountOf>,
     turn: Arc<std::sync::Mutex<Turn>>,
     expired: Arc<AtomicBool>,
     watchdog: tokio::task::JoinHandle<()>,
@@ -91,7 +91,7 @@ impl Frozen {
     async fn freeze_all(
         tools: &Tools,
         record: PathBuf,
-        points: Vec<fs::MountOf>,
+        points: Vec<freeze::MountOf>,
     ) -> Result<Frozen> {
         let expired = Arc::new(AtomicBool::new(false));
         let turn = Arc::new(std::sync::Mutex::new(Turn::default()));
@@ -114,12 +114,12 @@ impl Frozen {
             let (r, p, t) = (record.clone(), points.clone(), turn.clone());
             let frozen = tools
                 .blocking("freeze the group's filesystems", move || {
-                    let res = fs::freeze_recorded(&r, &p);
+                    let res = freeze::freeze_recorded(&r, &p);
                     let mut turn = t.lock().unwrap();
                     turn.done = true;
                     if turn.thaw && res.is_ok() {
                         // Asked to thaw while still freezing: ours to do.
-                        fs::thaw_recorded(&r, &p);
+                        freeze::thaw_recorded(&r, &p);
                     }
                     res
                 })
@@ -160,7 +160,7 @@ async fn thaw_when_done(
     tools: &Tools,
     turn: &std::sync::Mutex<Turn>,
     record: PathBuf,
-    points: Vec<fs::MountOf>,
+    points: Vec<freeze::MountOf>,
 ) {
     let done = {
         let mut t = turn.lock().unwrap();
@@ -172,13 +172,13 @@ async fn thaw_when_done(
     }
 }
 
-async fn thaw_each(tools: &Tools, record: PathBuf, points: Vec<fs::MountOf>) {
+async fn thaw_each(tools: &Tools, record: PathBuf, points: Vec<freeze::MountOf>) {
     if points.is_empty() {
         return;
     }
     let res = tools
         .blocking("thaw the group's filesystems", move || {
-            fs::thaw_recorded(&record, &points);
+            freeze::thaw_recorded(&record, &points);
             Ok(())
         })
         .await;
@@ -292,16 +292,16 @@ impl Volumes {
             .iter()
             .map(|v| self.current_device(v.lv).map(|d| d.numbers()))
             .collect();
-        let points: Vec<Option<fs::MountOf>> = self
+        let points: Vec<Option<freeze::MountOf>> = self
             .tools
             .blocking("find the members' mounts", move || {
                 numbers
                     .into_iter()
-                    .map(|n| n.map(fs::mounted_at).transpose().map(Option::flatten))
+                    .map(|n| n.map(freeze::mounted_at).transpose().map(Option::flatten))
                     .collect()
             })
             .await?;
-        let nests = fs::freezes_nest();
+        let nests = freeze::freezes_nest();
         let members: Vec<Member> = vols
             .iter()
             .zip(&points)
@@ -324,7 +324,7 @@ impl Volumes {
             ))
             .advise("stop (unstage) all but one of them, or snapshot them one by one"));
         }
-        let to_freeze: Vec<fs::MountOf> = if nests {
+        let to_freeze: Vec<freeze::MountOf> = if nests {
             points.iter().flatten().cloned().collect()
         } else {
             Vec::new()

@@ -22,7 +22,7 @@ use super::{Capability, NodePath, VolumeId};
 use crate::error::{Error, Result};
 use crate::naming;
 use crate::node::record::{self, Kind, Publish, Record};
-use crate::node::{self, block, dm, fs};
+use crate::node::{self, block, dm, freeze, mount_options, mounts};
 use crate::sys::{self, MsFlags};
 use crate::volume::Volumes;
 
@@ -168,12 +168,13 @@ impl Volumes {
         let mut staged_flags = MsFlags::empty();
         match &record.kind {
             Kind::Filesystem { fs_type } => {
-                let opts = fs::MountOptions::parse(fs_type, &record.mount_flags)?;
-                staged_flags = fs::per_mount(opts.flags);
+                let opts = mount_options::MountOptions::parse(fs_type, &record.mount_flags)?;
+                staged_flags = mount_options::per_mount(opts.flags);
                 if !self.mounted_from(&staging, &dev).await? {
                     let pool = self.stage_facts(&report, &vol);
                     let marker = self.formatting_marker(id);
-                    fs::stage(&self.tools, &dev, &staging, fs_type, &opts, &pool, &marker).await?;
+                    mounts::stage(&self.tools, &dev, &staging, fs_type, &opts, &pool, &marker)
+                        .await?;
                     found.push(format!(
                         "staging mount at {} was missing: re-mounted it from {} with mount flags {:?}",
                         staging.display(),
@@ -316,7 +317,7 @@ impl Volumes {
         let (p, roots) = (path.to_path_buf(), self.tools.roots.clone());
         self.tools
             .blocking("check a mount's flags", move || {
-                fs::ensure_per_mount_flags(&p, want, &roots)
+                mounts::ensure_per_mount_flags(&p, want, &roots)
             })
             .await
     }
@@ -446,7 +447,7 @@ impl Volumes {
         if let Err(e) = self
             .tools
             .blocking("thaw what a killed driver froze", move || {
-                fs::thaw_left_frozen(&frozen).map(drop)
+                freeze::thaw_left_frozen(&frozen).map(drop)
             })
             .await
         {

@@ -42,7 +42,7 @@ use crate::metrics::Metrics;
 use crate::naming::VolumeTags;
 use crate::node::record::Records;
 use crate::node::Tools;
-use crate::node::{self as nodefs, fs, paths, Device};
+use crate::node::{self as nodefs, mounts, paths, Device};
 pub use request::{Capability, NodePath, SizeRange, SnapshotId, VolumeId};
 
 /// The volume layer's state: the configuration, the node id, the LVM
@@ -597,9 +597,9 @@ impl Volumes {
 
     /// What staging needs to know of the pool in `report`, and whether
     /// the volume was made from a source.
-    pub fn stage_facts(&self, report: &Report, vol: &Owned) -> fs::StageFacts {
+    pub fn stage_facts(&self, report: &Report, vol: &Owned) -> mounts::StageFacts {
         let pool = self.pool(report).ok();
-        fs::StageFacts {
+        mounts::StageFacts {
             zeroes_new_chunks: pool.is_some_and(Lv::zeroes_new_chunks),
             problem: pool.and_then(Lv::problem),
             made_from_source: vol.tags.from.is_some(),

@@ -18,7 +18,7 @@ use super::{Capability, NodePath, Owned, SizeRange, VolumeId};
 use crate::error::{Error, Result};
 use crate::naming::{self, Access};
 use crate::node::record::{Kind, Publish, Record};
-use crate::node::{self, block, fs};
+use crate::node::{self, block, mounts};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::volume::Volumes;
 
@@ -59,7 +59,7 @@ impl Volumes {
         })
     }
 
-    /// Where the formatting marker of a volume lives; see `fs::stage`.
+    /// Where the formatting marker of a volume lives; see `mounts::stage`.
     pub fn formatting_marker(&self, id: &str) -> PathBuf {
         self.cfg.state_dir.join("formatting").join(id)
     }
@@ -189,7 +189,7 @@ impl Volumes {
             let res = match (&cap.access, &cap.mount) {
                 (Access::Mount { fs_type }, Some(opts)) => {
                     let marker = self.formatting_marker(id);
-                    fs::stage(&self.tools, &dev, &staging, fs_type, opts, &pool, &marker).await
+                    mounts::stage(&self.tools, &dev, &staging, fs_type, opts, &pool, &marker).await
                 }
                 _ => {
                     let (d, st, roots) = (dev.clone(), staging.clone(), self.tools.roots.clone());
@@ -448,7 +448,7 @@ impl Volumes {
                 let roots = self.tools.roots.clone();
                 self.tools
                     .blocking("bind-mount a publish", move || {
-                        fs::publish(&dev, &staging, &target, ro, single, recorded, &roots)
+                        mounts::publish(&dev, &staging, &target, ro, single, recorded, &roots)
                     })
                     .await
             }

@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::naming::Access;
-use crate::node::fs::MountOptions;
+use crate::node::mount_options::MountOptions;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 
 /// An id of a shape this driver issues, checked by `grpc::validate`.

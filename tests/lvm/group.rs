@@ -77,7 +77,7 @@ async fn group_snapshot_of_three_mounted_volumes() {
     // freeze of an origin nests inside ours (Linux 6.8 and later); before
     // that the group must fail (write-order consistency or nothing) and
     // leave nothing frozen or made.
-    let nests = thinpool_csi::node::fs::freezes_nest();
+    let nests = thinpool_csi::node::freeze::freezes_nest();
     let all = g
         .create_volume_group_snapshot(group_req("zgroup-g0", &ids))
         .await;

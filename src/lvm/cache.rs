@@ -1,0 +1,404 @@
+//! The cached `lvs` report of our volume group: served while fresh (or
+//! stale, while one `lvs` catches up in the background), kept current by
+//! our own writes ([`Cache::catch_up`]), and read once for every reader
+//! that misses it (single flight).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::explain::vg_missing;
+use super::report::{self, Report, Write};
+use super::Lvm;
+use crate::error::{Error, Result};
+
+#[derive(Default)]
+pub(super) struct Cache {
+    /// The report and when the `lvs` that read it started.
+    pub(super) report: Option<(Instant, Arc<Report>)>,
+    /// Bumped when a write begins and when it ends.
+    pub(super) generation: u64,
+    /// Our writes that ended, with the generation they ended at: a report
+    /// read while they ran gets them applied again before it is kept
+    /// (applying is idempotent), so reads that overlap writes still land.
+    pub(super) recent: std::collections::VecDeque<(u64, Write)>,
+    /// The generation of the last write whose effect is unknown (failed,
+    /// or not described): a read that overlapped it is not kept.
+    pub(super) unknown_since: u64,
+    /// The generation of the last write dropped from `recent`.
+    pub(super) dropped_until: u64,
+}
+
+/// How many ended writes [`Cache::recent`] keeps.
+pub(super) const RECENT_WRITES: usize = 256;
+
+impl Cache {
+    /// `report`, read by an `lvs` that began at generation `from`, with
+    /// every write that ended since applied; `Err(report)`, as read, when
+    /// a write whose effect is unknown ended meanwhile, or the log no
+    /// longer reaches back that far (a one-off, not to be kept).
+    fn catch_up(&self, mut report: Report, from: u64) -> std::result::Result<Report, Report> {
+        if self.unknown_since > from || self.dropped_until > from {
+            return Err(report);
+        }
+        for (_, w) in self.recent.iter().filter(|(g, _)| *g > from) {
+            report.apply(w);
+        }
+        Ok(report)
+    }
+}
+
+impl Lvm {
+    pub fn invalidate(&self) {
+        let mut c = self.cache.lock().unwrap();
+        c.generation += 1;
+        c.report = None;
+        c.unknown_since = c.generation;
+    }
+
+    /// The report of our VG from the cache. A report older than
+    /// `report_max_age` is still served (our own writes are in it), and
+    /// one `lvs` is started in the background to catch up with changes
+    /// made behind the driver's back; only an empty cache makes the caller
+    /// wait. Decisions that must not rest on a cached view use
+    /// [`Lvm::fresh_report`]. A `report_max_age` of 0 turns the cache off.
+    pub async fn report(self: &Arc<Self>) -> Result<Arc<Report>> {
+        if self.max_age.is_zero() {
+            // No cache asked for: every read asks LVM.
+            return self.fresh_report().await;
+        }
+        let cached = self.cache.lock().unwrap().report.clone();
+        match cached {
+            Some((at, r)) if at.elapsed() <= self.max_age => Ok(r),
+            Some((_, r)) => {
+                self.refresh_in_background();
+                Ok(r)
+            }
+            None => self.read_since(None).await,
+        }
+    }
+
+    /// The report as the driver knows it: the last `lvs` plus our own
+    /// writes since, whatever its age; LVM is read only when there is
+    /// none. Calls that change something decide on it: they neither wait
+    /// for nor start a refresh, whose `lvs` would hold the VG lock their
+    /// own command needs. A refusal that rests on it (a full pool) is
+    /// checked again on [`Lvm::fresh_report`].
+    pub async fn known(&self) -> Result<Arc<Report>> {
+        if self.max_age.is_zero() {
+            return self.fresh_report().await;
+        }
+        let cached = self.cache.lock().unwrap().report.clone();
+        match cached {
+            Some((_, r)) => Ok(r),
+            None => self.read_since(None).await,
+        }
+    }
+
+    /// Starts one `lvs` for the cache unless one runs already. A failure
+    /// drops the cache, so the next reader waits for LVM and sees the
+    /// error.
+    fn refresh_in_background(self: &Arc<Self>) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.clone();
+        handle.spawn(async move {
+            let Ok(one) = me.refresh.try_lock() else {
+                return;
+            };
+            if let Err(e) = me.read_locked().await {
+                tracing::warn!(error = %e, "background lvs failed; the cached report is dropped");
+                me.invalidate();
+            }
+            drop(one);
+        });
+    }
+
+    /// A report read after this call began; used before decisions that
+    /// must not rest on a cached view. Callers that arrive while an `lvs`
+    /// runs share the next one.
+    pub async fn fresh_report(&self) -> Result<Arc<Report>> {
+        self.read_since(Some(Instant::now())).await
+    }
+
+    /// A report read since `since`, with our writes since applied: one
+    /// `lvs` serves every reader that asks from the same moment on.
+    pub async fn report_since(&self, since: Instant) -> Result<Arc<Report>> {
+        self.read_since(Some(since)).await
+    }
+
+    /// Single flight: waits for an `lvs` already running, and takes its
+    /// report if that `lvs` started after `since` (any report when
+    /// `None`); otherwise runs one.
+    async fn read_since(&self, since: Option<Instant>) -> Result<Arc<Report>> {
+        let _one = self.refresh.lock().await;
+        {
+            let c = self.cache.lock().unwrap();
+            if let Some((at, r)) = &c.report {
+                if since.is_none_or(|s| *at >= s) {
+                    return Ok(r.clone());
+                }
+            }
+        }
+        self.read_locked().await
+    }
+
+    /// Runs `lvs` (the caller holds `refresh`) and keeps the report, with
+    /// our writes that ended meanwhile applied again; not when one of
+    /// unknown effect ended meanwhile.
+    async fn read_locked(&self) -> Result<Arc<Report>> {
+        let (generation, started) = (self.cache.lock().unwrap().generation, Instant::now());
+        let out = match self.query("lvs", report::lvs_args(&self.vg)).await {
+            Ok(out) => out,
+            // Whether the VG is there is asked, not read from the text.
+            Err(e @ Error::Command { .. }) => {
+                return Err(match self.vg_exists().await {
+                    Ok(false) => vg_missing(&self.vg, &e),
+                    _ => e,
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        let read = Report::parse(&out.stdout);
+        // The text (half a MiB at 500 LVs) goes before the report is kept.
+        drop(out);
+        let read = read?;
+        let (read, replaced) = {
+            let mut c = self.cache.lock().unwrap();
+            // Our writes that ended while lvs ran are applied to what it
+            // read; one whose effect is unknown makes the read a one-off.
+            match c.catch_up(read, generation) {
+                Ok(current) => {
+                    let current = Arc::new(current);
+                    let replaced = c.report.replace((started, current.clone()));
+                    (current, replaced)
+                }
+                Err(read) => (Arc::new(read), None),
+            }
+        };
+        // The report it replaced goes outside the lock (unless a reader
+        // still holds it), and then what reading and parsing freed goes
+        // back to the kernel: each refresh runs on whichever thread is
+        // free, and glibc kept what it freed in that thread's arena, so an
+        // idle driver's RSS stepped up with every refresh (`sys::heap`).
+        // The trim walks malloc's free lists and madvises free pages
+        // (under a millisecond); it waits on no device, so it runs here,
+        // not on a blocking thread (whose first malloc could open one more
+        // arena).
+        drop(replaced);
+        crate::sys::release_free_memory();
+        Ok(read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::script_lvm;
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    /// A fake `lvm` that logs each subcommand to a file; its `lvs` waits
+    /// while a file `hold` exists, sleeps `delay`, prints a report of one
+    /// thin pool and logs `lvs-done`; its `lvremove` fails.
+    fn fake_lvm(dir: &Path, delay: &str, max_age: u64) -> (Arc<Lvm>, PathBuf) {
+        let calls = dir.join("calls");
+        let pool = r#"{"lv_name":"pool","vg_name":"vg1","lv_attr":"twi-aotz--","lv_size":"8388608","pool_lv":"","segtype":"thin-pool","data_percent":"1.00","metadata_percent":"1.00","lv_tags":"","lv_health_status":"","lv_kernel_major":"253","lv_kernel_minor":"1","vg_extent_size":"4194304","vg_size":"16777216","vg_free":"0","chunk_size":"65536"}"#;
+        let body = format!(
+            "echo \"$1\" >> {calls}\ncase $1 in\n lvs) while [ -e {hold} ]; do sleep 0.02; done; sleep {delay}; echo '{{\"report\":[{{\"lv\":[{pool}]}}]}}'; echo lvs-done >> {calls} ;;\n lvremove) exit 5 ;;\nesac\n",
+            calls = calls.display(),
+            hold = dir.join("hold").display()
+        );
+        let lvm = script_lvm(dir, &body, |c| {
+            c.thin_pool = "pool".into();
+            c.report_max_age_secs = max_age;
+        });
+        (lvm, calls)
+    }
+
+    fn count(calls: &Path, sub: &str) -> usize {
+        std::fs::read_to_string(calls)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == sub)
+            .count()
+    }
+
+    #[tokio::test]
+    async fn cache_serves_until_invalidated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 3600);
+        let lvs = || count(&calls, "lvs");
+        lvm.report().await.unwrap();
+        lvm.report().await.unwrap();
+        assert_eq!(lvs(), 1, "second read must come from the cache");
+        lvm.invalidate();
+        lvm.report().await.unwrap();
+        assert_eq!(lvs(), 2);
+        lvm.fresh_report().await.unwrap();
+        assert_eq!(lvs(), 3);
+        lvm.report().await.unwrap();
+        assert_eq!(lvs(), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn readers_that_miss_share_one_lvs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "1", 3600);
+        let readers: Vec<_> = (0..8)
+            .map(|i| {
+                let lvm = lvm.clone();
+                tokio::spawn(async move {
+                    if i % 2 == 0 {
+                        lvm.report().await.map(drop)
+                    } else {
+                        lvm.fresh_report().await.map(drop)
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            r.await.unwrap().unwrap();
+        }
+        // Fresh readers that arrived while the first lvs ran need one
+        // started after them: at most one more.
+        let n = count(&calls, "lvs");
+        assert!((1..=2).contains(&n), "{n} lvs for 8 concurrent readers");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn our_writes_keep_the_cache_current_and_a_failure_drops_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 3600);
+        lvm.report().await.unwrap();
+        lvm.create_thin("csi-a", 4 << 20, &["tpcsi.owner=x".into()], None)
+            .await
+            .unwrap();
+        lvm.extend("csi-a", 8 << 20).await.unwrap();
+        let r = lvm.report().await.unwrap();
+        assert_eq!(count(&calls, "lvs"), 1, "no lvs after our own writes");
+        assert_eq!(r.find("csi-a").unwrap().size, 8 << 20);
+        assert_eq!(r.thin_volumes("pool").count(), 1);
+        // The fake lvremove fails: what LVM did is unknown, so the next
+        // read asks LVM again.
+        assert!(lvm.remove_owned("csi-a", "tpcsi.owner=x").await.is_err());
+        let r = lvm.report().await.unwrap();
+        assert_eq!(count(&calls, "lvs"), 2);
+        assert!(r.find("csi-a").is_none(), "LVM's view, not ours");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_report_is_served_while_one_lvs_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 1);
+        lvm.report().await.unwrap();
+        assert_eq!(count(&calls, "lvs-done"), 1);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // From now on lvs does not finish until `hold` is gone.
+        let hold = dir.path().join("hold");
+        std::fs::write(&hold, "").unwrap();
+        for _ in 0..5 {
+            lvm.report().await.unwrap();
+        }
+        assert_eq!(
+            count(&calls, "lvs-done"),
+            1,
+            "stale reads were answered while lvs could not finish"
+        );
+        std::fs::remove_file(&hold).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count(&calls, "lvs-done") < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            count(&calls, "lvs"),
+            2,
+            "one background lvs for five stale reads"
+        );
+        assert_eq!(count(&calls, "lvs-done"), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_that_overlaps_our_write_is_kept_with_the_write_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 3600);
+        let hold = dir.path().join("hold");
+        std::fs::write(&hold, "").unwrap();
+        let reader = {
+            let lvm = lvm.clone();
+            tokio::spawn(async move { lvm.fresh_report().await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count(&calls, "lvs") < 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The write ends while lvs (which does not show it) still runs.
+        lvm.create_thin("csi-a", 4 << 20, &[], None).await.unwrap();
+        std::fs::remove_file(&hold).unwrap();
+        let read = reader.await.unwrap().unwrap();
+        assert!(
+            read.find("csi-a").is_some(),
+            "the write is applied to the read"
+        );
+        let r = lvm.report().await.unwrap();
+        assert!(r.find("csi-a").is_some());
+        assert_eq!(count(&calls, "lvs"), 1, "the overlapping read was kept");
+    }
+
+    /// What a read that began at generation `from` becomes: our writes
+    /// that ended since are applied; a write of unknown effect, or a log
+    /// that lost writes, makes it a one-off.
+    #[test]
+    fn a_read_catches_up_only_with_writes_it_can_replay() {
+        let created = |n: &str| Write::CreatedThin {
+            name: n.into(),
+            pool: "pool".into(),
+            size: 1 << 20,
+            tags: vec![],
+            read_ahead: None,
+        };
+        let pool = r#"{"lv_name":"pool","vg_name":"vg1","lv_attr":"twi-aotz--","lv_size":"8388608","pool_lv":"","segtype":"thin-pool","data_percent":"1.00","metadata_percent":"1.00","lv_tags":"","lv_health_status":"","lv_kernel_major":"253","lv_kernel_minor":"1","vg_extent_size":"4194304","vg_size":"16777216","vg_free":"0","chunk_size":"65536"}"#;
+        let read = Report::parse(&format!(r#"{{"report":[{{"lv":[{pool}]}}]}}"#)).unwrap();
+        let mut c = Cache {
+            generation: 4,
+            ..Cache::default()
+        };
+        c.recent.push_back((2, created("before")));
+        c.recent.push_back((4, created("during")));
+        let r = c.catch_up(read.clone(), 3).unwrap();
+        assert!(
+            r.find("during").is_some(),
+            "a write that ended after the read began"
+        );
+        assert!(
+            r.find("before").is_none(),
+            "the read itself shows what ended before it"
+        );
+        c.unknown_since = 4;
+        assert!(
+            c.catch_up(read.clone(), 3).is_err(),
+            "a failure during the read"
+        );
+        assert!(
+            c.catch_up(read.clone(), 4).is_ok(),
+            "a failure before the read"
+        );
+        c.unknown_since = 0;
+        c.dropped_until = 4;
+        assert!(
+            c.catch_up(read, 3).is_err(),
+            "writes the log no longer holds"
+        );
+    }
+
+    #[tokio::test]
+    async fn max_age_zero_reads_lvm_every_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 0);
+        for _ in 0..3 {
+            lvm.report().await.unwrap();
+        }
+        assert_eq!(count(&calls, "lvs"), 3);
+    }
+}
