@@ -38,7 +38,10 @@ async fn metadata(ends: &Endpoints) -> Option<scrape::Metadata> {
         Err(e) => Err(e),
     };
     match got {
-        Ok(s) => Some(scrape::Metadata::from_samples(&s, thinpool_csi::naming::DEFAULT_CLASS)),
+        Ok(s) => Some(scrape::Metadata::from_samples(
+            &s,
+            thinpool_csi::naming::DEFAULT_CLASS,
+        )),
         Err(e) => {
             eprintln!("note: {e}: metadata figures not shown");
             None
