@@ -16,7 +16,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::de::{DeserializeOwned, Visitor};
-use thinpool_csi::config::{Config, LoopPool};
+use thinpool_csi::config::{Config, DeviceClass, LoopPool};
 
 fn read(rel: &str) -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
@@ -89,6 +89,11 @@ fn config_keys() -> Vec<String> {
             .iter()
             .map(|k| format!("loop_pool.{k}")),
     );
+    keys.extend(
+        keys_of::<DeviceClass>()
+            .iter()
+            .map(|k| format!("device_classes.{k}")),
+    );
     keys
 }
 
@@ -100,7 +105,8 @@ fn documented_defaults() -> BTreeMap<String, String> {
     for line in read("config/defaults.toml").lines() {
         let l = line.trim().trim_start_matches('#').trim();
         if let Some(t) = l.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
-            table = format!("{t}.");
+            // `[table]`, or `[[array]]` of tables.
+            table = format!("{}.", t.trim_matches(|c| c == '[' || c == ']'));
         } else if let Some((k, v)) = l.split_once(" = ") {
             if k.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
                 let v = v.split(" #").next().unwrap().trim();

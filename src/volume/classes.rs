@@ -202,7 +202,7 @@ impl Classes {
                     more |= !next.is_empty();
                     all.extend(items);
                 }
-                Err(Error::Unavailable(e)) if self.all.len() > 1 => {
+                Err(e) if e.code() == tonic::Code::Unavailable && self.all.len() > 1 => {
                     tracing::warn!(class, error = %e, "listing leaves out a device class whose pool is unavailable");
                 }
                 Err(e) => return Err(e),
@@ -312,7 +312,10 @@ volume_group = "hdd"
             .merge(
                 vec![
                     ("default", page(&["csi-b"], "")),
-                    ("fast", Err(Error::Unavailable("vg gone".into()))),
+                    (
+                        "fast",
+                        Err(Error::Unavailable("vg gone".into()).advise("create it")),
+                    ),
                 ],
                 0,
                 |s| s,

@@ -4,6 +4,7 @@
 mod harness;
 
 mod addons;
+mod classes;
 mod cli;
 mod concurrency;
 mod conformance;

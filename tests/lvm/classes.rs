@@ -1,0 +1,346 @@
+//! Device classes (issue 23): two loop-backed pools on one node, the
+//! top-level one (`default`) and `fast`, each serving its own volumes,
+//! and one class lost without the other.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use thinpool_csi::proto::csi::v1::*;
+use thinpool_csi::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
+use thinpool_csi::proto::reclaimspace::NodeReclaimSpaceRequest;
+use tonic::Code;
+
+use crate::controller::{create_req, mount_cap};
+use crate::harness::{lvs, try_lvm, TestDriver, MIB};
+use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
+
+/// The second class's VG and loop file, removed when the test ends.
+struct SecondPool {
+    vg: String,
+    file: PathBuf,
+}
+
+impl Drop for SecondPool {
+    fn drop(&mut self) {
+        let _ = try_lvm(&["vgremove", "--yes", "--force", &self.vg]);
+        if let Ok(Some(dev)) = thinpool_csi::pool::loopdev::find_loop_for_file(&self.file) {
+            let _ = try_lvm(&["pvremove", "--yes", &dev.display().to_string()]);
+            let _ = thinpool_csi::pool::loopdev::detach_loop(&dev);
+        }
+    }
+}
+
+fn in_class(class: &str, mut req: CreateVolumeRequest) -> CreateVolumeRequest {
+    req.parameters
+        .insert("deviceClass".to_string(), class.to_string());
+    req
+}
+
+fn capacity_req(class: Option<&str>) -> GetCapacityRequest {
+    GetCapacityRequest {
+        parameters: class
+            .map(|c| HashMap::from([("deviceClass".to_string(), c.to_string())]))
+            .unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// Every volume id ListVolumes pages through, one volume a page.
+async fn list_all(d: &TestDriver) -> Vec<String> {
+    let mut c = d.controller().await;
+    let (mut ids, mut token) = (Vec::new(), String::new());
+    loop {
+        let r = c
+            .list_volumes(ListVolumesRequest {
+                max_entries: 1,
+                starting_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        ids.extend(
+            r.entries
+                .iter()
+                .map(|e| e.volume.clone().unwrap().volume_id),
+        );
+        token = r.next_token;
+        if token.is_empty() {
+            return ids;
+        }
+    }
+}
+
+async fn stage_publish(d: &TestDriver, k: &Kubelet, id: &str, name: &str) -> (PathBuf, PathBuf) {
+    let (staging, target) = (k.staging(name), k.target(name));
+    let mut n = d.node().await;
+    n.node_stage_volume(stage_req(id, &staging, mount_cap("")))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(id, &staging, &target, mount_cap(""), false))
+        .await
+        .unwrap();
+    (staging, target)
+}
+
+async fn unpublish_unstage(d: &TestDriver, id: &str, staging: &Path, target: &Path) {
+    let mut n = d.node().await;
+    n.node_unpublish_volume(unpublish_req(id, target))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(id, staging))
+        .await
+        .unwrap();
+}
+
+fn fs_of(target: &Path) -> String {
+    let mi = thinpool_csi::mountinfo::MountInfo::read().unwrap();
+    mi.top_mount_at(target)
+        .map(|m| m.fs_type.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
+    let k = Kubelet::new("cls");
+    let fast_vg = "tpt-clsfast".to_string();
+    let fast_file = std::env::temp_dir().join(format!("tpcsi-clsfast-{}.img", std::process::id()));
+    let _fast = SecondPool {
+        vg: fast_vg.clone(),
+        file: fast_file.clone(),
+    };
+    let extra = format!(
+        "{}device_classes = [{{ name = \"fast\", volume_group = \"{fast_vg}\", default_fs_type = \"xfs\", overprovision_ratio = 10, \
+         loop_pool = {{ backing_file = \"{}\", size = {} }} }}]\n",
+        k.extra(),
+        fast_file.display(),
+        160 * MIB
+    );
+    let mut d = TestDriver::start("cls", 96 * MIB, &extra).await;
+    let mut c = d.controller().await;
+
+    // CreateVolume picks the class by deviceClass; its id says so, and its
+    // LV is in that class's pool under the same name.
+    let fast_id = c
+        .create_volume(in_class(
+            "fast",
+            create_req("pvc-fast", 32 * MIB, mount_cap("")),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    assert!(fast_id.starts_with("fast.csi-"), "{fast_id}");
+    let plain_id = c
+        .create_volume(create_req("pvc-plain", 16 * MIB, mount_cap("")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    assert!(plain_id.starts_with("csi-"), "{plain_id}");
+    assert!(lvs(&fast_vg)
+        .find(&fast_id)
+        .is_some_and(|lv| lv.pool == "pool"));
+    assert!(lvs(&d.vg).find(&fast_id).is_none());
+    assert!(lvs(&d.vg).find(&plain_id).is_some());
+
+    // An unknown class is refused, naming the classes this node has.
+    let e = c
+        .create_volume(in_class("ssd", create_req("pvc-x", MIB, mount_cap(""))))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("\"ssd\"") && e.message().contains("fast"),
+        "{e:?}"
+    );
+    let e = c.get_capacity(capacity_req(Some("ssd"))).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+
+    // GetCapacity per class, each as that class's `lvs` shows it: the
+    // larger loop file gives the fast class the larger pool.
+    let fast_cap = c
+        .get_capacity(capacity_req(Some("fast")))
+        .await
+        .unwrap()
+        .into_inner();
+    let plain_cap = c
+        .get_capacity(capacity_req(None))
+        .await
+        .unwrap()
+        .into_inner();
+    let fast_pool = lvs(&fast_vg).find("pool").unwrap().size;
+    let plain_pool = lvs(&d.vg).find("pool").unwrap().size;
+    assert!(fast_pool > plain_pool, "{fast_pool} vs {plain_pool}");
+    assert!(
+        fast_cap.available_capacity as u64 <= fast_pool
+            && fast_cap.available_capacity > plain_cap.available_capacity,
+        "fast {fast_cap:?}, default {plain_cap:?}, pools {fast_pool} / {plain_pool}"
+    );
+
+    // Stage takes the class's default filesystem (xfs for fast); data
+    // written there survives expand, snapshot and restore in the class.
+    let (staging, target) = stage_publish(&d, &k, &fast_id, "fast").await;
+    assert_eq!(fs_of(&target), "xfs");
+    std::fs::write(target.join("data"), b"in the fast class").unwrap();
+    let grown = c
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: fast_id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: (48 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(grown.capacity_bytes as u64 >= 48 * MIB);
+    assert_eq!(
+        lvs(&fast_vg).find(&fast_id).unwrap().size,
+        grown.capacity_bytes as u64
+    );
+    let mut r = ReclaimSpaceNodeClient::connect(d.addons_uri())
+        .await
+        .unwrap();
+    r.node_reclaim_space(NodeReclaimSpaceRequest {
+        volume_id: fast_id.clone(),
+        volume_path: target.display().to_string(),
+        ..Default::default()
+    })
+    .await
+    .expect("NodeReclaimSpace in the fast class");
+    nix::unistd::sync();
+    let snap = c
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: fast_id.clone(),
+            name: "snap-fast".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert!(snap.snapshot_id.starts_with("fast.snap-"), "{snap:?}");
+    assert!(lvs(&fast_vg).find(&snap.snapshot_id).is_some());
+    unpublish_unstage(&d, &fast_id, &staging, &target).await;
+
+    // A copy stays in its class: into another one it is refused.
+    let from_snap = |class: Option<&str>, name: &str| {
+        let mut req = create_req(name, grown.capacity_bytes as u64, mount_cap(""));
+        if let Some(cl) = class {
+            req = in_class(cl, req);
+        }
+        req.volume_content_source = Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            )),
+        });
+        req
+    };
+    let e = c
+        .create_volume(from_snap(None, "pvc-cross"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("device class"), "{e:?}");
+    let restored = c
+        .create_volume(from_snap(Some("fast"), "pvc-restored"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    assert!(restored.starts_with("fast.csi-"), "{restored}");
+    let (st2, t2) = stage_publish(&d, &k, &restored, "restored").await;
+    assert_eq!(
+        std::fs::read(t2.join("data")).unwrap(),
+        b"in the fast class"
+    );
+    unpublish_unstage(&d, &restored, &st2, &t2).await;
+
+    // ListVolumes pages through both classes, each volume once, and so
+    // after a restart.
+    let want: BTreeSet<String> = [&fast_id, &plain_id, &restored]
+        .into_iter()
+        .cloned()
+        .collect();
+    let listed = list_all(&d).await;
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), want);
+    d.restart().await;
+    let listed = list_all(&d).await;
+    assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), want);
+    let mut c = d.controller().await;
+
+    // Delete in the class; a class unknown here is refused, not "gone".
+    let e = c
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: format!("gone.{plain_id}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    for id in [&restored] {
+        c.delete_volume(DeleteVolumeRequest {
+            volume_id: id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        assert!(lvs(&fast_vg).find(id).is_none());
+    }
+
+    // The fast class's VG vanishes behind the driver's back: its calls
+    // answer UNAVAILABLE, the default class serves on, and Probe's log
+    // names the broken class.
+    try_lvm(&["vgchange", "--activate", "n", &fast_vg]).unwrap();
+    try_lvm(&["vgremove", "--yes", "--force", &fast_vg]).unwrap();
+    let e = c
+        .get_capacity(capacity_req(Some("fast")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    let e = c
+        .create_volume(in_class("fast", create_req("pvc-late", MIB, mount_cap(""))))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    c.create_volume(create_req("pvc-after", 8 * MIB, mount_cap("")))
+        .await
+        .expect("the default class still serves");
+    assert!(
+        c.get_capacity(capacity_req(None))
+            .await
+            .unwrap()
+            .into_inner()
+            .available_capacity
+            > 0
+    );
+    d.identity()
+        .await
+        .probe(ProbeRequest {})
+        .await
+        .expect("Probe answers while one class is down");
+    let log = d.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("device classes whose pool is not usable") && l.contains("fast")),
+        "{}",
+        d.log_tail(20)
+    );
+    let listed = list_all(&d).await;
+    assert_eq!(
+        listed.len(),
+        2,
+        "the default class's volumes still list: {listed:?}"
+    );
+}
