@@ -32,6 +32,13 @@ impl Identity for IdentityService {
                     self.classes.base().lvm.pool.clone(),
                 ),
                 ("device_classes".to_string(), self.classes.names().join(",")),
+                (
+                    "default_device_class".to_string(),
+                    self.classes
+                        .named(None)
+                        .map(|v| v.class_name().to_string())
+                        .unwrap_or_default(),
+                ),
             ]
             .into(),
         }))

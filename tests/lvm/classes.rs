@@ -181,6 +181,26 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         "fast {fast_cap:?}, default {plain_cap:?}, pools {fast_pool} / {plain_pool}"
     );
 
+    // tpcsi shows the class: capacity of the one asked about, and a
+    // class column in the list.
+    let out = crate::cli::tpcsi(&d, &["--json", "capacity", "--param", "deviceClass=fast"]);
+    assert!(out.status.success(), "{out:?}");
+    let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cap["device_class"], "fast", "{cap}");
+    assert_eq!(
+        cap["available_capacity"].as_i64(),
+        Some(fast_cap.available_capacity),
+        "{cap}"
+    );
+    let out = crate::cli::tpcsi(&d, &["list"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&fast_id) && l.contains(" fast ")),
+        "{table}"
+    );
+
     // Stage takes the class's default filesystem (xfs for fast); data
     // written there survives expand, snapshot and restore in the class.
     let (staging, target) = stage_publish(&d, &k, &fast_id, "fast").await;

@@ -110,7 +110,10 @@ fn id(w: &World, real: bool) -> BoxedStrategy<String> {
         "x".repeat(129),
         "x".repeat(10_000),
     ];
-    let shaped = "(csi|snap|grp)-[a-z0-9-]{0,12}-[0-9a-f]{16}";
+    // Ids of our shape, with class prefixes of every shape (a class this
+    // node lacks, `default` spelled out, odd characters).
+    let shaped =
+        "((fast|default|Fast|a_b|-x|[a-z.;/]{1,6})\\.)?(csi|snap|grp)-[a-z0-9-]{0,12}-[0-9a-f]{16}";
     if real {
         let reals = vec![w.fs_vol.clone(), w.blk_vol.clone(), w.snap.clone()];
         prop_oneof![
@@ -227,6 +230,7 @@ fn params(w: &World) -> BoxedStrategy<HashMap<String, String>> {
     let key = prop_oneof![
         Just("volumeGroup".to_string()),
         Just("thinPool".to_string()),
+        Just("deviceClass".to_string()),
         Just("readAheadSectors".to_string()),
         Just("csi.storage.k8s.io/pvc/name".to_string()),
         Just("csi.storage.k8s.io/volumesnapshot/name".to_string()),
@@ -237,6 +241,9 @@ fn params(w: &World) -> BoxedStrategy<HashMap<String, String>> {
     let value = prop_oneof![
         Just(w.vg.clone()),
         Just("pool".to_string()),
+        Just("default".to_string()),
+        Just("fast".to_string()),
+        Just("Fast; rm -rf /".to_string()),
         Just("vg0".to_string()),
         Just("../".to_string()),
         Just("auto".to_string()),

@@ -132,6 +132,8 @@ fn condition_cell(c: &Option<Condition>) -> String {
 #[derive(Debug, Serialize, PartialEq)]
 pub struct VolumeOut {
     pub volume_id: String,
+    /// The device class the id names (`default` for none).
+    pub device_class: String,
     pub capacity_bytes: u64,
     /// `mount` or `block`, from the volume context's `fsType`.
     pub access_type: String,
@@ -157,6 +159,10 @@ impl VolumeOut {
             .map(|kv| [kv].into());
         VolumeOut {
             volume_id: v.volume_id.clone(),
+            device_class: thinpool_csi::naming::split_class(&v.volume_id)
+                .0
+                .unwrap_or(thinpool_csi::naming::DEFAULT_CLASS)
+                .to_string(),
             capacity_bytes: bytes(v.capacity_bytes),
             access_type: if fs_type.is_some() { "mount" } else { "block" }.into(),
             fs_type,
@@ -177,6 +183,7 @@ impl VolumeOut {
         };
         vec![
             self.volume_id.clone(),
+            self.device_class.clone(),
             human(self.capacity_bytes),
             self.fs_type.clone().unwrap_or_else(|| "block".into()),
             source,
@@ -185,7 +192,14 @@ impl VolumeOut {
     }
 }
 
-const VOLUME_HEADERS: [&str; 5] = ["VOLUME ID", "SIZE", "ACCESS", "SOURCE", "CONDITION"];
+const VOLUME_HEADERS: [&str; 6] = [
+    "VOLUME ID",
+    "CLASS",
+    "SIZE",
+    "ACCESS",
+    "SOURCE",
+    "CONDITION",
+];
 
 impl Render for VolumeOut {
     fn table(&self) -> String {
@@ -445,6 +459,9 @@ impl Render for InfoOut {
 
 #[derive(Debug, Serialize, PartialEq)]
 pub struct CapacityOut {
+    /// The device class asked about (`deviceClass`, else the driver's
+    /// `default_device_class` from GetPluginInfo's manifest).
+    pub device_class: String,
     pub available_capacity: u64,
     pub maximum_volume_size: Option<u64>,
     pub minimum_volume_size: Option<u64>,
@@ -455,6 +472,7 @@ pub struct CapacityOut {
 impl From<&csi::GetCapacityResponse> for CapacityOut {
     fn from(r: &csi::GetCapacityResponse) -> CapacityOut {
         CapacityOut {
+            device_class: thinpool_csi::naming::DEFAULT_CLASS.to_string(),
             available_capacity: bytes(r.available_capacity),
             maximum_volume_size: r.maximum_volume_size.map(bytes),
             minimum_volume_size: r.minimum_volume_size.map(bytes),
@@ -466,6 +484,7 @@ impl From<&csi::GetCapacityResponse> for CapacityOut {
 impl Render for CapacityOut {
     fn table(&self) -> String {
         let mut rows = vec![
+            ("device class", self.device_class.clone()),
             ("available", human(self.available_capacity)),
             ("maximum volume size", human_opt(self.maximum_volume_size)),
             ("minimum volume size", human_opt(self.minimum_volume_size)),
@@ -723,6 +742,7 @@ mod tests {
             j,
             serde_json::json!({
                 "volume_id": "csi-pvc-1-0123456789abcdef",
+                "device_class": "default",
                 "capacity_bytes": 134217728,
                 "access_type": "mount",
                 "fs_type": "ext4",
@@ -760,6 +780,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![
                 "csi-pvc-1-0123456789abcdef",
+                "default",
                 "128 MiB",
                 "ext4",
                 "snapshot snap-s-0011223344556677",
@@ -870,11 +891,11 @@ mod tests {
         });
         assert_eq!(
             serde_json::to_value(&c).unwrap(),
-            serde_json::json!({"available_capacity": 838860800, "maximum_volume_size": 3221225472u64, "minimum_volume_size": null, "metadata": null})
+            serde_json::json!({"device_class": "default", "available_capacity": 838860800, "maximum_volume_size": 3221225472u64, "minimum_volume_size": null, "metadata": null})
         );
         assert_eq!(
             c.table(),
-            "available:            800 MiB\nmaximum volume size:  3 GiB\nminimum volume size:  -\n"
+            "device class:         default\navailable:            800 MiB\nmaximum volume size:  3 GiB\nminimum volume size:  -\n"
         );
         let mut c = c;
         c.metadata = Some(crate::scrape::Metadata {
