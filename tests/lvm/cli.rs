@@ -4,33 +4,12 @@
 //! and exit status.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 use thinpool_csi::mountinfo::MountInfo;
 
+use crate::fixtures::{tpcsi, Kubelet};
 use crate::harness::{lvs, sh, TestDriver, DRIVER_NAME, MIB, NODE_ID};
-use crate::node::Kubelet;
-
-/// Runs `tpcsi` on this driver's sockets.
-pub(crate) fn tpcsi(d: &TestDriver, args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_tpcsi"))
-        .arg("--endpoint")
-        .arg(d.uri())
-        .arg("--addons-endpoint")
-        .arg(d.addons_uri())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run tpcsi");
-    eprintln!(
-        "$ tpcsi {}\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// `tpcsi --json ARGS`, which must succeed; its answer parsed.
 fn json(d: &TestDriver, args: &[&str]) -> Value {

@@ -1,55 +1,12 @@
 //! Controller and Identity over the socket, against real LVM.
 
-use std::collections::HashMap;
-
 use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use thinpool_csi::proto::csi::v1::volume_capability::{
-    AccessMode, AccessType, BlockVolume, MountVolume,
-};
+use thinpool_csi::proto::csi::v1::volume_capability::AccessMode;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
+use crate::fixtures::{block_cap, create_req, del, mount_cap};
 use crate::harness::{lvm, lvs, try_lvm, TestDriver, DRIVER_NAME, MIB, NODE_ID};
-
-pub fn mount_cap(fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-    }
-}
-
-pub fn block_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Block(BlockVolume {})),
-    }
-}
-
-pub fn create_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![cap],
-        ..Default::default()
-    }
-}
-
-pub(crate) fn del(id: &str) -> DeleteVolumeRequest {
-    DeleteVolumeRequest {
-        volume_id: id.into(),
-        secrets: HashMap::new(),
-    }
-}
 
 fn thin_names(vg: &str) -> Vec<String> {
     let mut v: Vec<String> = lvs(vg)

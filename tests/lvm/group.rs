@@ -11,9 +11,8 @@ use thinpool_csi::proto::csi::v1::group_controller_client::GroupControllerClient
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
-use crate::controller::{create_req, del, mount_cap};
+use crate::fixtures::{create_req, del, mount_cap, mounts_under, stage_req, unstage_req, Kubelet};
 use crate::harness::{lvm, lvs, TestDriver, MIB};
-use crate::node::{mounts_under, stage_req, unstage_req, Kubelet};
 
 fn group_req(name: &str, ids: &[String]) -> CreateVolumeGroupSnapshotRequest {
     CreateVolumeGroupSnapshotRequest {

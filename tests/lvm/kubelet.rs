@@ -50,10 +50,10 @@ use thinpool_csi::proto::csi::v1::volume_capability::{
 use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 
+use crate::fixtures::{mounts_under, read_at, s, write_at, Kubelet};
 use crate::harness::{
     dm_devices, dm_name, lvs, rdev_of, sh, TestDriver, DRIVER_NAME, MIB, NODE_ID,
 };
-use crate::node::{mounts_under, read_at, write_at, Kubelet};
 
 /// The pods' UIDs.
 const U1: &str = "5d3c1b0e-7a41-4c57-9b0e-3f2a6d1c0001";
@@ -67,10 +67,6 @@ const FS_GROUP: u32 = 2000;
 /// harness does not already write (it writes `udev = "off"`).
 const DAEMONSET_SETTINGS: &str =
     "overprovision_ratio = 4.0\ndefault_fs_type = \"ext4\"\ncontroller_expansion = false\n";
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
 
 /// The node image's LVM system directory, as the Dockerfile builds it:
 /// a link to the host's `lvm.conf` and `devices`, a copy of lvm2's

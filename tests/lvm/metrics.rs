@@ -11,7 +11,7 @@ use thinpool_csi::lvm::report::Capacity;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
-use crate::controller::{block_cap, create_req, mount_cap};
+use crate::fixtures::{block_cap, create_req, mount_cap};
 use crate::harness::{counting_lvm, file_lines, lvm, lvs, sh, TestDriver, MIB};
 
 /// GET /metrics: the samples by series (`name{labels}`); an answer other
@@ -278,7 +278,7 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
         .count();
     assert_eq!(creates, 2);
     // `tpcsi capacity` shows both metadata stores from this endpoint.
-    let out = crate::cli::tpcsi(&d, &["--json", "--metrics-address", &addr, "capacity"]);
+    let out = crate::fixtures::tpcsi(&d, &["--json", "--metrics-address", &addr, "capacity"]);
     assert!(out.status.success(), "tpcsi capacity: {out:?}");
     let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let md = &cap["metadata"];

@@ -4,116 +4,28 @@
 //! with `allowed_roots` set to it.
 
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use thinpool_csi::mountinfo::MountInfo;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use thinpool_csi::proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use thinpool_csi::proto::csi::v1::volume_capability::AccessMode;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
-use crate::controller::{block_cap, create_req, mount_cap};
+use crate::fixtures::{
+    block_cap, create, heal, mkfs_runs, mount_cap, mount_flags, mounts_under, pool_data_percent,
+    publish_req, read_at, s, stage_req, unpublish_req, unstage_req, write_at, Kubelet,
+};
 use crate::harness::{lvm, lvs, sh, TestDriver, MIB, NODE_ID};
-
-/// A directory standing in for /var/lib/kubelet.
-pub(crate) struct Kubelet {
-    pub(crate) root: tempfile::TempDir,
-}
-
-impl Kubelet {
-    pub(crate) fn new(name: &str) -> Kubelet {
-        Kubelet {
-            root: tempfile::Builder::new()
-                .prefix(&format!("tpcsi-kubelet-{name}-"))
-                .tempdir()
-                .unwrap(),
-        }
-    }
-    /// Config text for the driver.
-    pub(crate) fn extra(&self) -> String {
-        format!("allowed_roots = [\"{}\"]\n", self.root.path().display())
-    }
-    /// A staging directory, created as the CO would.
-    pub(crate) fn staging(&self, name: &str) -> PathBuf {
-        let p = self.root.path().join("staging").join(name);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    }
-    /// A target path whose parent exists (the CO's part); the target itself
-    /// is the driver's to create.
-    pub(crate) fn target(&self, name: &str) -> PathBuf {
-        let parent = self.root.path().join("pods").join(name);
-        std::fs::create_dir_all(&parent).unwrap();
-        parent.join("vol")
-    }
-    pub(crate) fn path(&self, rel: &str) -> PathBuf {
-        self.root.path().join(rel)
-    }
-}
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
 
 fn with_mode(mut cap: VolumeCapability, mode: Mode) -> VolumeCapability {
     cap.access_mode = Some(AccessMode { mode: mode as i32 });
     cap
-}
-
-pub(crate) fn mount_flags(fs: &str, flags: &[&str]) -> VolumeCapability {
-    let mut cap = mount_cap(fs);
-    cap.access_type = Some(AccessType::Mount(MountVolume {
-        fs_type: fs.into(),
-        mount_flags: flags.iter().map(|f| f.to_string()).collect(),
-        ..Default::default()
-    }));
-    cap
-}
-
-pub(crate) fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(staging),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-pub(crate) fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
-    NodeUnstageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(staging),
-    }
-}
-
-pub(crate) fn publish_req(
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    cap: VolumeCapability,
-    readonly: bool,
-) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(staging),
-        target_path: s(target),
-        volume_capability: Some(cap),
-        readonly,
-        ..Default::default()
-    }
-}
-
-pub(crate) fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
-    NodeUnpublishVolumeRequest {
-        volume_id: id.into(),
-        target_path: s(target),
-    }
 }
 
 fn stats_req(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
@@ -150,23 +62,6 @@ fn expect<T>(r: Result<Response<T>, Status>, want: Code) -> String {
     let (got, msg) = code(r);
     assert_eq!(got, want, "expected {want:?}, got {got:?}: {msg}");
     msg
-}
-
-pub(crate) async fn create(
-    d: &TestDriver,
-    name: &str,
-    bytes: u64,
-    cap: VolumeCapability,
-) -> String {
-    d.controller()
-        .await
-        .create_volume(create_req(name, bytes, cap))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id
 }
 
 async fn controller_expand(d: &TestDriver, id: &str, bytes: u64) -> bool {
@@ -244,16 +139,6 @@ fn mounted(p: &Path) -> Option<(u32, u32, String)> {
         .map(|m| (m.major, m.minor, m.fs_type.clone()))
 }
 
-pub(crate) fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    MountInfo::read()
-        .unwrap()
-        .mounts()
-        .iter()
-        .filter(|m| m.mount_point.starts_with(root))
-        .map(|m| m.mount_point.clone())
-        .collect()
-}
-
 fn blkid_uuid(dev: &str) -> String {
     sh("blkid", &["-p", "-o", "value", "-s", "UUID", dev])
         .trim()
@@ -275,21 +160,6 @@ fn block_size(path: &Path) -> u64 {
     thinpool_csi::sys::block_size_bytes(path).unwrap()
 }
 
-pub(crate) fn write_at(path: &Path, offset: u64, data: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
-    f.seek(SeekFrom::Start(offset))?;
-    f.write_all(data)?;
-    f.sync_all()
-}
-
-pub(crate) fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
-    let mut f = File::open(path).unwrap();
-    f.seek(SeekFrom::Start(offset)).unwrap();
-    let mut buf = vec![0u8; len];
-    f.read_exact(&mut buf).unwrap();
-    buf
-}
-
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -299,14 +169,6 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn statvfs_total(p: &Path) -> u64 {
     let st = nix::sys::statvfs::statvfs(p).unwrap();
     st.blocks() as u64 * st.fragment_size() as u64
-}
-
-pub(crate) fn mkfs_runs(d: &TestDriver) -> usize {
-    d.log().matches("made filesystem").count()
-}
-
-pub(crate) fn pool_data_percent(vg: &str) -> f64 {
-    lvs(vg).find("pool").unwrap().data_percent.unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -647,7 +509,7 @@ async fn fs_lifecycle(name: &str, fs: &str, size: u64, grown: u64) {
     );
     let mut c = d.controller().await;
     let msg = expect(
-        c.delete_volume(crate::controller::del(&id)).await,
+        c.delete_volume(crate::fixtures::del(&id)).await,
         Code::FailedPrecondition,
     );
     assert!(msg.contains("is staged on this node"), "{msg}");
@@ -673,7 +535,7 @@ async fn fs_lifecycle(name: &str, fs: &str, size: u64, grown: u64) {
     assert!(statvfs_total(&staging) >= after);
     unstage(&mut n, &id, &staging).await;
     assert!(mounts_under(k.root.path()).is_empty());
-    c.delete_volume(crate::controller::del(&id)).await.unwrap();
+    c.delete_volume(crate::fixtures::del(&id)).await.unwrap();
     assert!(lvs(&d.vg).find(&id).is_none(), "deleted once unstaged");
 }
 
@@ -1015,31 +877,6 @@ fn fill_through(dev: &Path) -> std::process::Output {
         ])
         .output()
         .unwrap()
-}
-
-pub(crate) async fn heal(
-    d: &TestDriver,
-    id: &str,
-    target: &Path,
-    staging: &Path,
-    cap: Option<VolumeCapability>,
-) -> (bool, String) {
-    use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
-    use thinpool_csi::proto::healer::NodeHealerRequest;
-    let mut h = HealerNodeClient::connect(d.addons_uri()).await.unwrap();
-    let r = h
-        .node_healer(NodeHealerRequest {
-            volume_id: id.into(),
-            volume_path: s(target),
-            staging_target_path: s(staging),
-            volume_capability: cap,
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("NodeHealer {id}: {e}"))
-        .into_inner();
-    eprintln!("HEAL {id}: abnormal={} {}", r.abnormal, r.message);
-    (r.abnormal, r.message)
 }
 
 #[tokio::test(flavor = "multi_thread")]

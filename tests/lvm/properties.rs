@@ -41,10 +41,8 @@ use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeRecla
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
-use crate::controller::{block_cap, mount_cap};
+use crate::fixtures::{block_cap, create, mount_cap, s, snapshot, Kubelet};
 use crate::harness::{lvs, TestDriver, MIB};
-use crate::metadata::snapshot;
-use crate::node::{create, Kubelet};
 
 /// Cases per request type.
 fn cases() -> u32 {
@@ -77,10 +75,6 @@ struct World {
     fs_vol: String,
     blk_vol: String,
     snap: String,
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
 }
 
 /// Any string: arbitrary characters, a little longer than CSI's limit.

@@ -25,14 +25,13 @@ use thinpool_csi::proto::reclaimspace::ControllerReclaimSpaceRequest;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
-use crate::controller::{block_cap, create_req, del, mount_cap};
+use crate::fixtures::{
+    block_cap, create_req, del, heal, mkfs_runs, mount_cap, mount_flags, mounts_under, publish_req,
+    read_at, stage_req, unpublish_req, unstage_req, write_at, Kubelet,
+};
 use crate::harness::{
     abandon_after, dm_of_vg, dm_table_of, dmsetup, drop_caches, lvm, lvs, overlays_of,
     pool_dm_names, rdev_of, retry, retry_n, try_lvm, umount_all_under, Abandoned, TestDriver, MIB,
-};
-use crate::node::{
-    heal, mkfs_runs, mount_flags, mounts_under, publish_req, read_at, stage_req, unpublish_req,
-    unstage_req, write_at, Kubelet,
 };
 
 // ---------------------------------------------------------------------------

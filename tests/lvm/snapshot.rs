@@ -14,17 +14,11 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::controller::{create_req, del, mount_cap};
+use crate::fixtures::{
+    create_req, create_volume, del, mount_cap, mounts_under, snap_req, snapshot_of, stage_req,
+    unstage_req, Kubelet,
+};
 use crate::harness::{lvm, lvs, TestDriver, MIB};
-use crate::node::{mounts_under, stage_req, unstage_req, Kubelet};
-
-fn snap_req(name: &str, source: &str) -> CreateSnapshotRequest {
-    CreateSnapshotRequest {
-        name: name.into(),
-        source_volume_id: source.into(),
-        ..Default::default()
-    }
-}
 
 fn from_snapshot(mut req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest {
     req.volume_content_source = Some(VolumeContentSource {
@@ -46,24 +40,6 @@ fn from_volume(mut req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest {
         )),
     });
     req
-}
-
-async fn create(c: &mut ControllerClient<Channel>, req: CreateVolumeRequest) -> Volume {
-    c.create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-}
-
-async fn snapshot(c: &mut ControllerClient<Channel>, name: &str, source: &str) -> Snapshot {
-    c.create_snapshot(snap_req(name, source))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
 }
 
 async fn list(
@@ -129,10 +105,10 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
     let k = Kubelet::new("zsnap");
     let d = TestDriver::start("zsnap", 256 * MIB, &k.extra()).await;
     let (mut c, mut n) = (d.controller().await, d.node().await);
-    let src = create(&mut c, create_req("zsnap-src", 64 * MIB, mount_cap("ext4")))
+    let src = create_volume(&mut c, create_req("zsnap-src", 64 * MIB, mount_cap("ext4")))
         .await
         .volume_id;
-    let other = create(
+    let other = create_volume(
         &mut c,
         create_req("zsnap-other", 16 * MIB, mount_cap("ext4")),
     )
@@ -162,7 +138,7 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
         })
     };
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let s1 = snapshot(&mut c, "zsnap-1", &src).await;
+    let s1 = snapshot_of(&mut c, "zsnap-1", &src).await;
     stop.store(true, Ordering::Relaxed);
     let blocks = writer.join().unwrap();
     eprintln!("MEASURE snapshot taken under a writer that wrote {blocks} blocks");
@@ -179,7 +155,7 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
         "creation_time {created}, now {now}"
     );
     // Idempotent; the same name from another volume is a conflict.
-    assert_eq!(snapshot(&mut c, "zsnap-1", &src).await, s1);
+    assert_eq!(snapshot_of(&mut c, "zsnap-1", &src).await, s1);
     let e = c
         .create_snapshot(snap_req("zsnap-1", &other))
         .await
@@ -195,7 +171,7 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
     assert_eq!(&snap_lv.attr[1..2], "r", "read-only: {}", snap_lv.attr);
 
     // Listing: by id, by source, and in pages.
-    let s2 = snapshot(&mut c, "zsnap-2", &other).await;
+    let s2 = snapshot_of(&mut c, "zsnap-2", &other).await;
     assert_eq!(
         list(&mut c, &s1.snapshot_id, "", 0, "").await.0,
         vec![s1.snapshot_id.clone()]
@@ -218,10 +194,10 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
         create_req("zsnap-r1", 96 * MIB, mount_cap("ext4")),
         &s1.snapshot_id,
     );
-    let r1 = create(&mut c, req.clone()).await;
+    let r1 = create_volume(&mut c, req.clone()).await;
     assert_eq!(r1.capacity_bytes, 96 * MIB as i64);
     assert_eq!(
-        create(&mut c, req).await,
+        create_volume(&mut c, req).await,
         r1,
         "CreateVolume from a snapshot is idempotent"
     );
@@ -260,7 +236,7 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
     unstage(&mut n, &src, &st).await;
     c.delete_volume(del(&src)).await.unwrap();
     assert_eq!(list(&mut c, &s1.snapshot_id, "", 0, "").await.0.len(), 1);
-    let r2 = create(
+    let r2 = create_volume(
         &mut c,
         from_snapshot(
             create_req("zsnap-r2", 64 * MIB, mount_cap("ext4")),
@@ -323,7 +299,7 @@ async fn xfs_clone_mounts_beside_its_origin_and_leaves_it_alone() {
     let k = Kubelet::new("zclone");
     let d = TestDriver::start("zclone", 256 * MIB, &k.extra()).await;
     let (mut c, mut n) = (d.controller().await, d.node().await);
-    let src = create(
+    let src = create_volume(
         &mut c,
         create_req("zclone-src", 300 * MIB, mount_cap("xfs")),
     )
@@ -335,11 +311,15 @@ async fn xfs_clone_mounts_beside_its_origin_and_leaves_it_alone() {
     write_synced(&st.join("data"), &data);
 
     let req = from_volume(create_req("zclone-c", 300 * MIB, mount_cap("xfs")), &src);
-    let clone = create(&mut c, req.clone()).await;
-    assert_eq!(create(&mut c, req).await, clone, "a clone is idempotent");
+    let clone = create_volume(&mut c, req.clone()).await;
+    assert_eq!(
+        create_volume(&mut c, req).await,
+        clone,
+        "a clone is idempotent"
+    );
     let e = c
         .create_volume(from_volume(
-            create_req("zclone-blk", 300 * MIB, crate::controller::block_cap()),
+            create_req("zclone-blk", 300 * MIB, crate::fixtures::block_cap()),
             &src,
         ))
         .await
@@ -377,9 +357,9 @@ async fn modify_volume_sets_read_ahead() {
     let mut c = d.controller().await;
     let mut req = create_req("zmodify-v", 16 * MIB, mount_cap("ext4"));
     req.mutable_parameters = [("readAheadSectors".to_string(), "256".to_string())].into();
-    let id = create(&mut c, req.clone()).await.volume_id;
+    let id = create_volume(&mut c, req.clone()).await.volume_id;
     assert_eq!(
-        create(&mut c, req).await.volume_id,
+        create_volume(&mut c, req).await.volume_id,
         id,
         "idempotent with mutable parameters"
     );

@@ -4,7 +4,6 @@
 //! this driver does not serve.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use thinpool_csi::naming;
@@ -20,9 +19,8 @@ use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeRecla
 use tonic::Code;
 
 use super::{raw_call, Rules};
-use crate::controller::{block_cap, mount_cap};
+use crate::fixtures::{block_cap, create, mount_cap, publish_req, s, stage_req, Kubelet};
 use crate::harness::{TestDriver, MIB};
-use crate::node::{create, publish_req, stage_req, Kubelet};
 
 /// The rows of the CSI-Addons error tables, as quoted by the rules.
 const MISSING: &str = "\"Missing required field: 3 INVALID_ARGUMENT\"";
@@ -31,10 +29,6 @@ const PENDING: &str = "\"Operation pending for volume: 10 ABORTED\"";
 const NOT_IMPLEMENTED: &str = "\"Call not implemented: 12 UNIMPLEMENTED\"";
 const AUTH: &str =
     "\"Not authenticated: 16 UNAUTHENTICATED\" (we take no secrets: any are ignored)";
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
 
 fn secrets() -> HashMap<String, String> {
     [("user".to_string(), "not-a-real-secret".to_string())].into()

@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{required, Rules, SIZE};
-use crate::controller::{block_cap, create_req, del, mount_cap};
+use crate::fixtures::{block_cap, create_req, del, mount_cap};
 use crate::harness::{lvs, TestDriver, MIB, NODE_ID};
 
 /// Volume ids no volume has: one of the driver's shape, and csi-sanity's.

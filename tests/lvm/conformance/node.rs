@@ -12,15 +12,11 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{required, Rules, PATH_MIN, SIZE};
-use crate::controller::{block_cap, mount_cap};
-use crate::harness::{TestDriver, MIB};
-use crate::node::{
-    create, mount_flags, publish_req, stage_req, unpublish_req, unstage_req, Kubelet,
+use crate::fixtures::{
+    block_cap, create, mount_cap, mount_flags, publish_req, s, stage_req, unpublish_req,
+    unstage_req, Kubelet,
 };
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
+use crate::harness::{TestDriver, MIB};
 
 fn with_mode(mut cap: VolumeCapability, mode: Mode) -> VolumeCapability {
     cap.access_mode = Some(AccessMode { mode: mode as i32 });
@@ -456,7 +452,7 @@ async fn node_rules() {
             );
         }
     }
-    let left = crate::node::mounts_under(k.root.path());
+    let left = crate::fixtures::mounts_under(k.root.path());
     r.check(
         "Nothing stays mounted under the kubelet root",
         left.is_empty(),

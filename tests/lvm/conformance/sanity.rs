@@ -20,9 +20,11 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{created, raw_call, Rules};
-use crate::controller::{block_cap, create_req, del, mount_cap};
+use crate::fixtures::{
+    block_cap, create_req, del, mount_cap, publish_req, stage_req, unpublish_req, unstage_req,
+    Kubelet,
+};
 use crate::harness::{TestDriver, MIB};
-use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
 
 /// csi-sanity's `IdempotentCount`: how often it repeats an identical call.
 const REPEAT: usize = 10;
