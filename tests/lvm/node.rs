@@ -171,12 +171,33 @@ fn statvfs_total(p: &Path) -> u64 {
     st.blocks() as u64 * st.fragment_size() as u64
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn info_capabilities_bad_input_and_foreign_paths() {
-    let k = Kubelet::new("bad");
-    let d = TestDriver::start("nbad", 256 * MIB, &k.extra()).await;
-    let mut n = d.node().await;
+/// A driver on a kubelet directory of its own, with an ext4 volume that
+/// no call manages to stage: the ground of the refusal tests.
+async fn refusing(name: &str) -> (Kubelet, TestDriver, NodeClient<Channel>, String) {
+    let k = Kubelet::new(name);
+    let d = TestDriver::start(&format!("n{name}"), 256 * MIB, &k.extra()).await;
+    let n = d.node().await;
+    let id = create(&d, name, 32 * MIB, mount_cap("ext4")).await;
+    (k, d, n, id)
+}
 
+/// A refused call left nothing behind: nothing mounted under the kubelet
+/// directory (or `outside`), the LV inactive, no filesystem made.
+#[track_caller]
+fn nothing_done(d: &TestDriver, k: &Kubelet, id: &str, outside: Option<&Path>) {
+    assert!(mounts_under(k.root.path()).is_empty());
+    if let Some(o) = outside {
+        assert!(mounts_under(o).is_empty());
+        assert_eq!(std::fs::read_dir(o).unwrap().count(), 0);
+    }
+    assert!(!is_active(d, id), "the LV stays inactive");
+    assert_eq!(mkfs_runs(d), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_info_and_capabilities_name_this_node() {
+    let d = TestDriver::start("ninfo", 64 * MIB, "").await;
+    let mut n = d.node().await;
     let info = n
         .node_get_info(NodeGetInfoRequest {})
         .await
@@ -197,8 +218,11 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
         .into_inner()
         .capabilities;
     assert_eq!(caps.len(), 5, "{caps:?}");
+}
 
-    let id = create(&d, "bad", 32 * MIB, mount_cap("ext4")).await;
+#[tokio::test(flavor = "multi_thread")]
+async fn paths_outside_the_allowed_roots_are_refused() {
+    let (k, d, mut n, id) = refusing("badpath").await;
     let staging = k.staging("bad");
     let outside = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(outside.path(), k.path("escape")).unwrap();
@@ -217,22 +241,22 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
         r.target_path = p.clone();
         expect(n.node_publish_volume(r).await, Code::InvalidArgument);
         expect(
-            n.node_unpublish_volume(NodeUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                target_path: p.clone(),
-            })
-            .await,
+            n.node_unpublish_volume(unpublish_req(&id, Path::new(p)))
+                .await,
             Code::InvalidArgument,
         );
         expect(
-            n.node_unstage_volume(NodeUnstageVolumeRequest {
-                volume_id: id.clone(),
-                staging_target_path: p.clone(),
-            })
-            .await,
+            n.node_unstage_volume(unstage_req(&id, Path::new(p))).await,
             Code::InvalidArgument,
         );
     }
+    nothing_done(&d, &k, &id, Some(outside.path()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn capabilities_that_smuggle_options_or_do_not_fit_are_refused() {
+    let (k, d, mut n, id) = refusing("badcap").await;
+    let staging = k.staging("bad");
     // Mount flags that smuggle options, unknown fs types, no capability.
     for flags in [&["ro,exec"][..], &["uid=0"], &["a\nb"], &["x y"], &["bind"]] {
         expect(
@@ -260,7 +284,13 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             .await,
         Code::FailedPrecondition,
     );
-    // Volume ids that are not ours.
+    nothing_done(&d, &k, &id, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volume_ids_that_are_not_ours_are_not_found() {
+    let (k, d, mut n, id) = refusing("badid").await;
+    let staging = k.staging("bad");
     for foreign in ["vg0/root", "pool", "../x", "csi-nope-0123456789abcdef"] {
         expect(
             n.node_stage_volume(stage_req(foreign, &staging, mount_cap("ext4")))
@@ -281,13 +311,13 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             Code::NotFound,
         );
     }
-    // Nothing was mounted, formatted or activated.
-    assert!(mounts_under(k.root.path()).is_empty());
-    assert!(mounts_under(outside.path()).is_empty());
-    assert!(!is_active(&d, &id), "the LV stays inactive");
-    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
-    assert_eq!(mkfs_runs(&d), 0);
+    nothing_done(&d, &k, &id, None);
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_before_stage_and_stats_of_no_volume_are_refused() {
+    let (k, _d, mut n, id) = refusing("badorder").await;
+    let staging = k.staging("bad");
     // Publish before stage; stats of a path that does not exist.
     expect(
         n.node_publish_volume(publish_req(
@@ -311,8 +341,14 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             .await,
         Code::NotFound,
     );
-    // The whole request is checked before a look-up: an unknown id with a
-    // missing field is INVALID_ARGUMENT, not NOT_FOUND.
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_whole_request_is_checked_before_a_look_up() {
+    let (k, _d, mut n, _id) = refusing("badfield").await;
+    let staging = k.staging("bad");
+    // An unknown id with a missing field is INVALID_ARGUMENT, not
+    // NOT_FOUND.
     let fake = "fake-vol-id";
     let mut r = stage_req(fake, &staging, mount_cap("ext4"));
     r.staging_target_path.clear();
@@ -325,13 +361,19 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             .await,
         Code::InvalidArgument,
     );
+}
 
-    // Unpublish and unstage of paths that are not there: success.
+#[tokio::test(flavor = "multi_thread")]
+async fn unpublish_and_unstage_of_paths_not_there_succeed() {
+    let (k, _d, mut n, id) = refusing("absent").await;
     unpublish(&mut n, &id, &k.target("never")).await;
     unpublish(&mut n, &id, &k.path("no/such/parent/vol")).await;
     unstage(&mut n, &id, &k.path("staging/never")).await;
+}
 
-    // Paths that hold something that is not ours are left alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn paths_holding_what_is_not_ours_are_left_alone() {
+    let (k, d, mut n, id) = refusing("foreign").await;
     let foreign_mount = k.staging("tmpfs");
     sh(
         "mount",
