@@ -22,17 +22,17 @@
 //! | # | csi-sanity spec | csi-sanity with us | our rule |
 //! |---|---|---|---|
 //! | S1 | Controller Service [Controller Server] ControllerGetCapabilities should return appropriate capabilities | runs | `conformance::sanity::sanity_controller_specs` `every advertised RPC is a type of the spec` |
-//! | S2 | Controller Service [Controller Server] GetCapacity should return capacity (no optional values added) | runs | `conformance::controller::controller_volume_rules` `GetCapacityRequest::default()` |
+//! | S2 | Controller Service [Controller Server] GetCapacity should return capacity (no optional values added) | runs | `conformance::controller::get_capacity_rules` `GetCapacityRequest::default()` |
 //! | S3 | Controller Service [Controller Server] ListVolumes should return appropriate values (no optional values added) | runs | `conformance::sanity::sanity_controller_specs` `every entry carries a volume with a volume_id` |
 //! | S4 | Controller Service [Controller Server] ListVolumes should fail when an invalid starting_token is passed | runs | `conformance::sanity::sanity_controller_specs` `ListVolumes: starting_token` |
 //! | S5 | Controller Service [Controller Server] ListVolumes check the presence of new volumes and absence of deleted ones in the volume list | runs | `conformance::sanity::sanity_controller_specs` `a deleted volume is not listed (count back)` |
 //! | S6 | Controller Service [Controller Server] CreateVolume should fail when no name is provided | runs | `conformance::sanity::sanity_controller_specs` `CreateVolume: no name and no volume_capabilities` |
-//! | S7 | Controller Service [Controller Server] CreateVolume should fail when no volume capabilities are provided | runs | `conformance::controller::controller_volume_rules` `rule("CreateVolume", "volume_capabilities")` |
+//! | S7 | Controller Service [Controller Server] CreateVolume should fail when no volume capabilities are provided | runs | `conformance::controller::create_volume_rules` `rule("CreateVolume", "volume_capabilities")` |
 //! | S8 | Controller Service [Controller Server] CreateVolume should return appropriate values SingleNodeWriter NoCapacity | runs | `conformance::sanity::sanity_controller_specs` `volume_id set, capacity_bytes` |
 //! | S9 | Controller Service [Controller Server] CreateVolume should return appropriate values SingleNodeWriter WithCapacity 1Gi | runs | `conformance::sanity::sanity_controller_specs` `SINGLE_NODE_WRITER with a capacity` |
-//! | S10 | Controller Service [Controller Server] CreateVolume should not fail when requesting to create a volume with already existing name and same capacity | runs | `conformance::controller::controller_volume_rules` `the repeated call returns the same volume` |
+//! | S10 | Controller Service [Controller Server] CreateVolume should not fail when requesting to create a volume with already existing name and same capacity | runs | `conformance::controller::create_volume_rules` `the repeated call returns the same volume` |
 //! | S11 | Controller Service [Controller Server] CreateVolume should fail when requesting to create a volume with already existing name and different capacity | runs | `conformance::sanity::sanity_controller_specs` `twice the required and limit bytes` |
-//! | S12 | Controller Service [Controller Server] CreateVolume should not fail when creating volume with maximum-length name | runs | `conformance::controller::controller_volume_rules` `a 128-byte name is accepted` |
+//! | S12 | Controller Service [Controller Server] CreateVolume should not fail when creating volume with maximum-length name | runs | `conformance::controller::create_volume_rules` `a 128-byte name is accepted` |
 //! | S13 | Controller Service [Controller Server] CreateVolume should create volume from an existing source snapshot | runs | `conformance::sanity::sanity_controller_specs` `the reply's content_source is set` |
 //! | S14 | Controller Service [Controller Server] CreateVolume should fail when the volume source snapshot is not found | runs | `conformance::sanity::sanity_controller_specs` `non-existing-snapshot-id` |
 //! | S15 | Controller Service [Controller Server] CreateVolume should create volume from an existing source volume | runs | `conformance::sanity::sanity_controller_specs` `CreateVolume from an existing volume (a clone)` |
