@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::controller_service_capability::rpc::Type as CtlRpc;
+use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 use thinpool_csi::proto::csi::v1::plugin_capability::service::Type as Service;
 use thinpool_csi::proto::csi::v1::plugin_capability::volume_expansion::Type as Expansion;
@@ -99,13 +100,21 @@ async fn snapshot_ids(c: &mut ControllerClient<Channel>, q: ListSnapshotsRequest
         .unwrap_or_default()
 }
 
-/// Controller Service [Controller Server], ListSnapshots, GetSnapshot,
-/// DeleteSnapshot, CreateSnapshot, ExpandVolume and ModifyVolume specs.
-#[tokio::test(flavor = "multi_thread")]
-async fn sanity_controller_specs() {
-    let d = TestDriver::start("cfsan", 256 * MIB, "").await;
-    let mut r = Rules::new("csi-sanity controller specs");
-    let mut c = d.controller().await;
+/// A driver for the controller specs, their Rules, clients, and the
+/// node's id as NodeGetInfo gives it.
+async fn sanity_ground(
+    vg: &str,
+    what: &'static str,
+) -> (
+    TestDriver,
+    Rules,
+    ControllerClient<Channel>,
+    NodeClient<Channel>,
+    String,
+) {
+    let d = TestDriver::start(vg, 256 * MIB, "").await;
+    let r = Rules::new(what);
+    let c = d.controller().await;
     let mut n = d.node().await;
     let node_id = n
         .node_get_info(NodeGetInfoRequest {})
@@ -113,7 +122,39 @@ async fn sanity_controller_specs() {
         .expect("NodeGetInfo")
         .into_inner()
         .node_id;
+    (d, r, c, n, node_id)
+}
 
+/// Five volumes, "sanity-lsv-N", each with one snapshot, "sanity-lss-N":
+/// (volume id, snapshot id) pairs.
+async fn snapshot_pairs(r: &mut Rules, c: &mut ControllerClient<Channel>) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    for i in 0..5 {
+        let v = created(
+            r,
+            c,
+            create_req(&format!("sanity-lsv-{i}"), SIZE, block_cap()),
+        )
+        .await;
+        let s = r
+            .ok(
+                "CreateSnapshot succeeds",
+                c.create_snapshot(snap_req(&format!("sanity-lss-{i}"), &v))
+                    .await,
+            )
+            .and_then(|s| s.snapshot)
+            .map(|s| s.snapshot_id)
+            .unwrap_or_default();
+        pairs.push((v, s));
+    }
+    pairs
+}
+
+/// Controller Service [Controller Server] ControllerGetCapabilities, GetSnapshot.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_controller_get_capabilities() {
+    let (d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsancap", "csi-sanity controller get capabilities").await;
     // -- ControllerGetCapabilities ----------------------------------------------
     let raw: Vec<i32> = r
         .ok(
@@ -153,7 +194,14 @@ async fn sanity_controller_specs() {
         !raw.contains(&(CtlRpc::PublishReadonly as i32)),
         format!("{raw:?}"),
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] ListVolumes.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_list_volumes() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanlv", "csi-sanity list volumes").await;
     // -- ListVolumes ------------------------------------------------------------
     let listed = r.ok(
         "ListVolumes: an empty request → OK",
@@ -195,7 +243,14 @@ async fn sanity_controller_specs() {
         volume_count(&mut c).await == before,
         format!("{before} before"),
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] CreateVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_create_volume() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsancv", "csi-sanity create volume").await;
     // -- CreateVolume -----------------------------------------------------------
     r.code(
         "CreateVolume: no name and no volume_capabilities → INVALID_ARGUMENT",
@@ -323,7 +378,14 @@ async fn sanity_controller_specs() {
             .await,
         Code::NotFound,
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] DeleteVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_delete_volume() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsandv", "csi-sanity delete volume").await;
     // -- DeleteVolume -----------------------------------------------------------
     r.code(
         "DeleteVolume: no volume_id → INVALID_ARGUMENT",
@@ -339,7 +401,15 @@ async fn sanity_controller_specs() {
         "DeleteVolume of a volume → OK",
         c.delete_volume(del(&gone)).await,
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] ValidateVolumeCapabilities.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_validate_volume_capabilities() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanval", "csi-sanity validate volume capabilities").await;
+    let src = created(&mut r, &mut c, create_req("sanity-src", SIZE, block_cap())).await;
     // -- ValidateVolumeCapabilities --------------------------------------------------
     r.code(
         "ValidateVolumeCapabilities: an empty request → INVALID_ARGUMENT",
@@ -384,7 +454,15 @@ async fn sanity_controller_specs() {
         .await,
         Code::NotFound,
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] ControllerPublishVolume, volume lifecycle, ControllerUnpublishVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_controller_publish_volume() {
+    let (_d, mut r, mut c, mut n, node_id) =
+        sanity_ground("cfsanpub", "csi-sanity controller publish volume").await;
+    let src = created(&mut r, &mut c, create_req("sanity-src", SIZE, block_cap())).await;
     // -- ControllerPublishVolume ----------------------------------------------------
     r.code(
         "ControllerPublishVolume: an empty request → INVALID_ARGUMENT",
@@ -496,27 +574,16 @@ async fn sanity_controller_specs() {
             c.delete_volume(del(&life)).await,
         );
     }
+    r.finish();
+}
 
+/// ListSnapshots [Controller Server].
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_list_snapshots() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanls", "csi-sanity list snapshots").await;
     // -- ListSnapshots ------------------------------------------------------------
-    let mut pairs = Vec::new();
-    for i in 0..5 {
-        let v = created(
-            &mut r,
-            &mut c,
-            create_req(&format!("sanity-lsv-{i}"), SIZE, block_cap()),
-        )
-        .await;
-        let s = r
-            .ok(
-                "CreateSnapshot succeeds",
-                c.create_snapshot(snap_req(&format!("sanity-lss-{i}"), &v))
-                    .await,
-            )
-            .and_then(|s| s.snapshot)
-            .map(|s| s.snapshot_id)
-            .unwrap_or_default();
-        pairs.push((v, s));
-    }
+    let pairs = snapshot_pairs(&mut r, &mut c).await;
     let all = r.ok(
         "ListSnapshots: an empty request → OK",
         c.list_snapshots(ListSnapshotsRequest::default()).await,
@@ -646,7 +713,16 @@ async fn sanity_controller_specs() {
         back == before,
         format!("{before} → {back}"),
     );
+    r.finish();
+}
 
+/// DeleteSnapshot and CreateSnapshot [Controller Server].
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_delete_and_create_snapshot() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsands", "csi-sanity delete and create snapshot").await;
+    let pairs = snapshot_pairs(&mut r, &mut c).await;
+    let mid_vol = pairs[1].0.clone();
     // -- DeleteSnapshot, CreateSnapshot ---------------------------------------------
     r.code(
         "DeleteSnapshot: no snapshot_id → INVALID_ARGUMENT",
@@ -686,7 +762,14 @@ async fn sanity_controller_specs() {
                 .await,
         );
     }
+    r.finish();
+}
 
+/// ExpandVolume [Controller Server].
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_expand_volume() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanexp", "csi-sanity expand volume").await;
     // -- ExpandVolume -------------------------------------------------------------
     r.code(
         "ControllerExpandVolume: no volume_id (capacity given) → INVALID_ARGUMENT",
@@ -716,7 +799,14 @@ async fn sanity_controller_specs() {
             .is_some_and(|g| g.capacity_bytes == EXPANDED as i64),
         format!("{grown:?}"),
     );
+    r.finish();
+}
 
+/// ModifyVolume [Controller Server].
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_modify_volume() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanmod", "csi-sanity modify volume").await;
     // -- ModifyVolume at csi-sanity's defaults: an empty map ---------------------------
     r.code(
         "ControllerModifyVolume: no volume_id, empty mutable_parameters → INVALID_ARGUMENT",
