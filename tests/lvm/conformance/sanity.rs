@@ -852,17 +852,49 @@ async fn sanity_modify_volume() {
     r.finish();
 }
 
-/// Node Service and Identity Service specs, for mount and for block
-/// volumes as csi-sanity runs them (`-csi.testvolumeaccesstype`).
-#[tokio::test(flavor = "multi_thread")]
-async fn sanity_node_and_identity_specs() {
-    let k = Kubelet::new("cfsann");
-    let d = TestDriver::start("cfsann", 256 * MIB, &k.extra()).await;
-    let mut r = Rules::new("csi-sanity node and identity specs");
-    let mut c = d.controller().await;
-    let mut n = d.node().await;
-    let mut id = d.identity().await;
+/// NodeGetVolumeStats of `id` at `path`.
+fn vstats(id: &str, path: &str) -> NodeGetVolumeStatsRequest {
+    NodeGetVolumeStatsRequest {
+        volume_id: id.into(),
+        volume_path: path.into(),
+        staging_target_path: String::new(),
+    }
+}
 
+/// NodeExpandVolume of `id` at `path`, nothing else set.
+fn nexpand(id: &str, path: &str) -> NodeExpandVolumeRequest {
+    NodeExpandVolumeRequest {
+        volume_id: id.into(),
+        volume_path: path.into(),
+        ..Default::default()
+    }
+}
+
+/// A driver on a kubelet directory of its own for the node specs, their
+/// Rules and clients.
+async fn node_ground(
+    name: &str,
+    what: &'static str,
+) -> (
+    Kubelet,
+    TestDriver,
+    Rules,
+    ControllerClient<Channel>,
+    NodeClient<Channel>,
+) {
+    let k = Kubelet::new(name);
+    let d = TestDriver::start(name, 256 * MIB, &k.extra()).await;
+    let r = Rules::new(what);
+    let (c, n) = (d.controller().await, d.node().await);
+    (k, d, r, c, n)
+}
+
+/// Identity Service specs: GetPluginCapabilities, Probe, GetPluginInfo.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_identity_specs() {
+    let d = TestDriver::start("cfsanid", 64 * MIB, "").await;
+    let mut r = Rules::new("csi-sanity identity specs");
+    let mut id = d.identity().await;
     // -- Identity ---------------------------------------------------------------------
     let caps = r
         .ok(
@@ -922,7 +954,27 @@ async fn sanity_node_and_identity_specs() {
                 .all(|ch| ch.is_ascii_alphanumeric() || "-._".contains(ch)),
         format!("{name:?}"),
     );
+    r.finish();
+}
 
+/// Node Service NodeGetCapabilities and NodeGetInfo specs.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_node_capabilities_and_info() {
+    let (_k, d, mut r, _c, mut n) = node_ground("cfsannc", "csi-sanity node capabilities").await;
+    let services: BTreeSet<i32> = d
+        .identity()
+        .await
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .expect("GetPluginCapabilities")
+        .into_inner()
+        .capabilities
+        .iter()
+        .filter_map(|cap| match &cap.r#type {
+            Some(PluginCap::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect();
     // -- NodeGetCapabilities, NodeGetInfo ------------------------------------------------
     let node_caps: Vec<i32> = r
         .ok(
@@ -972,7 +1024,14 @@ async fn sanity_node_and_identity_specs() {
                 || info.accessible_topology.is_some()),
         format!("{info:?}"),
     );
+    r.finish();
+}
 
+/// Node Service specs on required fields, as csi-sanity sends them.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_node_required_fields() {
+    let (k, _d, mut r, mut c, mut n) =
+        node_ground("cfsannr", "csi-sanity node required fields").await;
     // -- Required fields, as csi-sanity sends them ------------------------------------------
     let some = "some/path";
     r.code(
@@ -1063,29 +1122,19 @@ async fn sanity_node_and_identity_specs() {
         .await,
         Code::InvalidArgument,
     );
-    let stats = |id: &str, path: &str| NodeGetVolumeStatsRequest {
-        volume_id: id.into(),
-        volume_path: path.into(),
-        staging_target_path: String::new(),
-    };
-    let nexpand = |id: &str, path: &str| NodeExpandVolumeRequest {
-        volume_id: id.into(),
-        volume_path: path.into(),
-        ..Default::default()
-    };
     r.code(
         "NodeGetVolumeStats: \"some/path\" and no volume_id → INVALID_ARGUMENT",
-        n.node_get_volume_stats(stats("", some)).await,
+        n.node_get_volume_stats(vstats("", some)).await,
         Code::InvalidArgument,
     );
     r.code(
         "NodeGetVolumeStats: a volume_id and no volume_path → INVALID_ARGUMENT",
-        n.node_get_volume_stats(stats(&real, "")).await,
+        n.node_get_volume_stats(vstats(&real, "")).await,
         Code::InvalidArgument,
     );
     r.code(
         "NodeGetVolumeStats: a volume that does not exist at \"some/path\" → NOT_FOUND",
-        n.node_get_volume_stats(stats("sanity-none", some)).await,
+        n.node_get_volume_stats(vstats("sanity-none", some)).await,
         Code::NotFound,
     );
     r.code(
@@ -1104,7 +1153,21 @@ async fn sanity_node_and_identity_specs() {
         n.node_expand_volume(nexpand("sanity-none", some)).await,
         Code::NotFound,
     );
+    r.finish();
+}
 
+/// Node Service "should work" and "should be idempotent", and
+/// NodeExpandVolume after publish, for mount and for block volumes as
+/// csi-sanity runs them (`-csi.testvolumeaccesstype`).
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_node_lifecycle() {
+    let (k, _d, mut r, mut c, mut n) = node_ground("cfsannl", "csi-sanity node lifecycle").await;
+    let some = "some/path";
+    let info = n
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .expect("NodeGetInfo")
+        .into_inner();
     // -- The node lifecycle, per access type --------------------------------------------------
     let topology = info.accessible_topology.clone();
     for (kind, cap) in [("mount", mount_cap("ext4")), ("block", block_cap())] {
@@ -1142,7 +1205,7 @@ async fn sanity_node_and_identity_specs() {
         );
         let st = r.ok(
             &format!("should work ({kind}): NodeGetVolumeStats at the target → OK"),
-            n.node_get_volume_stats(stats(&vol, target.to_str().unwrap()))
+            n.node_get_volume_stats(vstats(&vol, target.to_str().unwrap()))
                 .await,
         );
         r.check(
@@ -1152,7 +1215,7 @@ async fn sanity_node_and_identity_specs() {
         );
         r.code(
             &format!("NodeGetVolumeStats ({kind}): a published volume asked at \"some/path\" → NOT_FOUND"),
-            n.node_get_volume_stats(stats(&vol, some)).await,
+            n.node_get_volume_stats(vstats(&vol, some)).await,
             Code::NotFound,
         );
         let grown = r.ok(
@@ -1213,7 +1276,13 @@ async fn sanity_node_and_identity_specs() {
             );
         }
     }
+    r.finish();
+}
 
+/// SINGLE_NODE_SINGLE_WRITER: one target only.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_single_node_single_writer() {
+    let (k, _d, mut r, mut c, mut n) = node_ground("cfsannw", "csi-sanity single writer").await;
     // SINGLE_NODE_SINGLE_WRITER published at one target: another target is
     // FAILED_PRECONDITION.
     let snsw = VolumeCapability {
