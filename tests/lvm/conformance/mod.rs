@@ -131,21 +131,21 @@
 //!
 //! | # | spec | RPC | condition | code | our rule |
 //! |---|---|---|---|---|---|
-//! | A1 | ReclaimSpace | ControllerReclaimSpace | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_error_tables` `ControllerReclaimSpace: volume_id is REQUIRED` |
-//! | A2 | ReclaimSpace | ControllerReclaimSpace | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_error_tables` `ControllerReclaimSpace: {what}` |
-//! | A3 | ReclaimSpace | ControllerReclaimSpace | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_error_tables` `while another operation on the volume is pending` |
-//! | A4 | ReclaimSpace | ControllerReclaimSpace | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_error_tables` `ControllerReclaimSpace with secrets` |
+//! | A1 | ReclaimSpace | ControllerReclaimSpace | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_missing_required_field` `ControllerReclaimSpace: volume_id is REQUIRED` |
+//! | A2 | ReclaimSpace | ControllerReclaimSpace | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_volume_does_not_exist` `ControllerReclaimSpace: {what}` |
+//! | A3 | ReclaimSpace | ControllerReclaimSpace | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_pending_operation_is_aborted` `while another operation on the volume is pending` |
+//! | A4 | ReclaimSpace | ControllerReclaimSpace | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_secrets_and_parameters_are_ignored` `ControllerReclaimSpace with secrets` |
 //! | A5 | ReclaimSpace | ControllerReclaimSpace | Error is Unknown | 2 UNKNOWN | `conformance::mod::code` `never UNKNOWN` |
-//! | A6 | ReclaimSpace | NodeReclaimSpace | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_error_tables` `NodeReclaimSpace: volume_path is REQUIRED` |
-//! | A7 | ReclaimSpace | NodeReclaimSpace | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_error_tables` `NodeReclaimSpace: {what}` |
-//! | A8 | ReclaimSpace | NodeReclaimSpace | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_error_tables` `while another operation on the volume is pending` |
-//! | A9 | ReclaimSpace | NodeReclaimSpace | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_error_tables` `NodeReclaimSpace with secrets` |
+//! | A6 | ReclaimSpace | NodeReclaimSpace | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_missing_required_field` `NodeReclaimSpace: volume_path is REQUIRED` |
+//! | A7 | ReclaimSpace | NodeReclaimSpace | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_volume_does_not_exist` `NodeReclaimSpace: {what}` |
+//! | A8 | ReclaimSpace | NodeReclaimSpace | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_pending_operation_is_aborted` `while another operation on the volume is pending` |
+//! | A9 | ReclaimSpace | NodeReclaimSpace | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_secrets_and_parameters_are_ignored` `NodeReclaimSpace with secrets` |
 //! | A10 | ReclaimSpace | NodeReclaimSpace | Error is Unknown | 2 UNKNOWN | `conformance::mod::code` `never UNKNOWN` |
-//! | A11 | Healer | NodeHealer | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_error_tables` `NodeHealer: volume_path is REQUIRED` |
-//! | A12 | Healer | NodeHealer | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_error_tables` `NodeHealer: {what}` |
-//! | A13 | Healer | NodeHealer | Call not implemented | 12 UNIMPLEMENTED | `conformance::addons::addons_error_tables` `a CSI-Addons service not served` |
-//! | A14 | Healer | NodeHealer | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_error_tables` `while another operation on the volume is pending` |
-//! | A15 | Healer | NodeHealer | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_error_tables` `NodeHealer with secrets` |
+//! | A11 | Healer | NodeHealer | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_missing_required_field` `NodeHealer: volume_path is REQUIRED` |
+//! | A12 | Healer | NodeHealer | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_volume_does_not_exist` `NodeHealer: {what}` |
+//! | A13 | Healer | NodeHealer | Call not implemented | 12 UNIMPLEMENTED | `conformance::addons::addons_unserved_calls_are_unimplemented` `a CSI-Addons service not served` |
+//! | A14 | Healer | NodeHealer | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_pending_operation_is_aborted` `while another operation on the volume is pending` |
+//! | A15 | Healer | NodeHealer | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_secrets_and_parameters_are_ignored` `NodeHealer with secrets` |
 //! | A16 | Healer | NodeHealer | Error is Unknown | 2 UNKNOWN | `conformance::mod::code` `never UNKNOWN` |
 
 mod addons;
