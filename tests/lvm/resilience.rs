@@ -1633,6 +1633,215 @@ fn loops_under(dir: &Path) -> Vec<String> {
     out
 }
 
+/// The storm's CO side: its driver client, the kubelet directory, and the
+/// model of what it holds.
+struct Storm {
+    co: StormCo,
+    k: Arc<Kubelet>,
+    model: Model,
+    snaps: Snaps,
+    problems: Problems,
+}
+
+impl Storm {
+    /// Workers drive volumes through their lives while the killer
+    /// SIGKILLs the driver at random moments and starts it again, until
+    /// it has killed `want_kills` times (or the workers ran out of
+    /// volumes). The number of kills and each restart's time.
+    async fn run(
+        &self,
+        d: &mut TestDriver,
+        seed: u64,
+        want_kills: usize,
+        kill_tree: bool,
+        max_volumes: usize,
+    ) -> (usize, Vec<Duration>) {
+        let next = Arc::new(AtomicUsize::new(0));
+        let killer_done = Arc::new(AtomicBool::new(false));
+
+        let mut workers = Vec::new();
+        for w in 0..STORM_WORKERS {
+            let (co, k, model, problems) = (
+                self.co.clone(),
+                self.k.clone(),
+                self.model.clone(),
+                self.problems.clone(),
+            );
+            let snaps = self.snaps.clone();
+            let (next, killer_done) = (next.clone(), killer_done.clone());
+            let mut rng = Rng(mix(seed ^ (w as u64 + 1)));
+            workers.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let enough = i >= STORM_MIN_VOLUMES && killer_done.load(Ordering::SeqCst);
+                    if enough || i >= max_volumes {
+                        break;
+                    }
+                    let mut vrng = Rng(mix(rng.next() ^ i as u64));
+                    storm_volume(&co, &k, &model, &snaps, &problems, i, &mut vrng).await;
+                }
+            }));
+        }
+
+        // The killer: SIGKILL at a random moment, start again, repeat.
+        let mut krng = Rng(mix(seed ^ 0x6b696c6c));
+        let mut kills = 0;
+        let mut restarts = Vec::new();
+        while kills < want_kills && !workers.iter().all(|h| h.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(200 + krng.below(2800))).await;
+            if workers.iter().all(|h| h.is_finished()) {
+                break;
+            }
+            if kill_tree {
+                d.kill9_with_children();
+            } else {
+                d.kill9();
+            }
+            kills += 1;
+            let t = Instant::now();
+            d.spawn().await;
+            restarts.push(t.elapsed());
+        }
+        killer_done.store(true, Ordering::SeqCst);
+        for h in workers {
+            if let Err(e) = h.await {
+                eprintln!("driver log (tail):\n{}", d.log_tail(200));
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+        (kills, restarts)
+    }
+}
+
+/// The LVs of the pool whose names start with `prefix`.
+fn lvs_named(vg: &str, prefix: &str) -> BTreeSet<String> {
+    lvs(vg)
+        .thin_volumes("pool")
+        .map(|lv| lv.name.clone())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+/// What the CO holds and the driver does not list or LVM does not have
+/// (lost), and what the driver lists or LVM has that the CO does not hold
+/// (leaked).
+fn lost_and_leaked(
+    held: &BTreeSet<String>,
+    listed: &BTreeSet<String>,
+    on_lvm: &BTreeSet<String>,
+) -> (Vec<String>, BTreeSet<String>) {
+    let lost = held
+        .iter()
+        .filter(|id| !listed.contains(*id) || !on_lvm.contains(*id))
+        .cloned()
+        .collect();
+    let leaked = on_lvm
+        .iter()
+        .chain(listed.iter())
+        .filter(|id| !held.contains(*id))
+        .cloned()
+        .collect();
+    (lost, leaked)
+}
+
+/// Where the mounts and nodes differ from what the CO did last.
+fn mount_mismatches(vols: &[Vol]) -> Vec<String> {
+    let mut mount_mismatch = Vec::new();
+    for v in vols {
+        if !v.staged && mount_at(&v.staging).is_some() {
+            mount_mismatch.push(format!(
+                "{}: mounted at its staging path after unstage",
+                v.name
+            ));
+        }
+        if !v.published && (mount_at(&v.target).is_some() || is_block_node(&v.target)) {
+            mount_mismatch.push(format!("{}: present at its target after unpublish", v.name));
+        }
+        if v.published {
+            let there = match v.kind {
+                Kind::Ext4 => mount_at(&v.target).is_some(),
+                Kind::Block => is_block_node(&v.target),
+            };
+            if !there {
+                mount_mismatch.push(format!("{}: published, but nothing at its target", v.name));
+            }
+        }
+    }
+    mount_mismatch
+}
+
+/// Reads back the data of every volume the CO holds (staging and
+/// publishing the unstaged ones again): the mismatches, and how many
+/// volumes were checked.
+async fn read_back(co: &StormCo, vols: &[Vol]) -> (Vec<String>, usize) {
+    let mut bad_data = Vec::new();
+    let mut checked = 0;
+    for v in vols.iter().filter(|v| v.held().is_some()) {
+        let id = v.id.as_deref().unwrap();
+        let Some(want) = &v.data else { continue };
+        if !v.published {
+            co.stage(id, &v.staging, &v.kind.cap()).await;
+            co.publish(id, &v.staging, &v.target, &v.kind.cap()).await;
+        }
+        checked += 1;
+        if let Err(e) = check_data(v, want) {
+            bad_data.push(e);
+        }
+    }
+    (bad_data, checked)
+}
+
+/// The CO deletes every snapshot and volume it holds.
+async fn delete_everything(co: &StormCo, vols: &[Vol], snaps_held: &BTreeSet<String>) {
+    for id in snaps_held {
+        co.delete_snapshot(id).await;
+    }
+    for v in vols.iter().filter(|v| v.held().is_some()) {
+        let id = v.id.as_deref().unwrap();
+        co.unpublish(id, &v.target).await;
+        co.unstage(id, &v.staging).await;
+        co.delete(id).await;
+    }
+}
+
+/// What is left of the storm's volumes on the node after the CO deleted
+/// everything: mounts, dm devices, overlays, block nodes, LVs, loop
+/// devices beyond the VG's own.
+fn leftovers(d: &TestDriver, k: &Kubelet, vols: &[Vol]) -> Vec<String> {
+    let all_ids: Vec<&str> = vols.iter().filter_map(|v| v.id.as_deref()).collect();
+    let mut leftovers = Vec::new();
+    for m in mounts_under(k.root.path()) {
+        leftovers.push(format!("mount {}", m.display()));
+    }
+    for m in mounts_under(&d.state_dir()) {
+        leftovers.push(format!("mount {}", m.display()));
+    }
+    let pool = pool_dm_names(&d.vg, "pool");
+    for n in dm_of_vg(&d.vg) {
+        if !pool.contains(&n) {
+            leftovers.push(format!("dm device {n}"));
+        }
+    }
+    for id in &all_ids {
+        for o in overlays_of(id) {
+            leftovers.push(format!("overlay {o}"));
+        }
+    }
+    for v in vols {
+        if is_block_node(&v.target) {
+            leftovers.push(format!("block node {}", v.target.display()));
+        }
+    }
+    for lv in lvs(&d.vg).thin_volumes("pool") {
+        leftovers.push(format!("LV {}", lv.name));
+    }
+    let loops = loops_under(d.dir.path());
+    if loops.len() != 1 {
+        leftovers.push(format!("loop devices on the test's files: {loops:?}"));
+    }
+    leftovers
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill9_storm() {
     let seed = env_u64("TPCSI_STORM_SEED").unwrap_or_else(|| {
@@ -1664,55 +1873,17 @@ async fn kill9_storm() {
     let model: Model = Arc::default();
     let snaps: Snaps = Arc::default();
     let problems: Problems = Arc::default();
-    let next = Arc::new(AtomicUsize::new(0));
-    let killer_done = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
-
-    let mut workers = Vec::new();
-    for w in 0..STORM_WORKERS {
-        let (co, k, model, problems) = (co.clone(), k.clone(), model.clone(), problems.clone());
-        let snaps = snaps.clone();
-        let (next, killer_done) = (next.clone(), killer_done.clone());
-        let mut rng = Rng(mix(seed ^ (w as u64 + 1)));
-        workers.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                let enough = i >= STORM_MIN_VOLUMES && killer_done.load(Ordering::SeqCst);
-                if enough || i >= max_volumes {
-                    break;
-                }
-                let mut vrng = Rng(mix(rng.next() ^ i as u64));
-                storm_volume(&co, &k, &model, &snaps, &problems, i, &mut vrng).await;
-            }
-        }));
-    }
-
-    // The killer: SIGKILL at a random moment, start again, repeat.
-    let mut krng = Rng(mix(seed ^ 0x6b696c6c));
-    let mut kills = 0;
-    let mut restarts = Vec::new();
-    while kills < want_kills && !workers.iter().all(|h| h.is_finished()) {
-        tokio::time::sleep(Duration::from_millis(200 + krng.below(2800))).await;
-        if workers.iter().all(|h| h.is_finished()) {
-            break;
-        }
-        if kill_tree {
-            d.kill9_with_children();
-        } else {
-            d.kill9();
-        }
-        kills += 1;
-        let t = Instant::now();
-        d.spawn().await;
-        restarts.push(t.elapsed());
-    }
-    killer_done.store(true, Ordering::SeqCst);
-    for h in workers {
-        if let Err(e) = h.await {
-            eprintln!("driver log (tail):\n{}", d.log_tail(200));
-            std::panic::resume_unwind(e.into_panic());
-        }
-    }
+    let storm = Storm {
+        co: co.clone(),
+        k: k.clone(),
+        model: model.clone(),
+        snaps: snaps.clone(),
+        problems: problems.clone(),
+    };
+    let (kills, mut restarts) = storm
+        .run(&mut d, seed, want_kills, kill_tree, max_volumes)
+        .await;
     let storm_time = started.elapsed();
     assert!(d.is_running(), "the driver is up after the storm");
 
@@ -1723,20 +1894,7 @@ async fn kill9_storm() {
         .filter_map(|v| v.held().map(str::to_string))
         .collect();
     let listed = co.list().await;
-    let ours: BTreeSet<String> = lvs(&d.vg)
-        .thin_volumes("pool")
-        .map(|lv| lv.name.clone())
-        .filter(|n| n.starts_with("csi-"))
-        .collect();
-    let lost: Vec<&String> = held
-        .iter()
-        .filter(|id| !listed.contains(*id) || !ours.contains(*id))
-        .collect();
-    let leaked: BTreeSet<&String> = ours
-        .iter()
-        .chain(listed.iter())
-        .filter(|id| !held.contains(*id))
-        .collect();
+    let (lost, leaked) = lost_and_leaked(&held, &listed, &lvs_named(&d.vg, "csi-"));
     // The same for snapshots.
     let snaps_held: BTreeSet<String> = snaps
         .lock()
@@ -1746,102 +1904,19 @@ async fn kill9_storm() {
         .map(|(id, _)| id.clone())
         .collect();
     let snaps_listed = co.list_snapshots().await;
-    let snap_lvs: BTreeSet<String> = lvs(&d.vg)
-        .thin_volumes("pool")
-        .map(|lv| lv.name.clone())
-        .filter(|n| n.starts_with("snap-"))
-        .collect();
-    let lost_snaps: Vec<&String> = snaps_held
-        .iter()
-        .filter(|id| !snaps_listed.contains(*id) || !snap_lvs.contains(*id))
-        .collect();
-    let leaked_snaps: BTreeSet<&String> = snap_lvs
-        .iter()
-        .chain(snaps_listed.iter())
-        .filter(|id| !snaps_held.contains(*id))
-        .collect();
+    let (lost_snaps, leaked_snaps) =
+        lost_and_leaked(&snaps_held, &snaps_listed, &lvs_named(&d.vg, "snap-"));
 
     // Nothing is mounted or published that the CO took down.
-    let mut mount_mismatch = Vec::new();
-    for v in &vols {
-        if !v.staged && mount_at(&v.staging).is_some() {
-            mount_mismatch.push(format!(
-                "{}: mounted at its staging path after unstage",
-                v.name
-            ));
-        }
-        if !v.published && (mount_at(&v.target).is_some() || is_block_node(&v.target)) {
-            mount_mismatch.push(format!("{}: present at its target after unpublish", v.name));
-        }
-        if v.published {
-            let there = match v.kind {
-                Kind::Ext4 => mount_at(&v.target).is_some(),
-                Kind::Block => is_block_node(&v.target),
-            };
-            if !there {
-                mount_mismatch.push(format!("{}: published, but nothing at its target", v.name));
-            }
-        }
-    }
+    let mount_mismatch = mount_mismatches(&vols);
 
     // The data of every volume still held reads back (unstaged ones are
     // staged and published again to read it).
-    let mut bad_data = Vec::new();
-    let mut checked = 0;
-    for v in vols.iter().filter(|v| v.held().is_some()) {
-        let id = v.id.as_deref().unwrap();
-        let Some(want) = &v.data else { continue };
-        if !v.published {
-            co.stage(id, &v.staging, &v.kind.cap()).await;
-            co.publish(id, &v.staging, &v.target, &v.kind.cap()).await;
-        }
-        checked += 1;
-        if let Err(e) = check_data(v, want) {
-            bad_data.push(e);
-        }
-    }
+    let (bad_data, checked) = read_back(&co, &vols).await;
 
-    // The CO deletes everything.
-    for id in &snaps_held {
-        co.delete_snapshot(id).await;
-    }
-    for v in vols.iter().filter(|v| v.held().is_some()) {
-        let id = v.id.as_deref().unwrap();
-        co.unpublish(id, &v.target).await;
-        co.unstage(id, &v.staging).await;
-        co.delete(id).await;
-    }
-    let all_ids: Vec<&str> = vols.iter().filter_map(|v| v.id.as_deref()).collect();
-    let mut leftovers = Vec::new();
-    for m in mounts_under(k.root.path()) {
-        leftovers.push(format!("mount {}", m.display()));
-    }
-    for m in mounts_under(&d.state_dir()) {
-        leftovers.push(format!("mount {}", m.display()));
-    }
-    let pool = pool_dm_names(&d.vg, "pool");
-    for n in dm_of_vg(&d.vg) {
-        if !pool.contains(&n) {
-            leftovers.push(format!("dm device {n}"));
-        }
-    }
-    for id in &all_ids {
-        for o in overlays_of(id) {
-            leftovers.push(format!("overlay {o}"));
-        }
-    }
-    for v in &vols {
-        if is_block_node(&v.target) {
-            leftovers.push(format!("block node {}", v.target.display()));
-        }
-    }
-    for lv in lvs(&d.vg).thin_volumes("pool") {
-        leftovers.push(format!("LV {}", lv.name));
-    }
-    let loops = loops_under(d.dir.path());
-    if loops.len() != 1 {
-        leftovers.push(format!("loop devices on the test's files: {loops:?}"));
-    }
+    // The CO deletes everything; nothing of the volumes is left.
+    delete_everything(&co, &vols, &snaps_held).await;
+    let leftovers = leftovers(&d, &k, &vols);
 
     let stats = &co.stats;
     restarts.sort();
