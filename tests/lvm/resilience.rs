@@ -846,11 +846,77 @@ struct BootVol {
 /// simulated reboot.
 const HELD: &str = "zboot-blk-held";
 
-#[tokio::test(flavor = "multi_thread")]
-async fn reboot_restores_exactly_what_was_published() {
-    let k = Kubelet::new("zboot");
-    let mut d = TestDriver::start("zboot", 256 * MIB, &k.extra()).await;
-    let co = Co::new(&d).await;
+/// The simulated reboot (the comment below says what goes): returns the
+/// devices that took the low minors, the pod that outlives it, and the
+/// index of its volume ([`HELD`]).
+fn simulate_reboot(
+    d: &mut TestDriver,
+    k: &Kubelet,
+    vols: &[BootVol],
+    pods: Vec<Pod>,
+) -> (Fillers, Pod, usize) {
+    // The "reboot": the driver dies, mounts and device-mapper devices go,
+    // the VG is inactive, the loop device is gone, and other devices take
+    // the low minors. The overlays go as `dmsetup remove --force` takes
+    // them while a pod still holds one open: its table is replaced by an
+    // `error` one (wipe_table), the remove fails, and the device stays
+    // under our name once the pods are gone.
+    d.kill9();
+    let mut leftovers = Vec::new();
+    for v in vols {
+        for o in overlays_of(&v.id) {
+            dmsetup(&["wipe_table", &o]).unwrap_or_else(|e| panic!("dmsetup wipe_table {o}: {e}"));
+            if dmsetup(&["remove", &o]).is_err() {
+                leftovers.push(o);
+            }
+        }
+    }
+    // Every pod ends but one, which a reboot done by hand can miss: it
+    // keeps its leftover open through the driver's restart.
+    let held = vols.iter().position(|v| v.name == HELD).unwrap();
+    let mut pods = pods;
+    let holder = pods.remove(held);
+    drop(pods);
+    assert_eq!(
+        leftovers.len(),
+        2,
+        "the read-only overlays their pods held stay: {leftovers:?}"
+    );
+    // --retry: LVM commands of tests running beside this one scan every
+    // block device and hold ours open for a moment.
+    let unmounted = umount_all_under(k.root.path());
+    crate::harness::lvm(&["vgchange", "-an", &d.vg]);
+    for n in dm_of_vg(&d.vg) {
+        dmsetup(&["remove", "--retry", &n]).unwrap_or_else(|e| panic!("dmsetup remove {n}: {e}"));
+    }
+    assert!(dm_of_vg(&d.vg).is_empty());
+    let lo = thinpool_csi::pool::loopdev::find_loop_for_file(&d.backing_file())
+        .unwrap()
+        .expect("the VG's loop device");
+    let mut tries = 0;
+    while let Err(e) = thinpool_csi::pool::loopdev::detach_loop(&lo) {
+        tries += 1;
+        assert!(tries < 50, "detach {}: {e}", lo.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let fillers = Fillers::create(6);
+    let filler_numbers: Vec<_> = crate::harness::dm_devices()
+        .into_iter()
+        .filter(|(n, _)| fillers.0.contains(n))
+        .map(|(_, nums)| nums)
+        .collect();
+    eprintln!(
+        "MEASURE reboot simulated: {unmounted} mounts removed, {} detached, fillers at {filler_numbers:?}, \
+         leftover overlays (error table) {leftovers:?}",
+        lo.display()
+    );
+    (fillers, holder, held)
+}
+
+/// The reboot test's volumes, each created, staged, written and
+/// published as its spec says: ext4 read-write and read-only (noexec),
+/// block read-write and read-only, and [`HELD`].
+async fn publish_boot_volumes(co: &Co, k: &Kubelet) -> Vec<BootVol> {
     let specs = [
         ("zboot-ext4-rw", mount_cap("ext4"), false, false),
         (
@@ -911,6 +977,113 @@ async fn reboot_restores_exactly_what_was_published() {
             data,
         });
     }
+    vols
+}
+
+/// After the reboot: `v` is published again as it was, on its LV's
+/// current device, with its data, read-only where it was.
+#[track_caller]
+fn assert_restored(vg: &str, v: &BootVol) {
+    let lv = lv_numbers(vg, &v.id);
+    if v.block {
+        let node =
+            rdev_of(&v.target).unwrap_or_else(|| panic!("{}: no block node at the target", v.name));
+        if v.ro {
+            assert_ne!(node, lv, "{}: read-only goes through an overlay", v.name);
+            let table = dm_table_of(node).unwrap_or_else(|| {
+                panic!("{}: the node {node:?} is no device-mapper device", v.name)
+            });
+            eprintln!(
+                "MEASURE reboot {} overlay {node:?}: {}",
+                v.name,
+                table.trim()
+            );
+            assert!(
+                table.contains(&format!(" {}:{} ", lv.0, lv.1)),
+                "{}: the overlay {node:?} maps {table:?}, not the LV {lv:?}",
+                v.name
+            );
+            assert!(
+                write_at(&v.target, 0, b"overwrite").is_err(),
+                "{}: a write to the read-only block publish succeeded",
+                v.name
+            );
+        } else {
+            assert_eq!(
+                node, lv,
+                "{}: the node opens the volume's current device",
+                v.name
+            );
+        }
+        assert_eq!(
+            read_at(&v.target, 0, v.data.len()),
+            v.data,
+            "{}: the node reads the volume's data",
+            v.name
+        );
+    } else {
+        let st = must_mount(&v.staging, v.name);
+        let tg = must_mount(&v.target, v.name);
+        assert_eq!(st.device(), lv, "{}: staging is the volume's", v.name);
+        assert_eq!(tg.device(), lv, "{}: the publish is the volume's", v.name);
+        assert_eq!(
+            std::fs::read(v.target.join("data")).unwrap(),
+            v.data,
+            "{}",
+            v.name
+        );
+        if v.ro {
+            assert!(
+                has_option(&st, "noexec"),
+                "{}: staging lost noexec: {:?}",
+                v.name,
+                st.mount_options
+            );
+            assert!(tg.is_read_only(), "{}: {:?}", v.name, tg.mount_options);
+            let err = std::fs::write(v.target.join("nope"), b"x").unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{}: {err}", v.name);
+        } else {
+            assert!(!tg.is_read_only(), "{}: {:?}", v.name, tg.mount_options);
+            write_file(&v.target.join("after"), b"written after the reboot").unwrap();
+        }
+    }
+}
+
+/// The CO unpublishes, unstages and deletes every volume; nothing of them
+/// is left: no dm device beyond the pool's, no overlay, no mount, no
+/// target.
+async fn tear_down(co: &Co, d: &TestDriver, k: &Kubelet, vols: &[BootVol]) {
+    for v in vols {
+        co.unpublish(&v.id, &v.target).await;
+    }
+    for v in vols {
+        co.unstage(&v.id, &v.staging).await;
+        co.delete(&v.id).await;
+    }
+    let pool = pool_dm_names(&d.vg, "pool");
+    let left: Vec<String> = dm_of_vg(&d.vg)
+        .into_iter()
+        .filter(|n| !pool.contains(n))
+        .collect();
+    let overlays: Vec<String> = vols.iter().flat_map(|v| overlays_of(&v.id)).collect();
+    eprintln!("MEASURE reboot teardown: dm devices left {left:?}, overlays left {overlays:?}");
+    assert!(
+        left.is_empty(),
+        "device-mapper devices of the VG left: {left:?}"
+    );
+    assert!(overlays.is_empty(), "read-only overlays left: {overlays:?}");
+    assert!(mounts_under(k.root.path()).is_empty());
+    for v in vols {
+        assert!(!v.target.exists(), "{}: target left", v.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reboot_restores_exactly_what_was_published() {
+    let k = Kubelet::new("zboot");
+    let mut d = TestDriver::start("zboot", 256 * MIB, &k.extra()).await;
+    let co = Co::new(&d).await;
+    let vols = publish_boot_volumes(&co, &k).await;
     let before: Vec<_> = vols
         .iter()
         .map(|v| (v.name, lv_numbers(&d.vg, &v.id), rdev_of(&v.target)))
@@ -918,61 +1091,7 @@ async fn reboot_restores_exactly_what_was_published() {
     eprintln!("MEASURE reboot before: (volume, LV numbers, node at target) {before:?}");
     let pods = start_pods(&d, &vols, &d.vg, "before");
 
-    // The "reboot": the driver dies, mounts and device-mapper devices go,
-    // the VG is inactive, the loop device is gone, and other devices take
-    // the low minors. The overlays go as `dmsetup remove --force` takes
-    // them while a pod still holds one open: its table is replaced by an
-    // `error` one (wipe_table), the remove fails, and the device stays
-    // under our name once the pods are gone.
-    d.kill9();
-    let mut leftovers = Vec::new();
-    for v in &vols {
-        for o in overlays_of(&v.id) {
-            dmsetup(&["wipe_table", &o]).unwrap_or_else(|e| panic!("dmsetup wipe_table {o}: {e}"));
-            if dmsetup(&["remove", &o]).is_err() {
-                leftovers.push(o);
-            }
-        }
-    }
-    // Every pod ends but one, which a reboot done by hand can miss: it
-    // keeps its leftover open through the driver's restart.
-    let held = vols.iter().position(|v| v.name == HELD).unwrap();
-    let mut pods = pods;
-    let holder = pods.remove(held);
-    drop(pods);
-    assert_eq!(
-        leftovers.len(),
-        2,
-        "the read-only overlays their pods held stay: {leftovers:?}"
-    );
-    // --retry: LVM commands of tests running beside this one scan every
-    // block device and hold ours open for a moment.
-    let unmounted = umount_all_under(k.root.path());
-    crate::harness::lvm(&["vgchange", "-an", &d.vg]);
-    for n in dm_of_vg(&d.vg) {
-        dmsetup(&["remove", "--retry", &n]).unwrap_or_else(|e| panic!("dmsetup remove {n}: {e}"));
-    }
-    assert!(dm_of_vg(&d.vg).is_empty());
-    let lo = thinpool_csi::pool::loopdev::find_loop_for_file(&d.backing_file())
-        .unwrap()
-        .expect("the VG's loop device");
-    let mut tries = 0;
-    while let Err(e) = thinpool_csi::pool::loopdev::detach_loop(&lo) {
-        tries += 1;
-        assert!(tries < 50, "detach {}: {e}", lo.display());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let fillers = Fillers::create(6);
-    let filler_numbers: Vec<_> = crate::harness::dm_devices()
-        .into_iter()
-        .filter(|(n, _)| fillers.0.contains(n))
-        .map(|(_, nums)| nums)
-        .collect();
-    eprintln!(
-        "MEASURE reboot simulated: {unmounted} mounts removed, {} detached, fillers at {filler_numbers:?}, \
-         leftover overlays (error table) {leftovers:?}",
-        lo.display()
-    );
+    let (fillers, holder, held) = simulate_reboot(&mut d, &k, &vols, pods);
 
     // The node is back: the driver starts, kubelet stages and publishes
     // everything again at the same paths.
@@ -1041,69 +1160,7 @@ async fn reboot_restores_exactly_what_was_published() {
     );
 
     for v in &vols {
-        let lv = lv_numbers(&d.vg, &v.id);
-        if v.block {
-            let node = rdev_of(&v.target)
-                .unwrap_or_else(|| panic!("{}: no block node at the target", v.name));
-            if v.ro {
-                assert_ne!(node, lv, "{}: read-only goes through an overlay", v.name);
-                let table = dm_table_of(node).unwrap_or_else(|| {
-                    panic!("{}: the node {node:?} is no device-mapper device", v.name)
-                });
-                eprintln!(
-                    "MEASURE reboot {} overlay {node:?}: {}",
-                    v.name,
-                    table.trim()
-                );
-                assert!(
-                    table.contains(&format!(" {}:{} ", lv.0, lv.1)),
-                    "{}: the overlay {node:?} maps {table:?}, not the LV {lv:?}",
-                    v.name
-                );
-                assert!(
-                    write_at(&v.target, 0, b"overwrite").is_err(),
-                    "{}: a write to the read-only block publish succeeded",
-                    v.name
-                );
-            } else {
-                assert_eq!(
-                    node, lv,
-                    "{}: the node opens the volume's current device",
-                    v.name
-                );
-            }
-            assert_eq!(
-                read_at(&v.target, 0, v.data.len()),
-                v.data,
-                "{}: the node reads the volume's data",
-                v.name
-            );
-        } else {
-            let st = must_mount(&v.staging, v.name);
-            let tg = must_mount(&v.target, v.name);
-            assert_eq!(st.device(), lv, "{}: staging is the volume's", v.name);
-            assert_eq!(tg.device(), lv, "{}: the publish is the volume's", v.name);
-            assert_eq!(
-                std::fs::read(v.target.join("data")).unwrap(),
-                v.data,
-                "{}",
-                v.name
-            );
-            if v.ro {
-                assert!(
-                    has_option(&st, "noexec"),
-                    "{}: staging lost noexec: {:?}",
-                    v.name,
-                    st.mount_options
-                );
-                assert!(tg.is_read_only(), "{}: {:?}", v.name, tg.mount_options);
-                let err = std::fs::write(v.target.join("nope"), b"x").unwrap_err();
-                assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{}: {err}", v.name);
-            } else {
-                assert!(!tg.is_read_only(), "{}: {:?}", v.name, tg.mount_options);
-                write_file(&v.target.join("after"), b"written after the reboot").unwrap();
-            }
-        }
+        assert_restored(&d.vg, v);
     }
 
     let repaired: Vec<String> = d
@@ -1130,29 +1187,7 @@ async fn reboot_restores_exactly_what_was_published() {
             crate::harness::openers(node)
         );
     }
-    for v in &vols {
-        co.unpublish(&v.id, &v.target).await;
-    }
-    for v in &vols {
-        co.unstage(&v.id, &v.staging).await;
-        co.delete(&v.id).await;
-    }
-    let pool = pool_dm_names(&d.vg, "pool");
-    let left: Vec<String> = dm_of_vg(&d.vg)
-        .into_iter()
-        .filter(|n| !pool.contains(n))
-        .collect();
-    let overlays: Vec<String> = vols.iter().flat_map(|v| overlays_of(&v.id)).collect();
-    eprintln!("MEASURE reboot teardown: dm devices left {left:?}, overlays left {overlays:?}");
-    assert!(
-        left.is_empty(),
-        "device-mapper devices of the VG left: {left:?}"
-    );
-    assert!(overlays.is_empty(), "read-only overlays left: {overlays:?}");
-    assert!(mounts_under(k.root.path()).is_empty());
-    for v in &vols {
-        assert!(!v.target.exists(), "{}: target left", v.name);
-    }
+    tear_down(&co, &d, &k, &vols).await;
     drop(fillers);
 }
 
