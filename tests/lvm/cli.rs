@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 use thinpool_csi::mountinfo::MountInfo;
 
-use crate::fixtures::{tpcsi, Kubelet};
+use crate::fixtures::{create, mount_cap, s, tpcsi, Kubelet};
 use crate::harness::{lvs, sh, TestDriver, DRIVER_NAME, MIB, NODE_ID};
 
 /// `tpcsi --json ARGS`, which must succeed; its answer parsed.
@@ -58,12 +58,11 @@ fn bytes_usage(stats: &Value) -> &Value {
         .unwrap_or_else(|| panic!("no bytes usage in {stats}"))
 }
 
+/// `tpcsi probe`, `info` and `capacity` answer for both sockets, the
+/// plugin and the pool.
 #[tokio::test(flavor = "multi_thread")]
-async fn cli_drives_a_volume_lifecycle() {
-    let k = Kubelet::new("cli");
-    let d = TestDriver::start("cli", 256 * MIB, &k.extra()).await;
-    let s = |p: &Path| p.to_str().unwrap().to_string();
-
+async fn cli_probe_info_and_capacity() {
+    let d = TestDriver::start("clinfo", 256 * MIB, "").await;
     // Probe and plugin info, on both sockets.
     let probe = json(&d, &["probe"]);
     let services = probe["services"].as_array().unwrap();
@@ -95,6 +94,15 @@ async fn cli_drives_a_volume_lifecycle() {
     let cap = json(&d, &["capacity"]);
     assert!(u(&cap["available_capacity"]) >= 128 * MIB, "{cap}");
     assert!(u(&cap["maximum_volume_size"]) >= u(&cap["available_capacity"]));
+}
+
+/// One volume's life through `tpcsi`: create, list, expand (before
+/// staging and published), stage, publish, stats, node reclaim, heal,
+/// unpublish, unstage, controller reclaim, delete.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_drives_a_volume_lifecycle() {
+    let k = Kubelet::new("cli");
+    let d = TestDriver::start("cli", 256 * MIB, &k.extra()).await;
 
     // Create, and find it in the list (JSON and table) and in LVM.
     let v = json(&d, &["create", "pvc-cli", "--size", "64Mi", "--fs", "ext4"]);
@@ -190,8 +198,38 @@ async fn cli_drives_a_volume_lifecycle() {
     // Reclaim on the node after a delete: the pool gets the blocks back.
     std::fs::remove_file(target.join("scratch")).unwrap();
     sh("sync", &[]);
+    cli_node_reclaim_gives_blocks_back(&d, &id, &target, &staging);
+    cli_heal_rebinds_a_vanished_publish(&d, &id, &target, &staging);
+
+    // Unpublish and unstage.
+    let up = json(&d, &["unpublish", &id, &s(&target)]);
+    assert_eq!(up["action"], "unpublished");
+    assert!(!mounted(&target));
+    let us = json(&d, &["unstage", &id, &s(&staging)]);
+    assert_eq!(us["action"], "unstaged");
+    assert!(!mounted(&staging));
+
+    // Controller-side reclaim of the unused volume.
+    let r = json(&d, &["reclaim", &id]);
+    assert_eq!(r["side"], "controller", "{r}");
+    assert!(
+        r["pre_usage_bytes"].is_u64() && r["post_usage_bytes"].is_u64(),
+        "{r}"
+    );
+
+    // Delete: gone from the list and from LVM.
+    let del = json(&d, &["delete", &id]);
+    assert_eq!(del["action"], "deleted");
+    assert!(lvs(&d.vg).find(&id).is_none());
+    assert_eq!(json(&d, &["list"])["volumes"], serde_json::json!([]));
+    assert_eq!(table(&d, &["list"]), "no volumes\n");
+}
+
+/// `tpcsi reclaim --node` of a published volume whose files were
+/// deleted: the reclaimed bytes, as lvs sees them, and the progress line.
+fn cli_node_reclaim_gives_blocks_back(d: &TestDriver, id: &str, target: &Path, staging: &Path) {
     let out = tpcsi(
-        &d,
+        d,
         &[
             "--json",
             "--progress",
@@ -225,19 +263,15 @@ async fn cli_drives_a_volume_lifecycle() {
         err.contains(&format!("reclaiming space of {id}: done in")),
         "progress: {err}"
     );
+}
 
-    // Heal: the publish mount vanishes behind the driver's back.
+/// `tpcsi heal`: normal while all is there; once the publish mount
+/// vanishes behind the driver's back, abnormal, and the mount re-bound.
+fn cli_heal_rebinds_a_vanished_publish(d: &TestDriver, id: &str, target: &Path, staging: &Path) {
     let heal = || {
         json(
-            &d,
-            &[
-                "heal",
-                &id,
-                "--path",
-                &s(&target),
-                "--staging",
-                &s(&staging),
-            ],
+            d,
+            &["heal", id, "--path", &s(&target), "--staging", &s(&staging)],
         )
     };
     let h = heal();
@@ -251,23 +285,13 @@ async fn cli_drives_a_volume_lifecycle() {
         std::fs::read(target.join("kept")).unwrap(),
         b"written through tpcsi publish"
     );
+}
 
-    // Unpublish and unstage.
-    let up = json(&d, &["unpublish", &id, &s(&target)]);
-    assert_eq!(up["action"], "unpublished");
-    assert!(!mounted(&target));
-    let us = json(&d, &["unstage", &id, &s(&staging)]);
-    assert_eq!(us["action"], "unstaged");
-    assert!(!mounted(&staging));
-
-    // Controller-side reclaim of the unused volume.
-    let r = json(&d, &["reclaim", &id]);
-    assert_eq!(r["side"], "controller", "{r}");
-    assert!(
-        r["pre_usage_bytes"].is_u64() && r["post_usage_bytes"].is_u64(),
-        "{r}"
-    );
-
+/// `tpcsi snapshot create`, `list` and `delete` of a volume's snapshot.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_snapshots_create_list_and_delete() {
+    let d = TestDriver::start("clisnap", 256 * MIB, "").await;
+    let id = create(&d, "pvc-cli", 128 * MIB, mount_cap("ext4")).await;
     // Snapshots.
     let snap = json(&d, &["snapshot", "create", "snap-cli", "--volume", &id]);
     let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
@@ -296,7 +320,14 @@ async fn cli_drives_a_volume_lifecycle() {
         json(&d, &["snapshot", "list"])["snapshots"],
         serde_json::json!([])
     );
+}
 
+/// Errors: the gRPC code in the output, and 10 + the code as exit status.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_errors_carry_the_grpc_code_and_exit_status() {
+    let k = Kubelet::new("clierr");
+    let d = TestDriver::start("clierr", 256 * MIB, &k.extra()).await;
+    let target = k.target("cli");
     // Errors: the gRPC code in the output, and 10 + the code as exit status.
     let missing = "csi-missing-0123456789abcdef";
     let out = tpcsi(&d, &["expand", missing, "--size", "1Gi"]);
@@ -313,13 +344,6 @@ async fn cli_drives_a_volume_lifecycle() {
     let e: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(e["error"]["code"], "RESOURCE_EXHAUSTED", "{e}");
     assert_eq!(out.status.code(), Some(18));
-
-    // Delete: gone from the list and from LVM.
-    let del = json(&d, &["delete", &id]);
-    assert_eq!(del["action"], "deleted");
-    assert!(lvs(&d.vg).find(&id).is_none());
-    assert_eq!(json(&d, &["list"])["volumes"], serde_json::json!([]));
-    assert_eq!(table(&d, &["list"]), "no volumes\n");
 }
 
 /// The pod's readiness (`tpcsi probe`) fails while the pool is missing,
