@@ -63,6 +63,18 @@ impl Kubelet {
     }
 }
 
+impl Drop for Kubelet {
+    /// What a test left staged or published is unmounted (lazily) before
+    /// the directory goes, so no mount outlives its test.
+    fn drop(&mut self) {
+        let mut points = mounts_under(self.root.path());
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in points {
+            let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
 /// A path as a request field.
 pub(crate) fn s(p: &Path) -> String {
     p.to_str().unwrap().to_string()
