@@ -180,6 +180,18 @@ struct Kl {
 }
 
 impl Kl {
+    /// Registration: kubelet's NodeGetInfo after the plugin registers,
+    /// which must name this node.
+    async fn registers(&mut self) {
+        let info = self
+            .n
+            .node_get_info(NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.node_id, NODE_ID);
+    }
+
     fn root(&self) -> &Path {
         self.k.root.path()
     }
@@ -990,12 +1002,7 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
         n: d.node().await,
         k,
     };
-    let info =
-        kl.n.node_get_info(NodeGetInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-    assert_eq!(info.node_id, NODE_ID);
+    kl.registers().await;
 
     // external-provisioner and external-attacher, for each claim.
     let pv_fs = provision(&mut c, "pv-fs", 32 * MIB, false).await;
@@ -1033,12 +1040,7 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
     // which reconstructs both volumes and issues the same calls again.
     d.restart_with_env(&env).await;
     kl.n = d.node().await;
-    let info =
-        kl.n.node_get_info(NodeGetInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-    assert_eq!(info.node_id, NODE_ID);
+    kl.registers().await;
     lvm_shells_run_with(&d, &sys);
     assert_eq!(kl.mount_device(&pv_fs).await, gm);
     assert_eq!(kl.set_up(U1, &pv_fs).await, mnt);

@@ -212,11 +212,13 @@ async fn node_ground(name: &str, what: &'static str) -> NodeGround {
     }
 }
 
-/// The ext4 volume of `g` staged at its long staging path.
-async fn stage_fs(g: &mut NodeGround) {
+/// [`node_ground`] with the ext4 volume staged at its long staging path.
+async fn staged_node_ground(name: &str, what: &'static str) -> NodeGround {
+    let mut g = node_ground(name, what).await;
     g.n.node_stage_volume(stage_req(&g.fs_id, &g.staging, mount_cap("ext4")))
         .await
         .expect("NodeStageVolume of the ext4 volume");
+    g
 }
 
 /// NodeGetInfo and NodeGetCapabilities.
@@ -483,8 +485,6 @@ async fn node_stage_rules() {
 /// NodeExpandVolume of a staged volume, twice.
 #[tokio::test(flavor = "multi_thread")]
 async fn node_expand_rules() {
-    let mut g = node_ground("cfnodex", "Node expand").await;
-    stage_fs(&mut g).await;
     let NodeGround {
         k: _k,
         d: _d,
@@ -494,7 +494,7 @@ async fn node_expand_rules() {
         fs_id,
         staging,
         ..
-    } = g;
+    } = staged_node_ground("cfnodex", "Node expand").await;
     // -- NodeExpandVolume, twice ----------------------------------------------
     c.controller_expand_volume(ControllerExpandVolumeRequest {
         volume_id: fs_id.clone(),
@@ -530,8 +530,6 @@ async fn node_expand_rules() {
 /// The publish table, for a filesystem and for a block volume; unstage, twice; nothing left mounted.
 #[tokio::test(flavor = "multi_thread")]
 async fn node_publish_and_unstage_rules() {
-    let mut g = node_ground("cfnodep", "Node publish").await;
-    stage_fs(&mut g).await;
     let NodeGround {
         d: _d,
         k,
@@ -542,7 +540,7 @@ async fn node_publish_and_unstage_rules() {
         staging,
         blk_staging,
         ..
-    } = g;
+    } = staged_node_ground("cfnodep", "Node publish").await;
     // -- The publish table, for a filesystem and for a block volume ------------
     publish_table(
         &mut r,
