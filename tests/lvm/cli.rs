@@ -234,12 +234,12 @@ fn cli_node_reclaim_gives_blocks_back(d: &TestDriver, id: &str, target: &Path, s
             "--json",
             "--progress",
             "reclaim",
-            &id,
+            id,
             "--node",
             "--path",
-            &s(&target),
+            &s(target),
             "--staging",
-            &s(&staging),
+            &s(staging),
         ],
     );
     assert!(out.status.success());
@@ -252,7 +252,7 @@ fn cli_node_reclaim_gives_blocks_back(d: &TestDriver, id: &str, target: &Path, s
     );
     // lvs read after the reclaim: the filesystem may have written since
     // (a journal commit touches a few chunks), never given back more.
-    let lv_used = lvs(&d.vg).find(&id).unwrap().allocated_bytes().unwrap();
+    let lv_used = lvs(&d.vg).find(id).unwrap().allocated_bytes().unwrap();
     let post = u(&r["post_usage_bytes"]);
     assert!(
         lv_used + 64 * 1024 >= post && lv_used <= post + 4 * MIB,
@@ -271,12 +271,12 @@ fn cli_heal_rebinds_a_vanished_publish(d: &TestDriver, id: &str, target: &Path, 
     let heal = || {
         json(
             d,
-            &["heal", id, "--path", &s(&target), "--staging", &s(&staging)],
+            &["heal", id, "--path", &s(target), "--staging", &s(staging)],
         )
     };
     let h = heal();
     assert_eq!(h["abnormal"], false, "{h}");
-    sh("umount", &[&s(&target)]);
+    sh("umount", &[&s(target)]);
     assert!(!target.join("kept").exists());
     let h = heal();
     assert_eq!(h["abnormal"], true, "{h}");

@@ -116,31 +116,31 @@ async fn volumes_and_a_snapshot(
 fn assert_pool_metrics(m: &BTreeMap<String, f64>, vg: &str) -> thinpool_csi::lvm::report::Lv {
     let report = lvs(vg);
     let pool = report.find("pool").expect("the thin pool");
-    assert_eq!(get(&m, "thinpool_csi_pool_up"), 1.0);
-    assert_eq!(get(&m, "thinpool_csi_pool_usable"), 1.0);
-    assert_eq!(get(&m, "thinpool_csi_pool_size_bytes"), pool.size as f64);
+    assert_eq!(get(m, "thinpool_csi_pool_up"), 1.0);
+    assert_eq!(get(m, "thinpool_csi_pool_usable"), 1.0);
+    assert_eq!(get(m, "thinpool_csi_pool_size_bytes"), pool.size as f64);
     let data = pool.data_percent.expect("Data% of an active pool");
     assert!(data > 0.0, "4 MiB were written to the pool");
-    assert_eq!(get(&m, "thinpool_csi_pool_data_percent"), data);
+    assert_eq!(get(m, "thinpool_csi_pool_data_percent"), data);
     assert_eq!(
-        get(&m, "thinpool_csi_pool_metadata_percent"),
+        get(m, "thinpool_csi_pool_metadata_percent"),
         pool.metadata_percent.expect("Metadata% of an active pool")
     );
     // Both metadata stores, and how many LVs each still takes.
     assert!(pool.metadata_size > 0 && pool.vg_mda_size > 0, "{pool:?}");
     assert_eq!(
-        get(&m, "thinpool_csi_pool_metadata_size_bytes"),
+        get(m, "thinpool_csi_pool_metadata_size_bytes"),
         pool.metadata_size as f64
     );
     assert_eq!(
-        get(&m, "thinpool_csi_vg_metadata_area_size_bytes"),
+        get(m, "thinpool_csi_vg_metadata_area_size_bytes"),
         pool.vg_mda_size as f64
     );
-    let mda_free = get(&m, "thinpool_csi_vg_metadata_area_free_bytes");
+    let mda_free = get(m, "thinpool_csi_vg_metadata_area_free_bytes");
     assert!(mda_free > 0.0 && mda_free < pool.vg_mda_size as f64 / 2.0);
     for store in ["pool", "vg"] {
         let left = get(
-            &m,
+            m,
             &format!("thinpool_csi_metadata_lvs_left{{store=\"{store}\"}}"),
         );
         assert!(left > 100.0, "{store}: {left} LVs left");
@@ -148,23 +148,23 @@ fn assert_pool_metrics(m: &BTreeMap<String, f64>, vg: &str) -> thinpool_csi::lvm
     let volumes = report.lvs.iter().filter(|lv| lv.name.starts_with("csi-"));
     let snapshots = report.lvs.iter().filter(|lv| lv.name.starts_with("snap-"));
     assert_eq!(
-        get(&m, "thinpool_csi_volumes"),
+        get(m, "thinpool_csi_volumes"),
         volumes.clone().count() as f64
     );
-    assert_eq!(get(&m, "thinpool_csi_volumes"), 2.0);
+    assert_eq!(get(m, "thinpool_csi_volumes"), 2.0);
     assert_eq!(
-        get(&m, "thinpool_csi_snapshots"),
+        get(m, "thinpool_csi_snapshots"),
         snapshots.clone().count() as f64
     );
-    assert_eq!(get(&m, "thinpool_csi_snapshots"), 1.0);
+    assert_eq!(get(m, "thinpool_csi_snapshots"), 1.0);
     let virtual_sum = volumes.chain(snapshots).map(|lv| lv.size).sum();
     let cap = Capacity::compute(pool.size, pool.data_percent.unwrap(), 4.0, virtual_sum);
     assert_eq!(
-        get(&m, "thinpool_csi_pool_overprovisioned_free_bytes"),
+        get(m, "thinpool_csi_pool_overprovisioned_free_bytes"),
         cap.virtual_headroom as f64
     );
     assert_eq!(
-        get(&m, "thinpool_csi_pool_physical_free_bytes"),
+        get(m, "thinpool_csi_pool_physical_free_bytes"),
         cap.physical_free as f64
     );
     pool.clone()
