@@ -18,24 +18,27 @@
 //! A missed limit is listed as `MISSED: ...` after the tables, and the
 //! bench then exits 1, so `scripts/bench.sh` fails.
 
+#[path = "../tests/lvm/fixtures.rs"]
+#[allow(dead_code)]
+mod fixtures;
 #[path = "../tests/lvm/harness.rs"]
 #[allow(dead_code)]
 mod harness;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fixtures::{
+    block_cap, create_req, create_volume, del, mount_cap, publish_req, s, stage_req, unpublish_req,
+    unstage_req,
+};
 use harness::{bare, TestDriver, MIB};
 use thinpool_csi::exec::{Coprocess, Stop};
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
-use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use thinpool_csi::proto::csi::v1::volume_capability::{
-    AccessMode, AccessType, BlockVolume, MountVolume,
-};
 use thinpool_csi::proto::csi::v1::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
@@ -103,43 +106,13 @@ fn keep_limit() -> String {
     format!("{} % of size", KEEP_LIMIT * 100.0)
 }
 
+/// A single-node-writer capability: raw block, or a filesystem `fs`.
 fn cap(block: bool, fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(if block {
-            AccessType::Block(BlockVolume {})
-        } else {
-            AccessType::Mount(MountVolume {
-                fs_type: fs.into(),
-                ..Default::default()
-            })
-        }),
+    if block {
+        block_cap()
+    } else {
+        mount_cap(fs)
     }
-}
-
-fn create_req(name: &str, bytes: u64, c: VolumeCapability) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![c],
-        ..Default::default()
-    }
-}
-
-fn del(id: &str) -> DeleteVolumeRequest {
-    DeleteVolumeRequest {
-        volume_id: id.into(),
-        secrets: HashMap::new(),
-    }
-}
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
 }
 
 /// One long-lived `lvm` shell, started as the driver starts its own
@@ -656,25 +629,17 @@ async fn delete_all(cs: &[ControllerClient<Channel>], ids: Vec<String>) {
 /// Stages volume `id` at `staging` as `fs`; returns the call's wall time.
 async fn stage(node: &mut NodeClient<Channel>, id: &str, staging: &Path, fs: &str) -> f64 {
     let t = Instant::now();
-    node.node_stage_volume(NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(staging),
-        volume_capability: Some(cap(false, fs)),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    node.node_stage_volume(stage_req(id, staging, cap(false, fs)))
+        .await
+        .unwrap();
     t.elapsed().as_secs_f64()
 }
 
 async fn unstage(node: &mut NodeClient<Channel>, id: &str, staging: &Path) -> f64 {
     let t = Instant::now();
-    node.node_unstage_volume(NodeUnstageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(staging),
-    })
-    .await
-    .unwrap();
+    node.node_unstage_volume(unstage_req(id, staging))
+        .await
+        .unwrap();
     t.elapsed().as_secs_f64()
 }
 
@@ -684,12 +649,8 @@ async fn create(
     bytes: u64,
     cp: VolumeCapability,
 ) -> String {
-    c.create_volume(create_req(name, bytes, cp))
+    create_volume(c, create_req(name, bytes, cp))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id
 }
 
@@ -1176,21 +1137,11 @@ async fn run() -> usize {
         let n0 = calls(&log);
         for i in 0..n {
             let target = root.join(format!("pub-{i}"));
-            node.node_publish_volume(NodePublishVolumeRequest {
-                volume_id: id.clone(),
-                staging_target_path: s(&staging),
-                target_path: s(&target),
-                volume_capability: Some(cap(false, "ext4")),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-            node.node_unpublish_volume(NodeUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                target_path: s(&target),
-            })
-            .await
-            .unwrap();
+            let publish = publish_req(&id, &staging, &target, cap(false, "ext4"), false);
+            node.node_publish_volume(publish).await.unwrap();
+            node.node_unpublish_volume(unpublish_req(&id, &target))
+                .await
+                .unwrap();
         }
         let publish_calls = calls(&log) - n0;
         table.at_most(

@@ -19,6 +19,9 @@
 //! `TPCSI_SCALE_STEP` (default 2000), `TPCSI_SCALE_SAMPLES` (timed creates
 //! per step and side, default 20).
 
+#[path = "../tests/lvm/fixtures.rs"]
+#[allow(dead_code)]
+mod fixtures;
 #[path = "../tests/lvm/harness.rs"]
 #[allow(dead_code)]
 mod harness;
@@ -26,10 +29,9 @@ mod harness;
 use std::collections::HashMap;
 use std::time::Instant;
 
+use fixtures::block_cap;
 use harness::{TestDriver, MIB};
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
-use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use thinpool_csi::proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume};
 use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 
@@ -44,15 +46,6 @@ fn knob(name: &str, default: usize) -> usize {
             .ok()
             .filter(|n| *n > 0)
             .unwrap_or_else(|| panic!("{name} must be a positive whole number, not {s:?}")),
-    }
-}
-
-fn block() -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Block(BlockVolume {})),
     }
 }
 
@@ -74,7 +67,7 @@ fn create_req(i: usize) -> CreateVolumeRequest {
             required_bytes: VOLUME as i64,
             limit_bytes: 0,
         }),
-        volume_capabilities: vec![block()],
+        volume_capabilities: vec![block_cap()],
         parameters: params,
         ..Default::default()
     }

@@ -202,11 +202,11 @@ fn a_missing_rule_is_found() {
     let bad = broken(&[
         row("conformance::sanity::no_such_test", "x"),
         row(
-            "conformance::sanity::sanity_controller_specs",
+            "conformance::sanity::sanity_controller_get_capabilities",
             "words no rule has",
         ),
         row(
-            "conformance::sanity::sanity_controller_specs",
+            "conformance::sanity::sanity_controller_get_capabilities",
             "GetSnapshot: not served",
         ),
     ]);

@@ -14,7 +14,7 @@ use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeRecla
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::controller::{block_cap, create_req, mount_cap};
+use crate::fixtures::{block_cap, create_req, create_volume, mount_cap, node_reclaim};
 use crate::harness::{lvm, lvs, sh, TestDriver, DRIVER_NAME, MIB};
 
 async fn create(
@@ -24,12 +24,8 @@ async fn create(
 ) -> String {
     // XFS refuses filesystems under 300 MiB; thin volumes cost only what
     // is written, so every test volume can be that large.
-    c.create_volume(create_req(name, 320 * MIB, cap))
+    create_volume(c, create_req(name, 320 * MIB, cap))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id
 }
 
@@ -76,26 +72,6 @@ fn write_random(path: &Path, mib: u64) {
             "status=none",
         ],
     );
-}
-
-pub(crate) async fn node_reclaim(d: &TestDriver, id: &str, staging: &Path) -> (u64, u64) {
-    let mut n = ReclaimSpaceNodeClient::connect(d.addons_uri())
-        .await
-        .unwrap();
-    let r = n
-        .node_reclaim_space(NodeReclaimSpaceRequest {
-            volume_id: id.into(),
-            volume_path: String::new(),
-            staging_target_path: staging.display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    (
-        r.pre_usage.unwrap().usage_bytes as u64,
-        r.post_usage.unwrap().usage_bytes as u64,
-    )
 }
 
 async fn reclaim_mounted(fs: &str) {

@@ -10,9 +10,10 @@ use thinpool_csi::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNo
 use thinpool_csi::proto::reclaimspace::NodeReclaimSpaceRequest;
 use tonic::Code;
 
-use crate::controller::{create_req, mount_cap};
+use crate::fixtures::{
+    create_req, mount_cap, publish_req, stage_req, tpcsi, unpublish_req, unstage_req, Kubelet,
+};
 use crate::harness::{lvs, try_lvm, TestDriver, MIB};
-use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
 
 /// The second class's VG and loop file, removed when the test ends.
 struct SecondPool {
@@ -183,7 +184,7 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
 
     // tpcsi shows the class: capacity of the one asked about, and a
     // class column in the list.
-    let out = crate::cli::tpcsi(&d, &["--json", "capacity", "--param", "deviceClass=fast"]);
+    let out = tpcsi(&d, &["--json", "capacity", "--param", "deviceClass=fast"]);
     assert!(out.status.success(), "{out:?}");
     let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(cap["device_class"], "fast", "{cap}");
@@ -192,7 +193,7 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         Some(fast_cap.available_capacity),
         "{cap}"
     );
-    let out = crate::cli::tpcsi(&d, &["list"]);
+    let out = tpcsi(&d, &["list"]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         table

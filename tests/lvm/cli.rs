@@ -4,33 +4,12 @@
 //! and exit status.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 use thinpool_csi::mountinfo::MountInfo;
 
+use crate::fixtures::{create, mount_cap, s, tpcsi, Kubelet};
 use crate::harness::{lvs, sh, TestDriver, DRIVER_NAME, MIB, NODE_ID};
-use crate::node::Kubelet;
-
-/// Runs `tpcsi` on this driver's sockets.
-pub(crate) fn tpcsi(d: &TestDriver, args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_tpcsi"))
-        .arg("--endpoint")
-        .arg(d.uri())
-        .arg("--addons-endpoint")
-        .arg(d.addons_uri())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run tpcsi");
-    eprintln!(
-        "$ tpcsi {}\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// `tpcsi --json ARGS`, which must succeed; its answer parsed.
 fn json(d: &TestDriver, args: &[&str]) -> Value {
@@ -79,12 +58,11 @@ fn bytes_usage(stats: &Value) -> &Value {
         .unwrap_or_else(|| panic!("no bytes usage in {stats}"))
 }
 
+/// `tpcsi probe`, `info` and `capacity` answer for both sockets, the
+/// plugin and the pool.
 #[tokio::test(flavor = "multi_thread")]
-async fn cli_drives_a_volume_lifecycle() {
-    let k = Kubelet::new("cli");
-    let d = TestDriver::start("cli", 256 * MIB, &k.extra()).await;
-    let s = |p: &Path| p.to_str().unwrap().to_string();
-
+async fn cli_probe_info_and_capacity() {
+    let d = TestDriver::start("clinfo", 256 * MIB, "").await;
     // Probe and plugin info, on both sockets.
     let probe = json(&d, &["probe"]);
     let services = probe["services"].as_array().unwrap();
@@ -116,6 +94,15 @@ async fn cli_drives_a_volume_lifecycle() {
     let cap = json(&d, &["capacity"]);
     assert!(u(&cap["available_capacity"]) >= 128 * MIB, "{cap}");
     assert!(u(&cap["maximum_volume_size"]) >= u(&cap["available_capacity"]));
+}
+
+/// One volume's life through `tpcsi`: create, list, expand (before
+/// staging and published), stage, publish, stats, node reclaim, heal,
+/// unpublish, unstage, controller reclaim, delete.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_drives_a_volume_lifecycle() {
+    let k = Kubelet::new("cli");
+    let d = TestDriver::start("cli", 256 * MIB, &k.extra()).await;
 
     // Create, and find it in the list (JSON and table) and in LVM.
     let v = json(&d, &["create", "pvc-cli", "--size", "64Mi", "--fs", "ext4"]);
@@ -211,67 +198,8 @@ async fn cli_drives_a_volume_lifecycle() {
     // Reclaim on the node after a delete: the pool gets the blocks back.
     std::fs::remove_file(target.join("scratch")).unwrap();
     sh("sync", &[]);
-    let out = tpcsi(
-        &d,
-        &[
-            "--json",
-            "--progress",
-            "reclaim",
-            &id,
-            "--node",
-            "--path",
-            &s(&target),
-            "--staging",
-            &s(&staging),
-        ],
-    );
-    assert!(out.status.success());
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["side"], "node");
-    assert!(u(&r["reclaimed_bytes"]) >= 20 * MIB, "{r}");
-    assert_eq!(
-        u(&r["reclaimed_bytes"]),
-        u(&r["pre_usage_bytes"]) - u(&r["post_usage_bytes"])
-    );
-    // lvs read after the reclaim: the filesystem may have written since
-    // (a journal commit touches a few chunks), never given back more.
-    let lv_used = lvs(&d.vg).find(&id).unwrap().allocated_bytes().unwrap();
-    let post = u(&r["post_usage_bytes"]);
-    assert!(
-        lv_used + 64 * 1024 >= post && lv_used <= post + 4 * MIB,
-        "lvs {lv_used} vs {r}"
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&format!("reclaiming space of {id}: done in")),
-        "progress: {err}"
-    );
-
-    // Heal: the publish mount vanishes behind the driver's back.
-    let heal = || {
-        json(
-            &d,
-            &[
-                "heal",
-                &id,
-                "--path",
-                &s(&target),
-                "--staging",
-                &s(&staging),
-            ],
-        )
-    };
-    let h = heal();
-    assert_eq!(h["abnormal"], false, "{h}");
-    sh("umount", &[&s(&target)]);
-    assert!(!target.join("kept").exists());
-    let h = heal();
-    assert_eq!(h["abnormal"], true, "{h}");
-    assert!(h["message"].as_str().unwrap().contains("re-bound"), "{h}");
-    assert_eq!(
-        std::fs::read(target.join("kept")).unwrap(),
-        b"written through tpcsi publish"
-    );
+    cli_node_reclaim_gives_blocks_back(&d, &id, &target, &staging);
+    cli_heal_rebinds_a_vanished_publish(&d, &id, &target, &staging);
 
     // Unpublish and unstage.
     let up = json(&d, &["unpublish", &id, &s(&target)]);
@@ -289,6 +217,81 @@ async fn cli_drives_a_volume_lifecycle() {
         "{r}"
     );
 
+    // Delete: gone from the list and from LVM.
+    let del = json(&d, &["delete", &id]);
+    assert_eq!(del["action"], "deleted");
+    assert!(lvs(&d.vg).find(&id).is_none());
+    assert_eq!(json(&d, &["list"])["volumes"], serde_json::json!([]));
+    assert_eq!(table(&d, &["list"]), "no volumes\n");
+}
+
+/// `tpcsi reclaim --node` of a published volume whose files were
+/// deleted: the reclaimed bytes, as lvs sees them, and the progress line.
+fn cli_node_reclaim_gives_blocks_back(d: &TestDriver, id: &str, target: &Path, staging: &Path) {
+    let out = tpcsi(
+        d,
+        &[
+            "--json",
+            "--progress",
+            "reclaim",
+            id,
+            "--node",
+            "--path",
+            &s(target),
+            "--staging",
+            &s(staging),
+        ],
+    );
+    assert!(out.status.success());
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["side"], "node");
+    assert!(u(&r["reclaimed_bytes"]) >= 20 * MIB, "{r}");
+    assert_eq!(
+        u(&r["reclaimed_bytes"]),
+        u(&r["pre_usage_bytes"]) - u(&r["post_usage_bytes"])
+    );
+    // lvs read after the reclaim: the filesystem may have written since
+    // (a journal commit touches a few chunks), never given back more.
+    let lv_used = lvs(&d.vg).find(id).unwrap().allocated_bytes().unwrap();
+    let post = u(&r["post_usage_bytes"]);
+    assert!(
+        lv_used + 64 * 1024 >= post && lv_used <= post + 4 * MIB,
+        "lvs {lv_used} vs {r}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("reclaiming space of {id}: done in")),
+        "progress: {err}"
+    );
+}
+
+/// `tpcsi heal`: normal while all is there; once the publish mount
+/// vanishes behind the driver's back, abnormal, and the mount re-bound.
+fn cli_heal_rebinds_a_vanished_publish(d: &TestDriver, id: &str, target: &Path, staging: &Path) {
+    let heal = || {
+        json(
+            d,
+            &["heal", id, "--path", &s(target), "--staging", &s(staging)],
+        )
+    };
+    let h = heal();
+    assert_eq!(h["abnormal"], false, "{h}");
+    sh("umount", &[&s(target)]);
+    assert!(!target.join("kept").exists());
+    let h = heal();
+    assert_eq!(h["abnormal"], true, "{h}");
+    assert!(h["message"].as_str().unwrap().contains("re-bound"), "{h}");
+    assert_eq!(
+        std::fs::read(target.join("kept")).unwrap(),
+        b"written through tpcsi publish"
+    );
+}
+
+/// `tpcsi snapshot create`, `list` and `delete` of a volume's snapshot.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_snapshots_create_list_and_delete() {
+    let d = TestDriver::start("clisnap", 256 * MIB, "").await;
+    let id = create(&d, "pvc-cli", 128 * MIB, mount_cap("ext4")).await;
     // Snapshots.
     let snap = json(&d, &["snapshot", "create", "snap-cli", "--volume", &id]);
     let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
@@ -317,7 +320,14 @@ async fn cli_drives_a_volume_lifecycle() {
         json(&d, &["snapshot", "list"])["snapshots"],
         serde_json::json!([])
     );
+}
 
+/// Errors: the gRPC code in the output, and 10 + the code as exit status.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_errors_carry_the_grpc_code_and_exit_status() {
+    let k = Kubelet::new("clierr");
+    let d = TestDriver::start("clierr", 256 * MIB, &k.extra()).await;
+    let target = k.target("cli");
     // Errors: the gRPC code in the output, and 10 + the code as exit status.
     let missing = "csi-missing-0123456789abcdef";
     let out = tpcsi(&d, &["expand", missing, "--size", "1Gi"]);
@@ -334,13 +344,6 @@ async fn cli_drives_a_volume_lifecycle() {
     let e: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(e["error"]["code"], "RESOURCE_EXHAUSTED", "{e}");
     assert_eq!(out.status.code(), Some(18));
-
-    // Delete: gone from the list and from LVM.
-    let del = json(&d, &["delete", &id]);
-    assert_eq!(del["action"], "deleted");
-    assert!(lvs(&d.vg).find(&id).is_none());
-    assert_eq!(json(&d, &["list"])["volumes"], serde_json::json!([]));
-    assert_eq!(table(&d, &["list"]), "no volumes\n");
 }
 
 /// The pod's readiness (`tpcsi probe`) fails while the pool is missing,

@@ -12,9 +12,10 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::controller::{block_cap, create_req, del, mount_cap};
+use crate::fixtures::{
+    block_cap, create, create_req, del, mount_cap, stage_req, unstage_req, Kubelet,
+};
 use crate::harness::{dm_of_vg, lvs, pool_dm_names, TestDriver, MIB};
-use crate::node::{create, stage_req, unstage_req, Kubelet};
 
 const CLIENTS: usize = 32;
 /// How many clients share each name.

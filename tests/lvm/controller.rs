@@ -1,55 +1,14 @@
 //! Controller and Identity over the socket, against real LVM.
 
-use std::collections::HashMap;
-
+use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use thinpool_csi::proto::csi::v1::volume_capability::{
-    AccessMode, AccessType, BlockVolume, MountVolume,
-};
+use thinpool_csi::proto::csi::v1::volume_capability::AccessMode;
 use thinpool_csi::proto::csi::v1::*;
+use tonic::transport::Channel;
 use tonic::Code;
 
+use crate::fixtures::{block_cap, create_req, create_volume, del, mount_cap};
 use crate::harness::{lvm, lvs, try_lvm, TestDriver, DRIVER_NAME, MIB, NODE_ID};
-
-pub fn mount_cap(fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-    }
-}
-
-pub fn block_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Block(BlockVolume {})),
-    }
-}
-
-pub fn create_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![cap],
-        ..Default::default()
-    }
-}
-
-pub(crate) fn del(id: &str) -> DeleteVolumeRequest {
-    DeleteVolumeRequest {
-        volume_id: id.into(),
-        secrets: HashMap::new(),
-    }
-}
 
 fn thin_names(vg: &str) -> Vec<String> {
     let mut v: Vec<String> = lvs(vg)
@@ -60,9 +19,17 @@ fn thin_names(vg: &str) -> Vec<String> {
     v
 }
 
+/// A driver with one 10 MiB ext4 volume, "pvc-life", created on it.
+async fn one_volume(name: &str) -> (TestDriver, ControllerClient<Channel>, Volume) {
+    let d = TestDriver::start(name, 256 * MIB, "").await;
+    let mut c = d.controller().await;
+    let v1 = create_volume(&mut c, create_req("pvc-life", 10 * MIB, mount_cap("ext4"))).await;
+    (d, c, v1)
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn identity_and_full_controller_lifecycle() {
-    let d = TestDriver::start("life", 256 * MIB, "").await;
+async fn identity_and_controller_capabilities_are_served() {
+    let d = TestDriver::start("ident", 64 * MIB, "").await;
     let mut id = d.identity().await;
     let info = id
         .get_plugin_info(GetPluginInfoRequest {})
@@ -89,7 +56,12 @@ async fn identity_and_full_controller_lifecycle() {
         .unwrap()
         .into_inner();
     assert!(!ccaps.capabilities.is_empty());
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn create_again_returns_the_same_volume_rounded_to_extents_and_tagged() {
+    let d = TestDriver::start("life", 256 * MIB, "").await;
+    let mut c = d.controller().await;
     // Create, and create again: same volume, one LV.
     let req = create_req("pvc-life", 10 * MIB, mount_cap("ext4"));
     let v1 = c
@@ -138,7 +110,11 @@ async fn identity_and_full_controller_lifecycle() {
         lv.tags
     );
     assert_eq!(thin_names(&d.vg).len(), 1);
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn get_validate_and_publish_answer_for_a_volume() {
+    let (d, mut c, v1) = one_volume("lifepub").await;
     // Get, validate, publish (twice), unpublish (twice).
     let got = c
         .controller_get_volume(ControllerGetVolumeRequest {
@@ -204,7 +180,11 @@ async fn identity_and_full_controller_lifecycle() {
         .await
         .unwrap();
     }
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn expand_rounds_up_asks_the_node_and_list_shows_the_new_size() {
+    let (d, mut c, v1) = one_volume("lifegrow").await;
     // Expand (twice: the second is a no-op), then a smaller request.
     for _ in 0..2 {
         let e = c
@@ -238,7 +218,11 @@ async fn identity_and_full_controller_lifecycle() {
         list.entries[0].volume.as_ref().unwrap().capacity_bytes as u64,
         32 * MIB
     );
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_again_succeeds_and_leaves_no_lv() {
+    let (d, mut c, v1) = one_volume("lifedel").await;
     // Delete, and delete again.
     c.delete_volume(del(&v1.volume_id)).await.unwrap();
     c.delete_volume(del(&v1.volume_id)).await.unwrap();

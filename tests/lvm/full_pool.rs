@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
-use crate::addons::node_reclaim;
-use crate::controller::{create_req, del, mount_cap};
+use crate::fixtures::{
+    create, create_req, del, mount_cap, node_reclaim, pool_data_percent, stage_req, unstage_req,
+    Kubelet,
+};
 use crate::harness::{lvm, lvs, TestDriver, MIB};
-use crate::node::{create, pool_data_percent, stage_req, unstage_req, Kubelet};
 
 /// Writes files of random data under `dir` with O_DIRECT until a write
 /// fails; returns dd's stderr of the failing write.
@@ -114,7 +115,7 @@ async fn assert_full(d: &TestDriver, id: &str, staging: &Path) {
         "GetCapacity on a full pool: {cap:?}"
     );
     // The pod's readiness fails: 10 + RESOURCE_EXHAUSTED (8).
-    let out = crate::cli::tpcsi(d, &["probe"]);
+    let out = crate::fixtures::tpcsi(d, &["probe"]);
     assert_eq!(
         out.status.code(),
         Some(18),
@@ -237,7 +238,7 @@ async fn full_pool_refuses_claims_then_recovers_after_extend_and_after_reclaim()
     eprintln!("pool extended: {}% used", pool_data_percent(&vg));
     assert_works(&d, &id, &staging, "lvextend").await;
     assert!(
-        crate::cli::tpcsi(&d, &["probe"]).status.success(),
+        crate::fixtures::tpcsi(&d, &["probe"]).status.success(),
         "ready again once the pool was extended"
     );
 

@@ -50,10 +50,10 @@ use thinpool_csi::proto::csi::v1::volume_capability::{
 use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 
+use crate::fixtures::{mounts_under, read_at, s, write_at, Kubelet};
 use crate::harness::{
     dm_devices, dm_name, lvs, rdev_of, sh, TestDriver, DRIVER_NAME, MIB, NODE_ID,
 };
-use crate::node::{mounts_under, read_at, write_at, Kubelet};
 
 /// The pods' UIDs.
 const U1: &str = "5d3c1b0e-7a41-4c57-9b0e-3f2a6d1c0001";
@@ -67,10 +67,6 @@ const FS_GROUP: u32 = 2000;
 /// harness does not already write (it writes `udev = "off"`).
 const DAEMONSET_SETTINGS: &str =
     "overprovision_ratio = 4.0\ndefault_fs_type = \"ext4\"\ncontroller_expansion = false\n";
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
 
 /// The node image's LVM system directory, as the Dockerfile builds it:
 /// a link to the host's `lvm.conf` and `devices`, a copy of lvm2's
@@ -184,6 +180,18 @@ struct Kl {
 }
 
 impl Kl {
+    /// Registration: kubelet's NodeGetInfo after the plugin registers,
+    /// which must name this node.
+    async fn registers(&mut self) {
+        let info = self
+            .n
+            .node_get_info(NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.node_id, NODE_ID);
+    }
+
     fn root(&self) -> &Path {
         self.k.root.path()
     }
@@ -757,16 +765,11 @@ async fn provision(c: &mut ControllerClient<Channel>, name: &str, bytes: u64, bl
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
-    crate::harness::require_lvm();
-    // The image's LVM: monitoring off (no dmeventd), the profiles the
-    // driver's LVM shell needs.
-    let lvm_dir = tempfile::Builder::new()
-        .prefix("tpcsi-kubelet-lvm-")
-        .tempdir()
-        .unwrap();
-    let sys = image_lvm_system_dir(lvm_dir.path());
+/// The image's LVM system directory under `at`, checked: monitoring off
+/// there (and on in the stand-in host's), the profiles the driver's LVM
+/// shell needs found in it.
+fn image_lvm(at: &Path) -> PathBuf {
+    let sys = image_lvm_system_dir(at);
     assert_eq!(lvm_setting(&sys, "activation/monitoring"), "monitoring=0");
     let host_only = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(sys.join("lvm.conf"), host_only.path().join("lvm.conf")).unwrap();
@@ -780,6 +783,206 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
         format!("profile_dir=\"{}\"", sys.join("profile").display())
     );
     assert!(sys.join("profile/lvmdbusd.profile").exists());
+    sys
+}
+
+/// fsGroup, applied (by kubelet, when the driver does not take it): the
+/// pod's user, in group FS_GROUP only through the pod's fsGroup, writes
+/// to `mnt`; a user without it cannot.
+fn pod_writes_through_its_fs_group(mnt: &Path, driver_takes_group: bool) {
+    if !driver_takes_group {
+        assert_owned(mnt, FS_GROUP);
+    }
+    assert!(
+        as_pod(
+            &FS_GROUP.to_string(),
+            "mkdir app && echo written-by-the-pod > app/data",
+            mnt
+        ),
+        "the pod with fsGroup {FS_GROUP} writes to its volume"
+    );
+    let app = mnt.join("app/data");
+    let m = std::fs::metadata(&app).unwrap();
+    assert_eq!(
+        (m.uid(), m.gid()),
+        (POD_UID, FS_GROUP),
+        "new files inherit the fsGroup"
+    );
+    assert!(
+        !as_pod("3000", "echo x > other", mnt),
+        "a user outside the fsGroup cannot write"
+    );
+}
+
+/// NodeGetVolumeStats at the pod's mount agrees with statvfs; then the
+/// claim grows to 64 MiB (the resizer, no controller expansion, patches
+/// the PV; kubelet calls NodeExpandVolume) and the LV and filesystem
+/// grow. The filesystem's size before.
+async fn stats_then_node_expand(kl: &mut Kl, vg: &str, pv_fs: &Pv, mnt: &Path) -> i64 {
+    let st = kl.stats(pv_fs, mnt).await;
+    let bytes = st
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+        .expect("bytes usage");
+    let inodes = st
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Inodes as i32)
+        .expect("inodes usage");
+    let vfs = nix::sys::statvfs::statvfs(mnt).unwrap();
+    assert_eq!(
+        bytes.total as u64,
+        vfs.blocks() as u64 * vfs.fragment_size() as u64
+    );
+    assert!(bytes.used > 0 && inodes.used > 0, "{st:?}");
+    assert!(!st.volume_condition.unwrap().abnormal);
+    let total_before = bytes.total;
+
+    // The claim grows to 64 MiB: the resizer (no controller expansion)
+    // patches the PV, kubelet calls NodeExpandVolume.
+    let got = kl.node_expand(U1, pv_fs, 64 * MIB).await;
+    assert!(got >= (64 * MIB) as i64, "NodeExpandVolume answered {got}");
+    assert_eq!(
+        lvs(vg).find(&pv_fs.handle).unwrap().size,
+        64 * MIB,
+        "the LV grew"
+    );
+    let st = kl.stats(pv_fs, mnt).await;
+    assert!(
+        st.usage[0].total > total_before + (24 * MIB) as i64,
+        "the filesystem grew: {} -> {}",
+        total_before,
+        st.usage[0].total
+    );
+    total_before
+}
+
+/// The LVM shells the driver's start-up opened run with the image's
+/// LVM_SYSTEM_DIR, `sys`.
+fn lvm_shells_run_with(d: &TestDriver, sys: &Path) {
+    let want = format!("LVM_SYSTEM_DIR={}", sys.display());
+    let shells: Vec<i32> = crate::harness::descendants(d.pid() as i32)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .map(|c| c.trim() == "lvm")
+                .unwrap_or(false)
+        })
+        .collect();
+    assert!(!shells.is_empty(), "the driver keeps LVM shells");
+    for p in &shells {
+        assert!(environ(*p).contains(&want), "lvm {p} lacks {want}");
+    }
+}
+
+/// Nothing of the volumes `pvs` remains after teardown: no mount under
+/// kubelet's directory, no active LV, no loop device on `bind`, no file
+/// under the pods' directories.
+fn nothing_of_the_volumes_remains(kl: &Kl, vg: &str, pvs: &[&Pv], bind: &Path) {
+    assert_eq!(mounts_under(kl.root()), Vec::<PathBuf>::new());
+    for pv in pvs {
+        assert_eq!(
+            lv_dev(vg, &pv.handle),
+            None,
+            "{}'s LV is still active",
+            pv.name
+        );
+    }
+    assert!(
+        sh("losetup", &["-j", &s(bind)]).trim().is_empty(),
+        "kubelet's loop device is gone"
+    );
+    for pod in [U1, U2] {
+        let dir = kl.root().join("pods").join(pod);
+        let left: Vec<_> = walk(&dir).into_iter().filter(|p| !p.is_dir()).collect();
+        assert!(
+            left.is_empty(),
+            "files left under {}: {left:?}",
+            dir.display()
+        );
+    }
+}
+
+/// Every call succeeded, and the restart's heal had nothing to say
+/// (failures are logged at WARN); no dmeventd was started on the image's
+/// LVM configuration (beyond `before`).
+fn no_warning_and_no_dmeventd(d: &TestDriver, before: &[i32]) {
+    let log = d.log();
+    let bad: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(bad.is_empty(), "the driver logged:\n{}", bad.join("\n"));
+
+    // No dmeventd was started on the image's LVM configuration.
+    let started: Vec<i32> = processes("dmeventd")
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert!(started.is_empty(), "dmeventd started: {started:?}");
+    assert!(
+        !d.log().contains("dmeventd"),
+        "the driver's log mentions dmeventd"
+    );
+}
+
+/// kubelet's MountDevice (NodeStageVolume at its globalmount) and SetUp
+/// (NodePublishVolume at the pod's mount) of the filesystem volume, both
+/// on the LV's device: the globalmount, the LV's device numbers, the
+/// pod's mount.
+async fn stage_and_publish_fs(kl: &mut Kl, vg: &str, pv_fs: &Pv) -> (PathBuf, (u32, u32), PathBuf) {
+    let gm = kl.mount_device(pv_fs).await;
+    assert!(
+        gm.starts_with(kl.csi().join(DRIVER_NAME)) && gm.ends_with("globalmount"),
+        "{}",
+        gm.display()
+    );
+    let fs_dev = lv_dev(vg, &pv_fs.handle).expect("the staged LV is active");
+    let staged = MountInfo::read()
+        .unwrap()
+        .top_mount_at(&gm)
+        .map(|m| (m.major, m.minor, m.fs_type.clone()));
+    assert_eq!(staged, Some((fs_dev.0, fs_dev.1, "ext4".to_string())));
+    let mnt = kl.set_up(U1, pv_fs).await;
+    let published = MountInfo::read()
+        .unwrap()
+        .top_mount_at(&mnt)
+        .map(|m| (m.major, m.minor, m.fs_type.clone()));
+    assert_eq!(published, Some((fs_dev.0, fs_dev.1, "ext4".to_string())));
+    assert!(
+        mnt.parent().unwrap().join("vol_data.json").exists(),
+        "kubelet's file beside the mount is left alone"
+    );
+    (gm, fs_dev, mnt)
+}
+
+/// NodeGetVolumeStats after the restart, at kubelet's paths: the grown
+/// filesystem (larger than `total_before` by the growth), the block
+/// volume's 16 MiB, both normal.
+async fn stats_after_restart(kl: &mut Kl, fs: (&Pv, &Path), blk: (&Pv, &Path), total_before: i64) {
+    let ((pv_fs, mnt), (pv_blk, bind)) = (fs, blk);
+    let st = kl.stats(pv_fs, mnt).await;
+    assert!(
+        st.usage[0].total > total_before + (24 * MIB) as i64,
+        "{st:?}"
+    );
+    assert!(!st.volume_condition.unwrap().abnormal);
+    let st = kl.stats(pv_blk, bind).await;
+    assert_eq!(st.usage[0].total, (16 * MIB) as i64);
+    assert!(!st.volume_condition.unwrap().abnormal);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
+    crate::harness::require_lvm();
+    // The image's LVM: monitoring off (no dmeventd), the profiles the
+    // driver's LVM shell needs.
+    let lvm_dir = tempfile::Builder::new()
+        .prefix("tpcsi-kubelet-lvm-")
+        .tempdir()
+        .unwrap();
+    let sys = image_lvm(lvm_dir.path());
     let env = vec![("LVM_SYSTEM_DIR".to_string(), s(&sys))];
     let dmeventd_before = processes("dmeventd");
 
@@ -799,12 +1002,7 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
         n: d.node().await,
         k,
     };
-    let info =
-        kl.n.node_get_info(NodeGetInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-    assert_eq!(info.node_id, NODE_ID);
+    kl.registers().await;
 
     // external-provisioner and external-attacher, for each claim.
     let pv_fs = provision(&mut c, "pv-fs", 32 * MIB, false).await;
@@ -814,92 +1012,12 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
     let driver_takes_group = kl.caps().await.contains(&NodeCap::VolumeMountGroup);
 
     // ---- pod U1: the filesystem volume.
-    let gm = kl.mount_device(&pv_fs).await;
-    assert!(
-        gm.starts_with(kl.csi().join(DRIVER_NAME)) && gm.ends_with("globalmount"),
-        "{}",
-        gm.display()
-    );
-    let fs_dev = lv_dev(&vg, &pv_fs.handle).expect("the staged LV is active");
-    let staged = MountInfo::read()
-        .unwrap()
-        .top_mount_at(&gm)
-        .map(|m| (m.major, m.minor, m.fs_type.clone()));
-    assert_eq!(staged, Some((fs_dev.0, fs_dev.1, "ext4".to_string())));
-    let mnt = kl.set_up(U1, &pv_fs).await;
-    let published = MountInfo::read()
-        .unwrap()
-        .top_mount_at(&mnt)
-        .map(|m| (m.major, m.minor, m.fs_type.clone()));
-    assert_eq!(published, Some((fs_dev.0, fs_dev.1, "ext4".to_string())));
-    assert!(
-        mnt.parent().unwrap().join("vol_data.json").exists(),
-        "kubelet's file beside the mount is left alone"
-    );
-    // fsGroup, applied (by kubelet here, as the driver does not take it):
-    // the pod's user, in group FS_GROUP only through the pod's fsGroup,
-    // writes; a user without it cannot.
-    if !driver_takes_group {
-        assert_owned(&mnt, FS_GROUP);
-    }
-    assert!(
-        as_pod(
-            &FS_GROUP.to_string(),
-            "mkdir app && echo written-by-the-pod > app/data",
-            &mnt
-        ),
-        "the pod with fsGroup {FS_GROUP} writes to its volume"
-    );
-    let app = mnt.join("app/data");
-    let m = std::fs::metadata(&app).unwrap();
-    assert_eq!(
-        (m.uid(), m.gid()),
-        (POD_UID, FS_GROUP),
-        "new files inherit the fsGroup"
-    );
-    assert!(
-        !as_pod("3000", "echo x > other", &mnt),
-        "a user outside the fsGroup cannot write"
-    );
+    let (gm, fs_dev, mnt) = stage_and_publish_fs(&mut kl, &vg, &pv_fs).await;
+    pod_writes_through_its_fs_group(&mnt, driver_takes_group);
     std::fs::write(mnt.join("before-restart"), b"fs data before the restart").unwrap();
 
-    // Stats at the pod's mount.
-    let st = kl.stats(&pv_fs, &mnt).await;
-    let bytes = st
-        .usage
-        .iter()
-        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
-        .expect("bytes usage");
-    let inodes = st
-        .usage
-        .iter()
-        .find(|u| u.unit == volume_usage::Unit::Inodes as i32)
-        .expect("inodes usage");
-    let vfs = nix::sys::statvfs::statvfs(&mnt).unwrap();
-    assert_eq!(
-        bytes.total as u64,
-        vfs.blocks() as u64 * vfs.fragment_size() as u64
-    );
-    assert!(bytes.used > 0 && inodes.used > 0, "{st:?}");
-    assert!(!st.volume_condition.unwrap().abnormal);
-    let total_before = bytes.total;
-
-    // The claim grows to 64 MiB: the resizer (no controller expansion)
-    // patches the PV, kubelet calls NodeExpandVolume.
-    let got = kl.node_expand(U1, &pv_fs, 64 * MIB).await;
-    assert!(got >= (64 * MIB) as i64, "NodeExpandVolume answered {got}");
-    assert_eq!(
-        lvs(&vg).find(&pv_fs.handle).unwrap().size,
-        64 * MIB,
-        "the LV grew"
-    );
-    let st = kl.stats(&pv_fs, &mnt).await;
-    assert!(
-        st.usage[0].total > total_before + (24 * MIB) as i64,
-        "the filesystem grew: {} -> {}",
-        total_before,
-        st.usage[0].total
-    );
+    // Stats at the pod's mount; the claim grows to 64 MiB.
+    let total_before = stats_then_node_expand(&mut kl, &vg, &pv_fs, &mnt).await;
 
     // ---- pod U2: the raw block volume.
     let staging = kl.set_up_device(&pv_blk).await;
@@ -922,27 +1040,8 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
     // which reconstructs both volumes and issues the same calls again.
     d.restart_with_env(&env).await;
     kl.n = d.node().await;
-    let info =
-        kl.n.node_get_info(NodeGetInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-    assert_eq!(info.node_id, NODE_ID);
-    // The LVM shells its start-up opened run with the image's
-    // LVM_SYSTEM_DIR.
-    let want = format!("LVM_SYSTEM_DIR={}", sys.display());
-    let shells: Vec<i32> = crate::harness::descendants(d.pid() as i32)
-        .into_iter()
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm"))
-                .map(|c| c.trim() == "lvm")
-                .unwrap_or(false)
-        })
-        .collect();
-    assert!(!shells.is_empty(), "the driver keeps LVM shells");
-    for p in &shells {
-        assert!(environ(*p).contains(&want), "lvm {p} lacks {want}");
-    }
+    kl.registers().await;
+    lvm_shells_run_with(&d, &sys);
     assert_eq!(kl.mount_device(&pv_fs).await, gm);
     assert_eq!(kl.set_up(U1, &pv_fs).await, mnt);
     let staging_again = kl.set_up_device(&pv_blk).await;
@@ -972,7 +1071,7 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
         b"fs data before the restart"
     );
     assert_eq!(
-        std::fs::read_to_string(&app).unwrap(),
+        std::fs::read_to_string(mnt.join("app/data")).unwrap(),
         "written-by-the-pod\n"
     );
     if !driver_takes_group {
@@ -987,15 +1086,7 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
     assert_eq!(read_at(&pod_dev, 3 * MIB, pattern.len()), pattern);
 
     // Stats after the restart, at kubelet's paths.
-    let st = kl.stats(&pv_fs, &mnt).await;
-    assert!(
-        st.usage[0].total > total_before + (24 * MIB) as i64,
-        "{st:?}"
-    );
-    assert!(!st.volume_condition.unwrap().abnormal);
-    let st = kl.stats(&pv_blk, &bind).await;
-    assert_eq!(st.usage[0].total, (16 * MIB) as i64);
-    assert!(!st.volume_condition.unwrap().abnormal);
+    stats_after_restart(&mut kl, (&pv_fs, &mnt), (&pv_blk, &bind), total_before).await;
 
     // ---- teardown, in kubelet's order, then the attacher's.
     kl.tear_down(U1, &pv_fs).await;
@@ -1012,50 +1103,9 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
         .unwrap_or_else(|e| panic!("ControllerUnpublishVolume {}: {e}", pv.name));
     }
 
-    // Nothing of these volumes remains: no mount under kubelet's
-    // directory, no device-mapper device, no loop device on them.
-    assert_eq!(mounts_under(kl.root()), Vec::<PathBuf>::new());
-    for pv in [&pv_fs, &pv_blk] {
-        assert_eq!(
-            lv_dev(&vg, &pv.handle),
-            None,
-            "{}'s LV is still active",
-            pv.name
-        );
-    }
-    assert!(
-        sh("losetup", &["-j", &s(&bind)]).trim().is_empty(),
-        "kubelet's loop device is gone"
-    );
-    for pod in [U1, U2] {
-        let dir = kl.root().join("pods").join(pod);
-        let left: Vec<_> = walk(&dir).into_iter().filter(|p| !p.is_dir()).collect();
-        assert!(
-            left.is_empty(),
-            "files left under {}: {left:?}",
-            dir.display()
-        );
-    }
+    nothing_of_the_volumes_remains(&kl, &vg, &[&pv_fs, &pv_blk], &bind);
 
-    // Every call succeeded, and the restart's heal had nothing to say
-    // (failures are logged at WARN).
-    let log = d.log();
-    let bad: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-        .collect();
-    assert!(bad.is_empty(), "the driver logged:\n{}", bad.join("\n"));
-
-    // No dmeventd was started on the image's LVM configuration.
-    let started: Vec<i32> = processes("dmeventd")
-        .into_iter()
-        .filter(|p| !dmeventd_before.contains(p))
-        .collect();
-    assert!(started.is_empty(), "dmeventd started: {started:?}");
-    assert!(
-        !d.log().contains("dmeventd"),
-        "the driver's log mentions dmeventd"
-    );
+    no_warning_and_no_dmeventd(&d, &dmeventd_before);
 }
 
 /// Every path under `dir`.

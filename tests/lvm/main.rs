@@ -1,6 +1,7 @@
 //! The LVM suite: runs inside the VM (`scripts/test.sh vm`) against the real
 //! binary over its unix socket.
 
+mod fixtures;
 mod harness;
 
 mod addons;

@@ -6,33 +6,16 @@
 use std::path::Path;
 use std::time::Instant;
 
-use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::snapshot_metadata_client::SnapshotMetadataClient;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::controller::{block_cap, create_req, del};
+use crate::fixtures::{
+    allocated_batches, block_cap, create_req, del, delta_batches, publish_req, snapshot, stage_req,
+    unpublish_req, unstage_req, write_at, Batch, Kubelet,
+};
 use crate::harness::{dm_name, dmsetup, lvm, lvs, sh, TestDriver, MIB};
-use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, write_at, Kubelet};
-
-pub(crate) async fn snapshot(
-    c: &mut ControllerClient<Channel>,
-    name: &str,
-    source: &str,
-) -> String {
-    c.create_snapshot(CreateSnapshotRequest {
-        name: name.into(),
-        source_volume_id: source.into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .snapshot
-    .unwrap()
-    .snapshot_id
-}
 
 /// Every range of a GetMetadataAllocated stream, checking the stream's
 /// rules on the way: one type, one capacity, batches within `max`,
@@ -43,28 +26,14 @@ async fn allocated(
     start: i64,
     max: i32,
 ) -> Result<Vec<(i64, i64)>, tonic::Status> {
-    let mut s = m
-        .get_metadata_allocated(GetMetadataAllocatedRequest {
-            snapshot_id: id.into(),
-            starting_offset: start,
-            max_results: max,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(r) = s.message().await? {
-        check(
-            &mut out,
-            r.block_metadata_type,
-            r.block_metadata,
-            max,
-            start,
-        );
-    }
-    Ok(out)
+    Ok(checked(
+        allocated_batches(m, id, start, max).await?,
+        max,
+        start,
+    ))
 }
 
+/// Every range of a GetMetadataDelta stream, checked as [`allocated`]'s.
 async fn delta(
     m: &mut SnapshotMetadataClient<Channel>,
     base: &str,
@@ -72,27 +41,20 @@ async fn delta(
     start: i64,
     max: i32,
 ) -> Result<Vec<(i64, i64)>, tonic::Status> {
-    let mut s = m
-        .get_metadata_delta(GetMetadataDeltaRequest {
-            base_snapshot_id: base.into(),
-            target_snapshot_id: target.into(),
-            starting_offset: start,
-            max_results: max,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    Ok(checked(
+        delta_batches(m, base, target, start, max).await?,
+        max,
+        start,
+    ))
+}
+
+/// The ranges of a stream's batches, each batch checked.
+fn checked(batches: Vec<Batch>, max: i32, start: i64) -> Vec<(i64, i64)> {
     let mut out = Vec::new();
-    while let Some(r) = s.message().await? {
-        check(
-            &mut out,
-            r.block_metadata_type,
-            r.block_metadata,
-            max,
-            start,
-        );
+    for (kind, batch) in batches {
+        check(&mut out, kind, batch, max, start);
     }
-    Ok(out)
+    out
 }
 
 fn check(out: &mut Vec<(i64, i64)>, kind: i32, batch: Vec<BlockMetadata>, max: i32, start: i64) {

@@ -11,7 +11,7 @@ use thinpool_csi::lvm::report::Capacity;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
-use crate::controller::{block_cap, create_req, mount_cap};
+use crate::fixtures::{block_cap, create_req, mount_cap};
 use crate::harness::{counting_lvm, file_lines, lvm, lvs, sh, TestDriver, MIB};
 
 /// GET /metrics: the samples by series (`name{labels}`); an answer other
@@ -64,34 +64,15 @@ fn lvm_calls(log: &Path) -> usize {
     file_lines(log).iter().filter(|l| *l != "version").count()
 }
 
-#[tokio::test]
-async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
-    // Every LVM command the driver runs goes through this wrapper, which
-    // writes a line per call.
-    let tools = tempfile::tempdir().unwrap();
-    let (wrapper, calls) = counting_lvm(tools.path());
-    loopback_up();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    // A short cache lifetime: the scrapes below come after it passed, so
-    // the first reads LVM afresh and the second must not.
-    let max_age = 3;
-    let d = TestDriver::start(
-        "metrics",
-        128 * MIB,
-        &format!(
-            "metrics_address = \"{addr}\"\nlvm_binary = \"{}\"\nreport_max_age_secs = {max_age}",
-            wrapper.display()
-        ),
-    )
-    .await;
-    assert!(lvm_calls(&calls) > 0, "the driver does not use the wrapper");
-    let mut c = d.controller().await;
-
+/// An ext4 volume, a block one with 4 MiB written to it behind the
+/// driver's back (so the pool's Data% is not 0), and a snapshot of the
+/// first: two CreateVolume and one CreateSnapshot.
+async fn volumes_and_a_snapshot(
+    d: &TestDriver,
+    c: &mut thinpool_csi::proto::csi::v1::controller_client::ControllerClient<
+        tonic::transport::Channel,
+    >,
+) {
     let a = c
         .create_volume(create_req("m-a", 16 * MIB, mount_cap("ext4")))
         .await
@@ -127,6 +108,167 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
     })
     .await
     .unwrap();
+}
+
+/// The pool and volume gauges of scrape `m` against what `lvs` (run here,
+/// not by the driver) reports for `vg`; the pool's report.
+#[track_caller]
+fn assert_pool_metrics(m: &BTreeMap<String, f64>, vg: &str) -> thinpool_csi::lvm::report::Lv {
+    let report = lvs(vg);
+    let pool = report.find("pool").expect("the thin pool");
+    assert_eq!(get(m, "thinpool_csi_pool_up{class=\"default\"}"), 1.0);
+    assert_eq!(get(m, "thinpool_csi_pool_usable{class=\"default\"}"), 1.0);
+    assert_eq!(
+        get(m, "thinpool_csi_pool_size_bytes{class=\"default\"}"),
+        pool.size as f64
+    );
+    let data = pool.data_percent.expect("Data% of an active pool");
+    assert!(data > 0.0, "4 MiB were written to the pool");
+    assert_eq!(
+        get(m, "thinpool_csi_pool_data_percent{class=\"default\"}"),
+        data
+    );
+    assert_eq!(
+        get(m, "thinpool_csi_pool_metadata_percent{class=\"default\"}"),
+        pool.metadata_percent.expect("Metadata% of an active pool")
+    );
+    // Both metadata stores, and how many LVs each still takes.
+    assert!(pool.metadata_size > 0 && pool.vg_mda_size > 0, "{pool:?}");
+    assert_eq!(
+        get(
+            m,
+            "thinpool_csi_pool_metadata_size_bytes{class=\"default\"}"
+        ),
+        pool.metadata_size as f64
+    );
+    assert_eq!(
+        get(
+            m,
+            "thinpool_csi_vg_metadata_area_size_bytes{class=\"default\"}"
+        ),
+        pool.vg_mda_size as f64
+    );
+    let mda_free = get(
+        m,
+        "thinpool_csi_vg_metadata_area_free_bytes{class=\"default\"}",
+    );
+    assert!(mda_free > 0.0 && mda_free < pool.vg_mda_size as f64 / 2.0);
+    for store in ["pool", "vg"] {
+        let left = get(
+            m,
+            &format!("thinpool_csi_metadata_lvs_left{{class=\"default\",store=\"{store}\"}}"),
+        );
+        assert!(left > 100.0, "{store}: {left} LVs left");
+    }
+    let volumes = report.lvs.iter().filter(|lv| lv.name.starts_with("csi-"));
+    let snapshots = report.lvs.iter().filter(|lv| lv.name.starts_with("snap-"));
+    assert_eq!(
+        get(m, "thinpool_csi_volumes{class=\"default\"}"),
+        volumes.clone().count() as f64
+    );
+    assert_eq!(get(m, "thinpool_csi_volumes{class=\"default\"}"), 2.0);
+    assert_eq!(
+        get(m, "thinpool_csi_snapshots{class=\"default\"}"),
+        snapshots.clone().count() as f64
+    );
+    assert_eq!(get(m, "thinpool_csi_snapshots{class=\"default\"}"), 1.0);
+    let virtual_sum = volumes.chain(snapshots).map(|lv| lv.size).sum();
+    let cap = Capacity::compute(pool.size, pool.data_percent.unwrap(), 4.0, virtual_sum);
+    assert_eq!(
+        get(
+            m,
+            "thinpool_csi_pool_overprovisioned_free_bytes{class=\"default\"}"
+        ),
+        cap.virtual_headroom as f64
+    );
+    assert_eq!(
+        get(
+            m,
+            "thinpool_csi_pool_physical_free_bytes{class=\"default\"}"
+        ),
+        cap.physical_free as f64
+    );
+    pool.clone()
+}
+
+/// One log line per call, with its method, id and code: the one
+/// ControllerGetVolume of `missing`, and the two CreateVolume.
+#[track_caller]
+fn assert_one_log_line_per_call(d: &TestDriver, missing: &str) {
+    let log = d.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("thinpool_csi::rpc") && l.contains("method=\"ControllerGetVolume\""))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    for part in [
+        format!("volume_id=\"{missing}\""),
+        "code=\"NOT_FOUND\"".to_string(),
+        "duration_ms=".to_string(),
+    ] {
+        assert!(lines[0].contains(&part), "{part} missing in {}", lines[0]);
+    }
+    let creates = log
+        .lines()
+        .filter(|l| {
+            l.contains("thinpool_csi::rpc")
+                && l.contains("method=\"CreateVolume\"")
+                && l.contains("code=\"OK\"")
+        })
+        .count();
+    assert_eq!(creates, 2);
+}
+
+/// `tpcsi capacity` shows both metadata stores of `pool` from the metrics
+/// endpoint at `addr`.
+#[track_caller]
+fn assert_tpcsi_capacity_shows_metadata(
+    d: &TestDriver,
+    addr: &str,
+    pool: &thinpool_csi::lvm::report::Lv,
+) {
+    let out = crate::fixtures::tpcsi(d, &["--json", "--metrics-address", addr, "capacity"]);
+    assert!(out.status.success(), "tpcsi capacity: {out:?}");
+    let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let md = &cap["metadata"];
+    assert_eq!(md["pool_metadata_size"], pool.metadata_size, "{cap}");
+    assert_eq!(md["vg_metadata_area_size"], pool.vg_mda_size, "{cap}");
+    assert!(
+        md["pool_lvs_left"].as_u64().is_some_and(|n| n > 100),
+        "{cap}"
+    );
+    assert!(md["vg_lvs_left"].as_u64().is_some_and(|n| n > 100), "{cap}");
+}
+
+#[tokio::test]
+async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
+    // Every LVM command the driver runs goes through this wrapper, which
+    // writes a line per call.
+    let tools = tempfile::tempdir().unwrap();
+    let (wrapper, calls) = counting_lvm(tools.path());
+    loopback_up();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    // A short cache lifetime: the scrapes below come after it passed, so
+    // the first reads LVM afresh and the second must not.
+    let max_age = 3;
+    let d = TestDriver::start(
+        "metrics",
+        128 * MIB,
+        &format!(
+            "metrics_address = \"{addr}\"\nlvm_binary = \"{}\"\nreport_max_age_secs = {max_age}",
+            wrapper.display()
+        ),
+    )
+    .await;
+    assert!(lvm_calls(&calls) > 0, "the driver does not use the wrapper");
+    let mut c = d.controller().await;
+
+    volumes_and_a_snapshot(&d, &mut c).await;
     let before = scrape(&addr).await;
     assert_eq!(get(&before, &rpc("requests_total", "CreateVolume")), 2.0);
     assert_eq!(get(&before, &rpc("requests_total", "CreateSnapshot")), 1.0);
@@ -200,116 +342,12 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
 
     // The pool and its contents, as `lvs` (run here, not by the driver)
     // reports them.
-    let report = lvs(&d.vg);
-    let pool = report.find("pool").expect("the thin pool");
-    assert_eq!(get(&m, "thinpool_csi_pool_up{class=\"default\"}"), 1.0);
-    assert_eq!(get(&m, "thinpool_csi_pool_usable{class=\"default\"}"), 1.0);
-    assert_eq!(
-        get(&m, "thinpool_csi_pool_size_bytes{class=\"default\"}"),
-        pool.size as f64
-    );
-    let data = pool.data_percent.expect("Data% of an active pool");
-    assert!(data > 0.0, "4 MiB were written to the pool");
-    assert_eq!(
-        get(&m, "thinpool_csi_pool_data_percent{class=\"default\"}"),
-        data
-    );
-    assert_eq!(
-        get(&m, "thinpool_csi_pool_metadata_percent{class=\"default\"}"),
-        pool.metadata_percent.expect("Metadata% of an active pool")
-    );
-    // Both metadata stores, and how many LVs each still takes.
-    assert!(pool.metadata_size > 0 && pool.vg_mda_size > 0, "{pool:?}");
-    assert_eq!(
-        get(
-            &m,
-            "thinpool_csi_pool_metadata_size_bytes{class=\"default\"}"
-        ),
-        pool.metadata_size as f64
-    );
-    assert_eq!(
-        get(
-            &m,
-            "thinpool_csi_vg_metadata_area_size_bytes{class=\"default\"}"
-        ),
-        pool.vg_mda_size as f64
-    );
-    let mda_free = get(
-        &m,
-        "thinpool_csi_vg_metadata_area_free_bytes{class=\"default\"}",
-    );
-    assert!(mda_free > 0.0 && mda_free < pool.vg_mda_size as f64 / 2.0);
-    for store in ["pool", "vg"] {
-        let left = get(
-            &m,
-            &format!("thinpool_csi_metadata_lvs_left{{class=\"default\",store=\"{store}\"}}"),
-        );
-        assert!(left > 100.0, "{store}: {left} LVs left");
-    }
-    let volumes = report.lvs.iter().filter(|lv| lv.name.starts_with("csi-"));
-    let snapshots = report.lvs.iter().filter(|lv| lv.name.starts_with("snap-"));
-    assert_eq!(
-        get(&m, "thinpool_csi_volumes{class=\"default\"}"),
-        volumes.clone().count() as f64
-    );
-    assert_eq!(get(&m, "thinpool_csi_volumes{class=\"default\"}"), 2.0);
-    assert_eq!(
-        get(&m, "thinpool_csi_snapshots{class=\"default\"}"),
-        snapshots.clone().count() as f64
-    );
-    assert_eq!(get(&m, "thinpool_csi_snapshots{class=\"default\"}"), 1.0);
-    let virtual_sum = volumes.chain(snapshots).map(|lv| lv.size).sum();
-    let cap = Capacity::compute(pool.size, pool.data_percent.unwrap(), 4.0, virtual_sum);
-    assert_eq!(
-        get(
-            &m,
-            "thinpool_csi_pool_overprovisioned_free_bytes{class=\"default\"}"
-        ),
-        cap.virtual_headroom as f64
-    );
-    assert_eq!(
-        get(
-            &m,
-            "thinpool_csi_pool_physical_free_bytes{class=\"default\"}"
-        ),
-        cap.physical_free as f64
-    );
+    let pool = assert_pool_metrics(&m, &d.vg);
 
     // One log line per call, with its method, id and code.
-    let log = d.log();
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("thinpool_csi::rpc") && l.contains("method=\"ControllerGetVolume\""))
-        .collect();
-    assert_eq!(lines.len(), 1, "{lines:#?}");
-    for part in [
-        format!("volume_id=\"{missing}\""),
-        "code=\"NOT_FOUND\"".to_string(),
-        "duration_ms=".to_string(),
-    ] {
-        assert!(lines[0].contains(&part), "{part} missing in {}", lines[0]);
-    }
-    let creates = log
-        .lines()
-        .filter(|l| {
-            l.contains("thinpool_csi::rpc")
-                && l.contains("method=\"CreateVolume\"")
-                && l.contains("code=\"OK\"")
-        })
-        .count();
-    assert_eq!(creates, 2);
+    assert_one_log_line_per_call(&d, &missing);
     // `tpcsi capacity` shows both metadata stores from this endpoint.
-    let out = crate::cli::tpcsi(&d, &["--json", "--metrics-address", &addr, "capacity"]);
-    assert!(out.status.success(), "tpcsi capacity: {out:?}");
-    let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let md = &cap["metadata"];
-    assert_eq!(md["pool_metadata_size"], pool.metadata_size, "{cap}");
-    assert_eq!(md["vg_metadata_area_size"], pool.vg_mda_size, "{cap}");
-    assert!(
-        md["pool_lvs_left"].as_u64().is_some_and(|n| n > 100),
-        "{cap}"
-    );
-    assert!(md["vg_lvs_left"].as_u64().is_some_and(|n| n > 100), "{cap}");
+    assert_tpcsi_capacity_shows_metadata(&d, &addr, &pool);
     eprintln!(
         "metrics: pool {} bytes, Data% {}, Metadata% {}, 2 volumes, 1 snapshot; \
          LVM calls by the two scrapes: {} and {}",

@@ -4,116 +4,28 @@
 //! with `allowed_roots` set to it.
 
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use thinpool_csi::mountinfo::MountInfo;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use thinpool_csi::proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use thinpool_csi::proto::csi::v1::volume_capability::AccessMode;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
-use crate::controller::{block_cap, create_req, mount_cap};
+use crate::fixtures::{
+    block_cap, create, heal, mkfs_runs, mount_cap, mount_flags, mounts_under, pool_data_percent,
+    publish_req, read_at, s, stage_req, unpublish_req, unstage_req, write_at, Kubelet,
+};
 use crate::harness::{lvm, lvs, sh, TestDriver, MIB, NODE_ID};
-
-/// A directory standing in for /var/lib/kubelet.
-pub(crate) struct Kubelet {
-    pub(crate) root: tempfile::TempDir,
-}
-
-impl Kubelet {
-    pub(crate) fn new(name: &str) -> Kubelet {
-        Kubelet {
-            root: tempfile::Builder::new()
-                .prefix(&format!("tpcsi-kubelet-{name}-"))
-                .tempdir()
-                .unwrap(),
-        }
-    }
-    /// Config text for the driver.
-    pub(crate) fn extra(&self) -> String {
-        format!("allowed_roots = [\"{}\"]\n", self.root.path().display())
-    }
-    /// A staging directory, created as the CO would.
-    pub(crate) fn staging(&self, name: &str) -> PathBuf {
-        let p = self.root.path().join("staging").join(name);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    }
-    /// A target path whose parent exists (the CO's part); the target itself
-    /// is the driver's to create.
-    pub(crate) fn target(&self, name: &str) -> PathBuf {
-        let parent = self.root.path().join("pods").join(name);
-        std::fs::create_dir_all(&parent).unwrap();
-        parent.join("vol")
-    }
-    pub(crate) fn path(&self, rel: &str) -> PathBuf {
-        self.root.path().join(rel)
-    }
-}
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
 
 fn with_mode(mut cap: VolumeCapability, mode: Mode) -> VolumeCapability {
     cap.access_mode = Some(AccessMode { mode: mode as i32 });
     cap
-}
-
-pub(crate) fn mount_flags(fs: &str, flags: &[&str]) -> VolumeCapability {
-    let mut cap = mount_cap(fs);
-    cap.access_type = Some(AccessType::Mount(MountVolume {
-        fs_type: fs.into(),
-        mount_flags: flags.iter().map(|f| f.to_string()).collect(),
-        ..Default::default()
-    }));
-    cap
-}
-
-pub(crate) fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(staging),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-pub(crate) fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
-    NodeUnstageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(staging),
-    }
-}
-
-pub(crate) fn publish_req(
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    cap: VolumeCapability,
-    readonly: bool,
-) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(staging),
-        target_path: s(target),
-        volume_capability: Some(cap),
-        readonly,
-        ..Default::default()
-    }
-}
-
-pub(crate) fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
-    NodeUnpublishVolumeRequest {
-        volume_id: id.into(),
-        target_path: s(target),
-    }
 }
 
 fn stats_req(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
@@ -150,23 +62,6 @@ fn expect<T>(r: Result<Response<T>, Status>, want: Code) -> String {
     let (got, msg) = code(r);
     assert_eq!(got, want, "expected {want:?}, got {got:?}: {msg}");
     msg
-}
-
-pub(crate) async fn create(
-    d: &TestDriver,
-    name: &str,
-    bytes: u64,
-    cap: VolumeCapability,
-) -> String {
-    d.controller()
-        .await
-        .create_volume(create_req(name, bytes, cap))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id
 }
 
 async fn controller_expand(d: &TestDriver, id: &str, bytes: u64) -> bool {
@@ -244,16 +139,6 @@ fn mounted(p: &Path) -> Option<(u32, u32, String)> {
         .map(|m| (m.major, m.minor, m.fs_type.clone()))
 }
 
-pub(crate) fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    MountInfo::read()
-        .unwrap()
-        .mounts()
-        .iter()
-        .filter(|m| m.mount_point.starts_with(root))
-        .map(|m| m.mount_point.clone())
-        .collect()
-}
-
 fn blkid_uuid(dev: &str) -> String {
     sh("blkid", &["-p", "-o", "value", "-s", "UUID", dev])
         .trim()
@@ -275,21 +160,6 @@ fn block_size(path: &Path) -> u64 {
     thinpool_csi::sys::block_size_bytes(path).unwrap()
 }
 
-pub(crate) fn write_at(path: &Path, offset: u64, data: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
-    f.seek(SeekFrom::Start(offset))?;
-    f.write_all(data)?;
-    f.sync_all()
-}
-
-pub(crate) fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
-    let mut f = File::open(path).unwrap();
-    f.seek(SeekFrom::Start(offset)).unwrap();
-    let mut buf = vec![0u8; len];
-    f.read_exact(&mut buf).unwrap();
-    buf
-}
-
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -301,20 +171,33 @@ fn statvfs_total(p: &Path) -> u64 {
     st.blocks() as u64 * st.fragment_size() as u64
 }
 
-pub(crate) fn mkfs_runs(d: &TestDriver) -> usize {
-    d.log().matches("made filesystem").count()
+/// A driver on a kubelet directory of its own, with an ext4 volume that
+/// no call manages to stage: the ground of the refusal tests.
+async fn refusing(name: &str) -> (Kubelet, TestDriver, NodeClient<Channel>, String) {
+    let k = Kubelet::new(name);
+    let d = TestDriver::start(&format!("n{name}"), 256 * MIB, &k.extra()).await;
+    let n = d.node().await;
+    let id = create(&d, name, 32 * MIB, mount_cap("ext4")).await;
+    (k, d, n, id)
 }
 
-pub(crate) fn pool_data_percent(vg: &str) -> f64 {
-    lvs(vg).find("pool").unwrap().data_percent.unwrap_or(0.0)
+/// A refused call left nothing behind: nothing mounted under the kubelet
+/// directory (or `outside`), the LV inactive, no filesystem made.
+#[track_caller]
+fn nothing_done(d: &TestDriver, k: &Kubelet, id: &str, outside: Option<&Path>) {
+    assert!(mounts_under(k.root.path()).is_empty());
+    if let Some(o) = outside {
+        assert!(mounts_under(o).is_empty());
+        assert_eq!(std::fs::read_dir(o).unwrap().count(), 0);
+    }
+    assert!(!is_active(d, id), "the LV stays inactive");
+    assert_eq!(mkfs_runs(d), 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn info_capabilities_bad_input_and_foreign_paths() {
-    let k = Kubelet::new("bad");
-    let d = TestDriver::start("nbad", 256 * MIB, &k.extra()).await;
+async fn node_info_and_capabilities_name_this_node() {
+    let d = TestDriver::start("ninfo", 64 * MIB, "").await;
     let mut n = d.node().await;
-
     let info = n
         .node_get_info(NodeGetInfoRequest {})
         .await
@@ -335,8 +218,11 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
         .into_inner()
         .capabilities;
     assert_eq!(caps.len(), 5, "{caps:?}");
+}
 
-    let id = create(&d, "bad", 32 * MIB, mount_cap("ext4")).await;
+#[tokio::test(flavor = "multi_thread")]
+async fn paths_outside_the_allowed_roots_are_refused() {
+    let (k, d, mut n, id) = refusing("badpath").await;
     let staging = k.staging("bad");
     let outside = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(outside.path(), k.path("escape")).unwrap();
@@ -355,22 +241,22 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
         r.target_path = p.clone();
         expect(n.node_publish_volume(r).await, Code::InvalidArgument);
         expect(
-            n.node_unpublish_volume(NodeUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                target_path: p.clone(),
-            })
-            .await,
+            n.node_unpublish_volume(unpublish_req(&id, Path::new(p)))
+                .await,
             Code::InvalidArgument,
         );
         expect(
-            n.node_unstage_volume(NodeUnstageVolumeRequest {
-                volume_id: id.clone(),
-                staging_target_path: p.clone(),
-            })
-            .await,
+            n.node_unstage_volume(unstage_req(&id, Path::new(p))).await,
             Code::InvalidArgument,
         );
     }
+    nothing_done(&d, &k, &id, Some(outside.path()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn capabilities_that_smuggle_options_or_do_not_fit_are_refused() {
+    let (k, d, mut n, id) = refusing("badcap").await;
+    let staging = k.staging("bad");
     // Mount flags that smuggle options, unknown fs types, no capability.
     for flags in [&["ro,exec"][..], &["uid=0"], &["a\nb"], &["x y"], &["bind"]] {
         expect(
@@ -398,7 +284,13 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             .await,
         Code::FailedPrecondition,
     );
-    // Volume ids that are not ours.
+    nothing_done(&d, &k, &id, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volume_ids_that_are_not_ours_are_not_found() {
+    let (k, d, mut n, id) = refusing("badid").await;
+    let staging = k.staging("bad");
     for foreign in ["vg0/root", "pool", "../x", "csi-nope-0123456789abcdef"] {
         expect(
             n.node_stage_volume(stage_req(foreign, &staging, mount_cap("ext4")))
@@ -419,13 +311,13 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             Code::NotFound,
         );
     }
-    // Nothing was mounted, formatted or activated.
-    assert!(mounts_under(k.root.path()).is_empty());
-    assert!(mounts_under(outside.path()).is_empty());
-    assert!(!is_active(&d, &id), "the LV stays inactive");
-    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
-    assert_eq!(mkfs_runs(&d), 0);
+    nothing_done(&d, &k, &id, None);
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_before_stage_and_stats_of_no_volume_are_refused() {
+    let (k, _d, mut n, id) = refusing("badorder").await;
+    let staging = k.staging("bad");
     // Publish before stage; stats of a path that does not exist.
     expect(
         n.node_publish_volume(publish_req(
@@ -449,8 +341,14 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             .await,
         Code::NotFound,
     );
-    // The whole request is checked before a look-up: an unknown id with a
-    // missing field is INVALID_ARGUMENT, not NOT_FOUND.
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_whole_request_is_checked_before_a_look_up() {
+    let (k, _d, mut n, _id) = refusing("badfield").await;
+    let staging = k.staging("bad");
+    // An unknown id with a missing field is INVALID_ARGUMENT, not
+    // NOT_FOUND.
     let fake = "fake-vol-id";
     let mut r = stage_req(fake, &staging, mount_cap("ext4"));
     r.staging_target_path.clear();
@@ -463,13 +361,19 @@ async fn info_capabilities_bad_input_and_foreign_paths() {
             .await,
         Code::InvalidArgument,
     );
+}
 
-    // Unpublish and unstage of paths that are not there: success.
+#[tokio::test(flavor = "multi_thread")]
+async fn unpublish_and_unstage_of_paths_not_there_succeed() {
+    let (k, _d, mut n, id) = refusing("absent").await;
     unpublish(&mut n, &id, &k.target("never")).await;
     unpublish(&mut n, &id, &k.path("no/such/parent/vol")).await;
     unstage(&mut n, &id, &k.path("staging/never")).await;
+}
 
-    // Paths that hold something that is not ours are left alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn paths_holding_what_is_not_ours_are_left_alone() {
+    let (k, d, mut n, id) = refusing("foreign").await;
     let foreign_mount = k.staging("tmpfs");
     sh(
         "mount",
@@ -647,7 +551,7 @@ async fn fs_lifecycle(name: &str, fs: &str, size: u64, grown: u64) {
     );
     let mut c = d.controller().await;
     let msg = expect(
-        c.delete_volume(crate::controller::del(&id)).await,
+        c.delete_volume(crate::fixtures::del(&id)).await,
         Code::FailedPrecondition,
     );
     assert!(msg.contains("is staged on this node"), "{msg}");
@@ -673,7 +577,7 @@ async fn fs_lifecycle(name: &str, fs: &str, size: u64, grown: u64) {
     assert!(statvfs_total(&staging) >= after);
     unstage(&mut n, &id, &staging).await;
     assert!(mounts_under(k.root.path()).is_empty());
-    c.delete_volume(crate::controller::del(&id)).await.unwrap();
+    c.delete_volume(crate::fixtures::del(&id)).await.unwrap();
     assert!(lvs(&d.vg).find(&id).is_none(), "deleted once unstaged");
 }
 
@@ -1015,31 +919,6 @@ fn fill_through(dev: &Path) -> std::process::Output {
         ])
         .output()
         .unwrap()
-}
-
-pub(crate) async fn heal(
-    d: &TestDriver,
-    id: &str,
-    target: &Path,
-    staging: &Path,
-    cap: Option<VolumeCapability>,
-) -> (bool, String) {
-    use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
-    use thinpool_csi::proto::healer::NodeHealerRequest;
-    let mut h = HealerNodeClient::connect(d.addons_uri()).await.unwrap();
-    let r = h
-        .node_healer(NodeHealerRequest {
-            volume_id: id.into(),
-            volume_path: s(target),
-            staging_target_path: s(staging),
-            volume_capability: cap,
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("NodeHealer {id}: {e}"))
-        .into_inner();
-    eprintln!("HEAL {id}: abnormal={} {}", r.abnormal, r.message);
-    (r.abnormal, r.message)
 }
 
 #[tokio::test(flavor = "multi_thread")]

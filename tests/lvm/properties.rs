@@ -13,7 +13,9 @@
 //!
 //! Whatever a case made (a volume, a stage, a publish) is undone by the
 //! case itself. `TPCSI_PROPTEST_CASES` (default 64) sets the cases per
-//! request type, `TPCSI_PROPTEST_SEED` replays a run.
+//! request type, `TPCSI_PROPTEST_SEED` replays a run. One test per
+//! service (the Controller's in two), each on a driver of its own
+//! ([`prop_ground`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -41,10 +43,8 @@ use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeRecla
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
-use crate::controller::{block_cap, mount_cap};
+use crate::fixtures::{block_cap, create, mount_cap, s, snapshot, Kubelet};
 use crate::harness::{lvs, TestDriver, MIB};
-use crate::metadata::snapshot;
-use crate::node::{create, Kubelet};
 
 /// Cases per request type.
 fn cases() -> u32 {
@@ -77,10 +77,6 @@ struct World {
     fs_vol: String,
     blk_vol: String,
     snap: String,
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
 }
 
 /// Any string: arbitrary characters, a little longer than CSI's limit.
@@ -526,15 +522,31 @@ async fn cleanup_volume(c: &mut ControllerClient<Channel>, id: &str) {
     .unwrap_or_else(|e| panic!("clean-up of volume {id}: {e}"));
 }
 
-#[test]
-fn every_request_type_under_random_and_hostile_input() {
+/// What the property tests start from: a runtime, a driver on a kubelet
+/// directory of its own with a few directories and links in it, a
+/// sentinel tree outside it that no request may touch, an ext4 and a
+/// block volume and a snapshot (the fixtures every case must leave as
+/// they are), clients, and the run's seed.
+struct Prop {
+    rt: tokio::runtime::Runtime,
+    _k: Kubelet,
+    d: TestDriver,
+    _sentinel: tempfile::TempDir,
+    world: World,
+    clients: Clients,
+    seed: [u8; 32],
+    secrets_sent: Arc<Mutex<BTreeSet<String>>>,
+    t: Instant,
+}
+
+fn prop_ground(name: &str) -> Prop {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
         .build()
         .unwrap();
-    let k = Kubelet::new("prop");
-    let mut d = rt.block_on(TestDriver::start("prop", 128 * MIB, &k.extra()));
+    let k = Kubelet::new(name);
+    let d = rt.block_on(TestDriver::start(name, 128 * MIB, &k.extra()));
     let root = k.root.path().to_path_buf();
     for dir in ["staging/s1", "pods/a"] {
         std::fs::create_dir_all(root.join(dir)).unwrap();
@@ -591,19 +603,78 @@ fn every_request_type_under_random_and_hostile_input() {
     let mut seed_bytes = [0u8; 32];
     seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let secrets_sent = Arc::new(Mutex::new(BTreeSet::new()));
-    let sec = || secrets(secrets_sent.clone());
-    let w = world.clone();
-    let mut r = Runner {
-        rt: &rt,
-        world: world.clone(),
+    Prop {
+        rt,
+        _k: k,
+        d,
+        _sentinel: sentinel,
+        world,
         clients,
-        fixtures: [fs_vol.clone(), blk_vol.clone(), snap.clone()].into(),
         seed: seed_bytes,
-        total: 0,
-        summary: Vec::new(),
-    };
-    let t = Instant::now();
+        secrets_sent,
+        t: Instant::now(),
+    }
+}
 
+impl Prop {
+    /// The runner of this test's request types.
+    fn runner(&self) -> Runner<'_> {
+        let w = &self.world;
+        Runner {
+            rt: &self.rt,
+            world: w.clone(),
+            clients: self.clients.clone(),
+            fixtures: [w.fs_vol.clone(), w.blk_vol.clone(), w.snap.clone()].into(),
+            seed: self.seed,
+            total: 0,
+            summary: Vec::new(),
+        }
+    }
+
+    /// After the cases: the driver still runs, logged no panic and none of
+    /// the secret values sent.
+    fn finish(mut self, total: u32, summary: Vec<String>) {
+        assert!(
+            self.d.is_running(),
+            "the driver died; log:\n{}",
+            self.d.log_tail(40)
+        );
+        let log = self.d.log();
+        assert!(
+            !log.contains("panicked"),
+            "the driver's log shows a panic:\n{}",
+            self.d.log_tail(40)
+        );
+        let leaked: Vec<String> = self
+            .secrets_sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|v| log.contains(v.as_str()))
+            .cloned()
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "secret values in the driver's log: {leaked:?}"
+        );
+        eprintln!(
+            "property tests: {total} cases over {} request types in {:.1?}, {} distinct secret values sent, none logged:\n  {}",
+            summary.len(),
+            self.t.elapsed(),
+            self.secrets_sent.lock().unwrap().len(),
+            summary.join("\n  ")
+        );
+        self.d.stop();
+    }
+}
+
+/// CreateVolume, DeleteVolume, ControllerPublish/Unpublish and ValidateVolumeCapabilities under random and hostile input: proper codes only, the host and the fixtures untouched, no secret logged.
+#[test]
+fn controller_volume_requests_under_random_and_hostile_input() {
+    let p = prop_ground("propcv");
+    let w = p.world.clone();
+    let sec = || secrets(p.secrets_sent.clone());
+    let mut r = p.runner();
     // -- Controller ----------------------------------------------------------
     r.run(
         "CreateVolume",
@@ -707,6 +778,19 @@ fn every_request_type_under_random_and_hostile_input() {
             )
         },
     );
+    let (total, summary) = (r.total, std::mem::take(&mut r.summary));
+    drop(r);
+    p.finish(total, summary);
+}
+
+/// ListVolumes, GetCapacity, ControllerExpand/Get/ModifyVolume and the snapshot RPCs under random and hostile input: proper codes only, the host and the fixtures untouched, no secret logged.
+#[test]
+fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input() {
+    let p = prop_ground("propcs");
+    let w = p.world.clone();
+    let sec = || secrets(p.secrets_sent.clone());
+    let mut r = p.runner();
+    // -- Controller: lists, capacity, expansion, snapshots -------------------
     r.run(
         "ListVolumes",
         (
@@ -842,7 +926,18 @@ fn every_request_type_under_random_and_hostile_input() {
             )
         },
     );
+    let (total, summary) = (r.total, std::mem::take(&mut r.summary));
+    drop(r);
+    p.finish(total, summary);
+}
 
+/// The Node service under random and hostile input: proper codes only, the host and the fixtures untouched, no secret logged.
+#[test]
+fn node_requests_under_random_and_hostile_input() {
+    let p = prop_ground("propn");
+    let w = p.world.clone();
+    let sec = || secrets(p.secrets_sent.clone());
+    let mut r = p.runner();
     // -- Node ------------------------------------------------------------------
     r.run(
         "NodeStageVolume",
@@ -971,7 +1066,18 @@ fn every_request_type_under_random_and_hostile_input() {
             )
         },
     );
+    let (total, summary) = (r.total, std::mem::take(&mut r.summary));
+    drop(r);
+    p.finish(total, summary);
+}
 
+/// The GroupController service under random and hostile input: proper codes only, the host and the fixtures untouched, no secret logged.
+#[test]
+fn group_controller_requests_under_random_and_hostile_input() {
+    let p = prop_ground("propg");
+    let w = p.world.clone();
+    let sec = || secrets(p.secrets_sent.clone());
+    let mut r = p.runner();
     // -- GroupController -------------------------------------------------------
     r.run(
         "CreateVolumeGroupSnapshot",
@@ -1034,7 +1140,18 @@ fn every_request_type_under_random_and_hostile_input() {
             )
         },
     );
+    let (total, summary) = (r.total, std::mem::take(&mut r.summary));
+    drop(r);
+    p.finish(total, summary);
+}
 
+/// The SnapshotMetadata service under random and hostile input: proper codes only, the host and the fixtures untouched, no secret logged.
+#[test]
+fn snapshot_metadata_requests_under_random_and_hostile_input() {
+    let p = prop_ground("propm");
+    let w = p.world.clone();
+    let sec = || secrets(p.secrets_sent.clone());
+    let mut r = p.runner();
     // -- SnapshotMetadata --------------------------------------------------------
     let offset = || {
         prop_oneof![
@@ -1077,7 +1194,18 @@ fn every_request_type_under_random_and_hostile_input() {
             drained(got).await
         },
     );
+    let (total, summary) = (r.total, std::mem::take(&mut r.summary));
+    drop(r);
+    p.finish(total, summary);
+}
 
+/// The CSI-Addons services under random and hostile input: proper codes only, the host and the fixtures untouched, no secret logged.
+#[test]
+fn addons_requests_under_random_and_hostile_input() {
+    let p = prop_ground("propa");
+    let w = p.world.clone();
+    let sec = || secrets(p.secrets_sent.clone());
+    let mut r = p.runner();
     // -- CSI-Addons --------------------------------------------------------------
     r.run(
         "NodeReclaimSpace",
@@ -1129,31 +1257,7 @@ fn every_request_type_under_random_and_hostile_input() {
             )
         },
     );
-
-    let (total, summary) = (r.total, r.summary.join("\n  "));
+    let (total, summary) = (r.total, std::mem::take(&mut r.summary));
     drop(r);
-    assert!(d.is_running(), "the driver died; log:\n{}", d.log_tail(40));
-    let log = d.log();
-    assert!(
-        !log.contains("panicked"),
-        "the driver's log shows a panic:\n{}",
-        d.log_tail(40)
-    );
-    let leaked: Vec<String> = secrets_sent
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|v| log.contains(v.as_str()))
-        .cloned()
-        .collect();
-    assert!(
-        leaked.is_empty(),
-        "secret values in the driver's log: {leaked:?}"
-    );
-    eprintln!(
-        "property tests: {total} cases over 26 request types in {:.1?}, {} distinct secret values sent, none logged:\n  {summary}",
-        t.elapsed(),
-        secrets_sent.lock().unwrap().len()
-    );
-    d.stop();
+    p.finish(total, summary);
 }

@@ -25,14 +25,13 @@ use thinpool_csi::proto::reclaimspace::ControllerReclaimSpaceRequest;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
-use crate::controller::{block_cap, create_req, del, mount_cap};
+use crate::fixtures::{
+    block_cap, create_req, del, heal, mkfs_runs, mount_cap, mount_flags, mounts_under, publish_req,
+    read_at, stage_req, unpublish_req, unstage_req, write_at, Kubelet,
+};
 use crate::harness::{
     abandon_after, dm_of_vg, dm_table_of, dmsetup, drop_caches, lvm, lvs, overlays_of,
     pool_dm_names, rdev_of, retry, retry_n, try_lvm, umount_all_under, Abandoned, TestDriver, MIB,
-};
-use crate::node::{
-    heal, mkfs_runs, mount_flags, mounts_under, publish_req, read_at, stage_req, unpublish_req,
-    unstage_req, write_at, Kubelet,
 };
 
 // ---------------------------------------------------------------------------
@@ -847,11 +846,77 @@ struct BootVol {
 /// simulated reboot.
 const HELD: &str = "zboot-blk-held";
 
-#[tokio::test(flavor = "multi_thread")]
-async fn reboot_restores_exactly_what_was_published() {
-    let k = Kubelet::new("zboot");
-    let mut d = TestDriver::start("zboot", 256 * MIB, &k.extra()).await;
-    let co = Co::new(&d).await;
+/// The simulated reboot (the comment below says what goes): returns the
+/// devices that took the low minors, the pod that outlives it, and the
+/// index of its volume ([`HELD`]).
+fn simulate_reboot(
+    d: &mut TestDriver,
+    k: &Kubelet,
+    vols: &[BootVol],
+    pods: Vec<Pod>,
+) -> (Fillers, Pod, usize) {
+    // The "reboot": the driver dies, mounts and device-mapper devices go,
+    // the VG is inactive, the loop device is gone, and other devices take
+    // the low minors. The overlays go as `dmsetup remove --force` takes
+    // them while a pod still holds one open: its table is replaced by an
+    // `error` one (wipe_table), the remove fails, and the device stays
+    // under our name once the pods are gone.
+    d.kill9();
+    let mut leftovers = Vec::new();
+    for v in vols {
+        for o in overlays_of(&v.id) {
+            dmsetup(&["wipe_table", &o]).unwrap_or_else(|e| panic!("dmsetup wipe_table {o}: {e}"));
+            if dmsetup(&["remove", &o]).is_err() {
+                leftovers.push(o);
+            }
+        }
+    }
+    // Every pod ends but one, which a reboot done by hand can miss: it
+    // keeps its leftover open through the driver's restart.
+    let held = vols.iter().position(|v| v.name == HELD).unwrap();
+    let mut pods = pods;
+    let holder = pods.remove(held);
+    drop(pods);
+    assert_eq!(
+        leftovers.len(),
+        2,
+        "the read-only overlays their pods held stay: {leftovers:?}"
+    );
+    // --retry: LVM commands of tests running beside this one scan every
+    // block device and hold ours open for a moment.
+    let unmounted = umount_all_under(k.root.path());
+    crate::harness::lvm(&["vgchange", "-an", &d.vg]);
+    for n in dm_of_vg(&d.vg) {
+        dmsetup(&["remove", "--retry", &n]).unwrap_or_else(|e| panic!("dmsetup remove {n}: {e}"));
+    }
+    assert!(dm_of_vg(&d.vg).is_empty());
+    let lo = thinpool_csi::pool::loopdev::find_loop_for_file(&d.backing_file())
+        .unwrap()
+        .expect("the VG's loop device");
+    let mut tries = 0;
+    while let Err(e) = thinpool_csi::pool::loopdev::detach_loop(&lo) {
+        tries += 1;
+        assert!(tries < 50, "detach {}: {e}", lo.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let fillers = Fillers::create(6);
+    let filler_numbers: Vec<_> = crate::harness::dm_devices()
+        .into_iter()
+        .filter(|(n, _)| fillers.0.contains(n))
+        .map(|(_, nums)| nums)
+        .collect();
+    eprintln!(
+        "MEASURE reboot simulated: {unmounted} mounts removed, {} detached, fillers at {filler_numbers:?}, \
+         leftover overlays (error table) {leftovers:?}",
+        lo.display()
+    );
+    (fillers, holder, held)
+}
+
+/// The reboot test's volumes, each created, staged, written and
+/// published as its spec says: ext4 read-write and read-only (noexec),
+/// block read-write and read-only, and [`HELD`].
+async fn publish_boot_volumes(co: &Co, k: &Kubelet) -> Vec<BootVol> {
     let specs = [
         ("zboot-ext4-rw", mount_cap("ext4"), false, false),
         (
@@ -912,6 +977,113 @@ async fn reboot_restores_exactly_what_was_published() {
             data,
         });
     }
+    vols
+}
+
+/// After the reboot: `v` is published again as it was, on its LV's
+/// current device, with its data, read-only where it was.
+#[track_caller]
+fn assert_restored(vg: &str, v: &BootVol) {
+    let lv = lv_numbers(vg, &v.id);
+    if v.block {
+        let node =
+            rdev_of(&v.target).unwrap_or_else(|| panic!("{}: no block node at the target", v.name));
+        if v.ro {
+            assert_ne!(node, lv, "{}: read-only goes through an overlay", v.name);
+            let table = dm_table_of(node).unwrap_or_else(|| {
+                panic!("{}: the node {node:?} is no device-mapper device", v.name)
+            });
+            eprintln!(
+                "MEASURE reboot {} overlay {node:?}: {}",
+                v.name,
+                table.trim()
+            );
+            assert!(
+                table.contains(&format!(" {}:{} ", lv.0, lv.1)),
+                "{}: the overlay {node:?} maps {table:?}, not the LV {lv:?}",
+                v.name
+            );
+            assert!(
+                write_at(&v.target, 0, b"overwrite").is_err(),
+                "{}: a write to the read-only block publish succeeded",
+                v.name
+            );
+        } else {
+            assert_eq!(
+                node, lv,
+                "{}: the node opens the volume's current device",
+                v.name
+            );
+        }
+        assert_eq!(
+            read_at(&v.target, 0, v.data.len()),
+            v.data,
+            "{}: the node reads the volume's data",
+            v.name
+        );
+    } else {
+        let st = must_mount(&v.staging, v.name);
+        let tg = must_mount(&v.target, v.name);
+        assert_eq!(st.device(), lv, "{}: staging is the volume's", v.name);
+        assert_eq!(tg.device(), lv, "{}: the publish is the volume's", v.name);
+        assert_eq!(
+            std::fs::read(v.target.join("data")).unwrap(),
+            v.data,
+            "{}",
+            v.name
+        );
+        if v.ro {
+            assert!(
+                has_option(&st, "noexec"),
+                "{}: staging lost noexec: {:?}",
+                v.name,
+                st.mount_options
+            );
+            assert!(tg.is_read_only(), "{}: {:?}", v.name, tg.mount_options);
+            let err = std::fs::write(v.target.join("nope"), b"x").unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{}: {err}", v.name);
+        } else {
+            assert!(!tg.is_read_only(), "{}: {:?}", v.name, tg.mount_options);
+            write_file(&v.target.join("after"), b"written after the reboot").unwrap();
+        }
+    }
+}
+
+/// The CO unpublishes, unstages and deletes every volume; nothing of them
+/// is left: no dm device beyond the pool's, no overlay, no mount, no
+/// target.
+async fn tear_down(co: &Co, d: &TestDriver, k: &Kubelet, vols: &[BootVol]) {
+    for v in vols {
+        co.unpublish(&v.id, &v.target).await;
+    }
+    for v in vols {
+        co.unstage(&v.id, &v.staging).await;
+        co.delete(&v.id).await;
+    }
+    let pool = pool_dm_names(&d.vg, "pool");
+    let left: Vec<String> = dm_of_vg(&d.vg)
+        .into_iter()
+        .filter(|n| !pool.contains(n))
+        .collect();
+    let overlays: Vec<String> = vols.iter().flat_map(|v| overlays_of(&v.id)).collect();
+    eprintln!("MEASURE reboot teardown: dm devices left {left:?}, overlays left {overlays:?}");
+    assert!(
+        left.is_empty(),
+        "device-mapper devices of the VG left: {left:?}"
+    );
+    assert!(overlays.is_empty(), "read-only overlays left: {overlays:?}");
+    assert!(mounts_under(k.root.path()).is_empty());
+    for v in vols {
+        assert!(!v.target.exists(), "{}: target left", v.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reboot_restores_exactly_what_was_published() {
+    let k = Kubelet::new("zboot");
+    let mut d = TestDriver::start("zboot", 256 * MIB, &k.extra()).await;
+    let co = Co::new(&d).await;
+    let vols = publish_boot_volumes(&co, &k).await;
     let before: Vec<_> = vols
         .iter()
         .map(|v| (v.name, lv_numbers(&d.vg, &v.id), rdev_of(&v.target)))
@@ -919,61 +1091,7 @@ async fn reboot_restores_exactly_what_was_published() {
     eprintln!("MEASURE reboot before: (volume, LV numbers, node at target) {before:?}");
     let pods = start_pods(&d, &vols, &d.vg, "before");
 
-    // The "reboot": the driver dies, mounts and device-mapper devices go,
-    // the VG is inactive, the loop device is gone, and other devices take
-    // the low minors. The overlays go as `dmsetup remove --force` takes
-    // them while a pod still holds one open: its table is replaced by an
-    // `error` one (wipe_table), the remove fails, and the device stays
-    // under our name once the pods are gone.
-    d.kill9();
-    let mut leftovers = Vec::new();
-    for v in &vols {
-        for o in overlays_of(&v.id) {
-            dmsetup(&["wipe_table", &o]).unwrap_or_else(|e| panic!("dmsetup wipe_table {o}: {e}"));
-            if dmsetup(&["remove", &o]).is_err() {
-                leftovers.push(o);
-            }
-        }
-    }
-    // Every pod ends but one, which a reboot done by hand can miss: it
-    // keeps its leftover open through the driver's restart.
-    let held = vols.iter().position(|v| v.name == HELD).unwrap();
-    let mut pods = pods;
-    let holder = pods.remove(held);
-    drop(pods);
-    assert_eq!(
-        leftovers.len(),
-        2,
-        "the read-only overlays their pods held stay: {leftovers:?}"
-    );
-    // --retry: LVM commands of tests running beside this one scan every
-    // block device and hold ours open for a moment.
-    let unmounted = umount_all_under(k.root.path());
-    crate::harness::lvm(&["vgchange", "-an", &d.vg]);
-    for n in dm_of_vg(&d.vg) {
-        dmsetup(&["remove", "--retry", &n]).unwrap_or_else(|e| panic!("dmsetup remove {n}: {e}"));
-    }
-    assert!(dm_of_vg(&d.vg).is_empty());
-    let lo = thinpool_csi::pool::loopdev::find_loop_for_file(&d.backing_file())
-        .unwrap()
-        .expect("the VG's loop device");
-    let mut tries = 0;
-    while let Err(e) = thinpool_csi::pool::loopdev::detach_loop(&lo) {
-        tries += 1;
-        assert!(tries < 50, "detach {}: {e}", lo.display());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let fillers = Fillers::create(6);
-    let filler_numbers: Vec<_> = crate::harness::dm_devices()
-        .into_iter()
-        .filter(|(n, _)| fillers.0.contains(n))
-        .map(|(_, nums)| nums)
-        .collect();
-    eprintln!(
-        "MEASURE reboot simulated: {unmounted} mounts removed, {} detached, fillers at {filler_numbers:?}, \
-         leftover overlays (error table) {leftovers:?}",
-        lo.display()
-    );
+    let (fillers, holder, held) = simulate_reboot(&mut d, &k, &vols, pods);
 
     // The node is back: the driver starts, kubelet stages and publishes
     // everything again at the same paths.
@@ -1042,69 +1160,7 @@ async fn reboot_restores_exactly_what_was_published() {
     );
 
     for v in &vols {
-        let lv = lv_numbers(&d.vg, &v.id);
-        if v.block {
-            let node = rdev_of(&v.target)
-                .unwrap_or_else(|| panic!("{}: no block node at the target", v.name));
-            if v.ro {
-                assert_ne!(node, lv, "{}: read-only goes through an overlay", v.name);
-                let table = dm_table_of(node).unwrap_or_else(|| {
-                    panic!("{}: the node {node:?} is no device-mapper device", v.name)
-                });
-                eprintln!(
-                    "MEASURE reboot {} overlay {node:?}: {}",
-                    v.name,
-                    table.trim()
-                );
-                assert!(
-                    table.contains(&format!(" {}:{} ", lv.0, lv.1)),
-                    "{}: the overlay {node:?} maps {table:?}, not the LV {lv:?}",
-                    v.name
-                );
-                assert!(
-                    write_at(&v.target, 0, b"overwrite").is_err(),
-                    "{}: a write to the read-only block publish succeeded",
-                    v.name
-                );
-            } else {
-                assert_eq!(
-                    node, lv,
-                    "{}: the node opens the volume's current device",
-                    v.name
-                );
-            }
-            assert_eq!(
-                read_at(&v.target, 0, v.data.len()),
-                v.data,
-                "{}: the node reads the volume's data",
-                v.name
-            );
-        } else {
-            let st = must_mount(&v.staging, v.name);
-            let tg = must_mount(&v.target, v.name);
-            assert_eq!(st.device(), lv, "{}: staging is the volume's", v.name);
-            assert_eq!(tg.device(), lv, "{}: the publish is the volume's", v.name);
-            assert_eq!(
-                std::fs::read(v.target.join("data")).unwrap(),
-                v.data,
-                "{}",
-                v.name
-            );
-            if v.ro {
-                assert!(
-                    has_option(&st, "noexec"),
-                    "{}: staging lost noexec: {:?}",
-                    v.name,
-                    st.mount_options
-                );
-                assert!(tg.is_read_only(), "{}: {:?}", v.name, tg.mount_options);
-                let err = std::fs::write(v.target.join("nope"), b"x").unwrap_err();
-                assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{}: {err}", v.name);
-            } else {
-                assert!(!tg.is_read_only(), "{}: {:?}", v.name, tg.mount_options);
-                write_file(&v.target.join("after"), b"written after the reboot").unwrap();
-            }
-        }
+        assert_restored(&d.vg, v);
     }
 
     let repaired: Vec<String> = d
@@ -1131,29 +1187,7 @@ async fn reboot_restores_exactly_what_was_published() {
             crate::harness::openers(node)
         );
     }
-    for v in &vols {
-        co.unpublish(&v.id, &v.target).await;
-    }
-    for v in &vols {
-        co.unstage(&v.id, &v.staging).await;
-        co.delete(&v.id).await;
-    }
-    let pool = pool_dm_names(&d.vg, "pool");
-    let left: Vec<String> = dm_of_vg(&d.vg)
-        .into_iter()
-        .filter(|n| !pool.contains(n))
-        .collect();
-    let overlays: Vec<String> = vols.iter().flat_map(|v| overlays_of(&v.id)).collect();
-    eprintln!("MEASURE reboot teardown: dm devices left {left:?}, overlays left {overlays:?}");
-    assert!(
-        left.is_empty(),
-        "device-mapper devices of the VG left: {left:?}"
-    );
-    assert!(overlays.is_empty(), "read-only overlays left: {overlays:?}");
-    assert!(mounts_under(k.root.path()).is_empty());
-    for v in &vols {
-        assert!(!v.target.exists(), "{}: target left", v.name);
-    }
+    tear_down(&co, &d, &k, &vols).await;
     drop(fillers);
 }
 
@@ -1634,6 +1668,215 @@ fn loops_under(dir: &Path) -> Vec<String> {
     out
 }
 
+/// The storm's CO side: its driver client, the kubelet directory, and the
+/// model of what it holds.
+struct Storm {
+    co: StormCo,
+    k: Arc<Kubelet>,
+    model: Model,
+    snaps: Snaps,
+    problems: Problems,
+}
+
+impl Storm {
+    /// Workers drive volumes through their lives while the killer
+    /// SIGKILLs the driver at random moments and starts it again, until
+    /// it has killed `want_kills` times (or the workers ran out of
+    /// volumes). The number of kills and each restart's time.
+    async fn run(
+        &self,
+        d: &mut TestDriver,
+        seed: u64,
+        want_kills: usize,
+        kill_tree: bool,
+        max_volumes: usize,
+    ) -> (usize, Vec<Duration>) {
+        let next = Arc::new(AtomicUsize::new(0));
+        let killer_done = Arc::new(AtomicBool::new(false));
+
+        let mut workers = Vec::new();
+        for w in 0..STORM_WORKERS {
+            let (co, k, model, problems) = (
+                self.co.clone(),
+                self.k.clone(),
+                self.model.clone(),
+                self.problems.clone(),
+            );
+            let snaps = self.snaps.clone();
+            let (next, killer_done) = (next.clone(), killer_done.clone());
+            let mut rng = Rng(mix(seed ^ (w as u64 + 1)));
+            workers.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let enough = i >= STORM_MIN_VOLUMES && killer_done.load(Ordering::SeqCst);
+                    if enough || i >= max_volumes {
+                        break;
+                    }
+                    let mut vrng = Rng(mix(rng.next() ^ i as u64));
+                    storm_volume(&co, &k, &model, &snaps, &problems, i, &mut vrng).await;
+                }
+            }));
+        }
+
+        // The killer: SIGKILL at a random moment, start again, repeat.
+        let mut krng = Rng(mix(seed ^ 0x6b696c6c));
+        let mut kills = 0;
+        let mut restarts = Vec::new();
+        while kills < want_kills && !workers.iter().all(|h| h.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(200 + krng.below(2800))).await;
+            if workers.iter().all(|h| h.is_finished()) {
+                break;
+            }
+            if kill_tree {
+                d.kill9_with_children();
+            } else {
+                d.kill9();
+            }
+            kills += 1;
+            let t = Instant::now();
+            d.spawn().await;
+            restarts.push(t.elapsed());
+        }
+        killer_done.store(true, Ordering::SeqCst);
+        for h in workers {
+            if let Err(e) = h.await {
+                eprintln!("driver log (tail):\n{}", d.log_tail(200));
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+        (kills, restarts)
+    }
+}
+
+/// The LVs of the pool whose names start with `prefix`.
+fn lvs_named(vg: &str, prefix: &str) -> BTreeSet<String> {
+    lvs(vg)
+        .thin_volumes("pool")
+        .map(|lv| lv.name.clone())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+/// What the CO holds and the driver does not list or LVM does not have
+/// (lost), and what the driver lists or LVM has that the CO does not hold
+/// (leaked).
+fn lost_and_leaked(
+    held: &BTreeSet<String>,
+    listed: &BTreeSet<String>,
+    on_lvm: &BTreeSet<String>,
+) -> (Vec<String>, BTreeSet<String>) {
+    let lost = held
+        .iter()
+        .filter(|id| !listed.contains(*id) || !on_lvm.contains(*id))
+        .cloned()
+        .collect();
+    let leaked = on_lvm
+        .iter()
+        .chain(listed.iter())
+        .filter(|id| !held.contains(*id))
+        .cloned()
+        .collect();
+    (lost, leaked)
+}
+
+/// Where the mounts and nodes differ from what the CO did last.
+fn mount_mismatches(vols: &[Vol]) -> Vec<String> {
+    let mut mount_mismatch = Vec::new();
+    for v in vols {
+        if !v.staged && mount_at(&v.staging).is_some() {
+            mount_mismatch.push(format!(
+                "{}: mounted at its staging path after unstage",
+                v.name
+            ));
+        }
+        if !v.published && (mount_at(&v.target).is_some() || is_block_node(&v.target)) {
+            mount_mismatch.push(format!("{}: present at its target after unpublish", v.name));
+        }
+        if v.published {
+            let there = match v.kind {
+                Kind::Ext4 => mount_at(&v.target).is_some(),
+                Kind::Block => is_block_node(&v.target),
+            };
+            if !there {
+                mount_mismatch.push(format!("{}: published, but nothing at its target", v.name));
+            }
+        }
+    }
+    mount_mismatch
+}
+
+/// Reads back the data of every volume the CO holds (staging and
+/// publishing the unstaged ones again): the mismatches, and how many
+/// volumes were checked.
+async fn read_back(co: &StormCo, vols: &[Vol]) -> (Vec<String>, usize) {
+    let mut bad_data = Vec::new();
+    let mut checked = 0;
+    for v in vols.iter().filter(|v| v.held().is_some()) {
+        let id = v.id.as_deref().unwrap();
+        let Some(want) = &v.data else { continue };
+        if !v.published {
+            co.stage(id, &v.staging, &v.kind.cap()).await;
+            co.publish(id, &v.staging, &v.target, &v.kind.cap()).await;
+        }
+        checked += 1;
+        if let Err(e) = check_data(v, want) {
+            bad_data.push(e);
+        }
+    }
+    (bad_data, checked)
+}
+
+/// The CO deletes every snapshot and volume it holds.
+async fn delete_everything(co: &StormCo, vols: &[Vol], snaps_held: &BTreeSet<String>) {
+    for id in snaps_held {
+        co.delete_snapshot(id).await;
+    }
+    for v in vols.iter().filter(|v| v.held().is_some()) {
+        let id = v.id.as_deref().unwrap();
+        co.unpublish(id, &v.target).await;
+        co.unstage(id, &v.staging).await;
+        co.delete(id).await;
+    }
+}
+
+/// What is left of the storm's volumes on the node after the CO deleted
+/// everything: mounts, dm devices, overlays, block nodes, LVs, loop
+/// devices beyond the VG's own.
+fn leftovers(d: &TestDriver, k: &Kubelet, vols: &[Vol]) -> Vec<String> {
+    let all_ids: Vec<&str> = vols.iter().filter_map(|v| v.id.as_deref()).collect();
+    let mut leftovers = Vec::new();
+    for m in mounts_under(k.root.path()) {
+        leftovers.push(format!("mount {}", m.display()));
+    }
+    for m in mounts_under(&d.state_dir()) {
+        leftovers.push(format!("mount {}", m.display()));
+    }
+    let pool = pool_dm_names(&d.vg, "pool");
+    for n in dm_of_vg(&d.vg) {
+        if !pool.contains(&n) {
+            leftovers.push(format!("dm device {n}"));
+        }
+    }
+    for id in &all_ids {
+        for o in overlays_of(id) {
+            leftovers.push(format!("overlay {o}"));
+        }
+    }
+    for v in vols {
+        if is_block_node(&v.target) {
+            leftovers.push(format!("block node {}", v.target.display()));
+        }
+    }
+    for lv in lvs(&d.vg).thin_volumes("pool") {
+        leftovers.push(format!("LV {}", lv.name));
+    }
+    let loops = loops_under(d.dir.path());
+    if loops.len() != 1 {
+        leftovers.push(format!("loop devices on the test's files: {loops:?}"));
+    }
+    leftovers
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill9_storm() {
     let seed = env_u64("TPCSI_STORM_SEED").unwrap_or_else(|| {
@@ -1665,55 +1908,17 @@ async fn kill9_storm() {
     let model: Model = Arc::default();
     let snaps: Snaps = Arc::default();
     let problems: Problems = Arc::default();
-    let next = Arc::new(AtomicUsize::new(0));
-    let killer_done = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
-
-    let mut workers = Vec::new();
-    for w in 0..STORM_WORKERS {
-        let (co, k, model, problems) = (co.clone(), k.clone(), model.clone(), problems.clone());
-        let snaps = snaps.clone();
-        let (next, killer_done) = (next.clone(), killer_done.clone());
-        let mut rng = Rng(mix(seed ^ (w as u64 + 1)));
-        workers.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                let enough = i >= STORM_MIN_VOLUMES && killer_done.load(Ordering::SeqCst);
-                if enough || i >= max_volumes {
-                    break;
-                }
-                let mut vrng = Rng(mix(rng.next() ^ i as u64));
-                storm_volume(&co, &k, &model, &snaps, &problems, i, &mut vrng).await;
-            }
-        }));
-    }
-
-    // The killer: SIGKILL at a random moment, start again, repeat.
-    let mut krng = Rng(mix(seed ^ 0x6b696c6c));
-    let mut kills = 0;
-    let mut restarts = Vec::new();
-    while kills < want_kills && !workers.iter().all(|h| h.is_finished()) {
-        tokio::time::sleep(Duration::from_millis(200 + krng.below(2800))).await;
-        if workers.iter().all(|h| h.is_finished()) {
-            break;
-        }
-        if kill_tree {
-            d.kill9_with_children();
-        } else {
-            d.kill9();
-        }
-        kills += 1;
-        let t = Instant::now();
-        d.spawn().await;
-        restarts.push(t.elapsed());
-    }
-    killer_done.store(true, Ordering::SeqCst);
-    for h in workers {
-        if let Err(e) = h.await {
-            eprintln!("driver log (tail):\n{}", d.log_tail(200));
-            std::panic::resume_unwind(e.into_panic());
-        }
-    }
+    let storm = Storm {
+        co: co.clone(),
+        k: k.clone(),
+        model: model.clone(),
+        snaps: snaps.clone(),
+        problems: problems.clone(),
+    };
+    let (kills, mut restarts) = storm
+        .run(&mut d, seed, want_kills, kill_tree, max_volumes)
+        .await;
     let storm_time = started.elapsed();
     assert!(d.is_running(), "the driver is up after the storm");
 
@@ -1724,20 +1929,7 @@ async fn kill9_storm() {
         .filter_map(|v| v.held().map(str::to_string))
         .collect();
     let listed = co.list().await;
-    let ours: BTreeSet<String> = lvs(&d.vg)
-        .thin_volumes("pool")
-        .map(|lv| lv.name.clone())
-        .filter(|n| n.starts_with("csi-"))
-        .collect();
-    let lost: Vec<&String> = held
-        .iter()
-        .filter(|id| !listed.contains(*id) || !ours.contains(*id))
-        .collect();
-    let leaked: BTreeSet<&String> = ours
-        .iter()
-        .chain(listed.iter())
-        .filter(|id| !held.contains(*id))
-        .collect();
+    let (lost, leaked) = lost_and_leaked(&held, &listed, &lvs_named(&d.vg, "csi-"));
     // The same for snapshots.
     let snaps_held: BTreeSet<String> = snaps
         .lock()
@@ -1747,102 +1939,19 @@ async fn kill9_storm() {
         .map(|(id, _)| id.clone())
         .collect();
     let snaps_listed = co.list_snapshots().await;
-    let snap_lvs: BTreeSet<String> = lvs(&d.vg)
-        .thin_volumes("pool")
-        .map(|lv| lv.name.clone())
-        .filter(|n| n.starts_with("snap-"))
-        .collect();
-    let lost_snaps: Vec<&String> = snaps_held
-        .iter()
-        .filter(|id| !snaps_listed.contains(*id) || !snap_lvs.contains(*id))
-        .collect();
-    let leaked_snaps: BTreeSet<&String> = snap_lvs
-        .iter()
-        .chain(snaps_listed.iter())
-        .filter(|id| !snaps_held.contains(*id))
-        .collect();
+    let (lost_snaps, leaked_snaps) =
+        lost_and_leaked(&snaps_held, &snaps_listed, &lvs_named(&d.vg, "snap-"));
 
     // Nothing is mounted or published that the CO took down.
-    let mut mount_mismatch = Vec::new();
-    for v in &vols {
-        if !v.staged && mount_at(&v.staging).is_some() {
-            mount_mismatch.push(format!(
-                "{}: mounted at its staging path after unstage",
-                v.name
-            ));
-        }
-        if !v.published && (mount_at(&v.target).is_some() || is_block_node(&v.target)) {
-            mount_mismatch.push(format!("{}: present at its target after unpublish", v.name));
-        }
-        if v.published {
-            let there = match v.kind {
-                Kind::Ext4 => mount_at(&v.target).is_some(),
-                Kind::Block => is_block_node(&v.target),
-            };
-            if !there {
-                mount_mismatch.push(format!("{}: published, but nothing at its target", v.name));
-            }
-        }
-    }
+    let mount_mismatch = mount_mismatches(&vols);
 
     // The data of every volume still held reads back (unstaged ones are
     // staged and published again to read it).
-    let mut bad_data = Vec::new();
-    let mut checked = 0;
-    for v in vols.iter().filter(|v| v.held().is_some()) {
-        let id = v.id.as_deref().unwrap();
-        let Some(want) = &v.data else { continue };
-        if !v.published {
-            co.stage(id, &v.staging, &v.kind.cap()).await;
-            co.publish(id, &v.staging, &v.target, &v.kind.cap()).await;
-        }
-        checked += 1;
-        if let Err(e) = check_data(v, want) {
-            bad_data.push(e);
-        }
-    }
+    let (bad_data, checked) = read_back(&co, &vols).await;
 
-    // The CO deletes everything.
-    for id in &snaps_held {
-        co.delete_snapshot(id).await;
-    }
-    for v in vols.iter().filter(|v| v.held().is_some()) {
-        let id = v.id.as_deref().unwrap();
-        co.unpublish(id, &v.target).await;
-        co.unstage(id, &v.staging).await;
-        co.delete(id).await;
-    }
-    let all_ids: Vec<&str> = vols.iter().filter_map(|v| v.id.as_deref()).collect();
-    let mut leftovers = Vec::new();
-    for m in mounts_under(k.root.path()) {
-        leftovers.push(format!("mount {}", m.display()));
-    }
-    for m in mounts_under(&d.state_dir()) {
-        leftovers.push(format!("mount {}", m.display()));
-    }
-    let pool = pool_dm_names(&d.vg, "pool");
-    for n in dm_of_vg(&d.vg) {
-        if !pool.contains(&n) {
-            leftovers.push(format!("dm device {n}"));
-        }
-    }
-    for id in &all_ids {
-        for o in overlays_of(id) {
-            leftovers.push(format!("overlay {o}"));
-        }
-    }
-    for v in &vols {
-        if is_block_node(&v.target) {
-            leftovers.push(format!("block node {}", v.target.display()));
-        }
-    }
-    for lv in lvs(&d.vg).thin_volumes("pool") {
-        leftovers.push(format!("LV {}", lv.name));
-    }
-    let loops = loops_under(d.dir.path());
-    if loops.len() != 1 {
-        leftovers.push(format!("loop devices on the test's files: {loops:?}"));
-    }
+    // The CO deletes everything; nothing of the volumes is left.
+    delete_everything(&co, &vols, &snaps_held).await;
+    let leftovers = leftovers(&d, &k, &vols);
 
     let stats = &co.stats;
     restarts.sort();

@@ -15,8 +15,7 @@ use thinpool_csi::lvm::room::Room;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
-use crate::cli::tpcsi;
-use crate::controller::{create_req, del, mount_cap};
+use crate::fixtures::{create_req, del, mount_cap, tpcsi};
 use crate::harness::{dm_name, dmsetup, lvm, lvs, try_lvm, TestDriver, MIB};
 
 const RESERVE: u64 = 16;
@@ -213,7 +212,7 @@ async fn the_built_vg_and_pool_are_sized_for_max_lvs() {
 /// per volume: on a dense node each is a report of every LV.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_heals_every_staged_volume_from_one_report() {
-    use crate::node::{stage_req, Kubelet};
+    use crate::fixtures::{stage_req, Kubelet};
     let tools = tempfile::tempdir().unwrap();
     let (wrapper, calls) = crate::harness::counting_lvm(tools.path());
     let k = Kubelet::new("heal1");

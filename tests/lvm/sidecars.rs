@@ -28,9 +28,8 @@ use thinpool_csi::proto::csi::v1::volume_capability::{AccessMode, AccessType, Mo
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
-use crate::controller::block_cap;
+use crate::fixtures::{block_cap, publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
 use crate::harness::{lvm, TestDriver, DRIVER_NAME, MIB, NODE_ID};
-use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
 
 /// `deploy/kubernetes/base/storageclass.yaml`'s parameters.
 const SHIPPED_CLASS: &[(&str, &str)] = &[("csi.storage.k8s.io/fstype", "ext4")];

@@ -4,7 +4,7 @@
 //! alone, xfs copies mounted next to their origin; and ControllerModifyVolume.
 
 use std::io::{Seek, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -14,17 +14,11 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::controller::{create_req, del, mount_cap};
+use crate::fixtures::{
+    create_req, create_volume, del, mount_cap, mounts_under, snap_req, snapshot_of, stage_req,
+    unstage_req, Kubelet,
+};
 use crate::harness::{lvm, lvs, TestDriver, MIB};
-use crate::node::{mounts_under, stage_req, unstage_req, Kubelet};
-
-fn snap_req(name: &str, source: &str) -> CreateSnapshotRequest {
-    CreateSnapshotRequest {
-        name: name.into(),
-        source_volume_id: source.into(),
-        ..Default::default()
-    }
-}
 
 fn from_snapshot(mut req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest {
     req.volume_content_source = Some(VolumeContentSource {
@@ -46,24 +40,6 @@ fn from_volume(mut req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest {
         )),
     });
     req
-}
-
-async fn create(c: &mut ControllerClient<Channel>, req: CreateVolumeRequest) -> Volume {
-    c.create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-}
-
-async fn snapshot(c: &mut ControllerClient<Channel>, name: &str, source: &str) -> Snapshot {
-    c.create_snapshot(snap_req(name, source))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
 }
 
 async fn list(
@@ -122,17 +98,27 @@ fn fs_bytes(path: &Path) -> u64 {
     st.blocks() as u64 * st.fragment_size() as u64
 }
 
-/// Snapshot a mounted ext4 volume while a writer runs; restore it larger;
-/// delete the source and restore again; every call repeated.
-#[tokio::test(flavor = "multi_thread")]
-async fn snapshot_under_a_writer_restores_what_was_synced() {
-    let k = Kubelet::new("zsnap");
-    let d = TestDriver::start("zsnap", 256 * MIB, &k.extra()).await;
+/// A driver on `k` with two ext4 volumes, a 64 MiB source staged (with
+/// `synced` written and fsynced in it) and a 16 MiB other one; the
+/// source's staging path.
+async fn source_and_other(
+    name: &str,
+    k: &Kubelet,
+    synced: &[u8],
+) -> (
+    TestDriver,
+    ControllerClient<Channel>,
+    NodeClient<Channel>,
+    String,
+    String,
+    PathBuf,
+) {
+    let d = TestDriver::start(name, 256 * MIB, &k.extra()).await;
     let (mut c, mut n) = (d.controller().await, d.node().await);
-    let src = create(&mut c, create_req("zsnap-src", 64 * MIB, mount_cap("ext4")))
+    let src = create_volume(&mut c, create_req("zsnap-src", 64 * MIB, mount_cap("ext4")))
         .await
         .volume_id;
-    let other = create(
+    let other = create_volume(
         &mut c,
         create_req("zsnap-other", 16 * MIB, mount_cap("ext4")),
     )
@@ -140,8 +126,17 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
     .volume_id;
     let st = k.staging("src");
     stage(&mut n, &src, &st, "ext4").await;
+    write_synced(&st.join("synced"), synced);
+    (d, c, n, src, other, st)
+}
+
+/// Snapshot a mounted ext4 volume while a writer runs; restore it larger;
+/// delete the source and restore again; every call repeated.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_under_a_writer_restores_what_was_synced() {
+    let k = Kubelet::new("zsnap");
     let synced = pattern(3 * MIB as usize, 7);
-    write_synced(&st.join("synced"), &synced);
+    let (d, mut c, mut n, src, other, st) = source_and_other("zsnap", &k, &synced).await;
 
     // A writer keeps writing while the snapshot is taken.
     let stop = Arc::new(AtomicBool::new(false));
@@ -162,7 +157,7 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
         })
     };
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let s1 = snapshot(&mut c, "zsnap-1", &src).await;
+    let s1 = snapshot_of(&mut c, "zsnap-1", &src).await;
     stop.store(true, Ordering::Relaxed);
     let blocks = writer.join().unwrap();
     eprintln!("MEASURE snapshot taken under a writer that wrote {blocks} blocks");
@@ -178,72 +173,13 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
         (now - created).abs() < 600,
         "creation_time {created}, now {now}"
     );
-    // Idempotent; the same name from another volume is a conflict.
-    assert_eq!(snapshot(&mut c, "zsnap-1", &src).await, s1);
-    let e = c
-        .create_snapshot(snap_req("zsnap-1", &other))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
-    let e = c
-        .create_snapshot(snap_req("zsnap-x", "csi-gone-0123456789abcdef"))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound, "{e:?}");
-    let snap_lv = lvs(&d.vg).find(&s1.snapshot_id).unwrap().clone();
-    assert!(snap_lv.attr.starts_with('V'), "{}", snap_lv.attr);
-    assert_eq!(&snap_lv.attr[1..2], "r", "read-only: {}", snap_lv.attr);
-
-    // Listing: by id, by source, and in pages.
-    let s2 = snapshot(&mut c, "zsnap-2", &other).await;
-    assert_eq!(
-        list(&mut c, &s1.snapshot_id, "", 0, "").await.0,
-        vec![s1.snapshot_id.clone()]
-    );
-    assert_eq!(
-        list(&mut c, "", &other, 0, "").await.0,
-        vec![s2.snapshot_id.clone()]
-    );
-    assert!(list(&mut c, "snap-nope-0123456789abcdef", "", 0, "")
-        .await
-        .0
-        .is_empty());
-    let (p1, t1) = list(&mut c, "", "", 1, "").await;
-    let (p2, t2) = list(&mut c, "", "", 1, &t1).await;
-    assert_eq!(p1.len() + p2.len(), 2, "{p1:?} {p2:?}");
-    assert!(t2.is_empty() && !t1.is_empty());
-
     // A restore larger than the source; its filesystem grows at stage.
     let req = from_snapshot(
         create_req("zsnap-r1", 96 * MIB, mount_cap("ext4")),
         &s1.snapshot_id,
     );
-    let r1 = create(&mut c, req.clone()).await;
+    let r1 = create_volume(&mut c, req.clone()).await;
     assert_eq!(r1.capacity_bytes, 96 * MIB as i64);
-    assert_eq!(
-        create(&mut c, req).await,
-        r1,
-        "CreateVolume from a snapshot is idempotent"
-    );
-    assert!(matches!(
-        r1.content_source.as_ref().and_then(|s| s.r#type.as_ref()),
-        Some(volume_content_source::Type::Snapshot(s)) if s.snapshot_id == s1.snapshot_id
-    ));
-    let small = from_snapshot(
-        create_req("zsnap-small", 16 * MIB, mount_cap("ext4")),
-        &s1.snapshot_id,
-    );
-    let mut small = small;
-    small.capacity_range.as_mut().unwrap().limit_bytes = 32 * MIB as i64;
-    let e = c.create_volume(small).await.unwrap_err();
-    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
-    let missing = from_snapshot(
-        create_req("zsnap-m", 64 * MIB, mount_cap("ext4")),
-        "snap-gone-0123456789abcdef",
-    );
-    let e = c.create_volume(missing).await.unwrap_err();
-    assert_eq!(e.code(), Code::NotFound, "{e:?}");
-
     let st_r1 = k.staging("r1");
     stage(&mut n, &r1.volume_id, &st_r1, "ext4").await;
     stage(&mut n, &r1.volume_id, &st_r1, "ext4").await;
@@ -260,7 +196,7 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
     unstage(&mut n, &src, &st).await;
     c.delete_volume(del(&src)).await.unwrap();
     assert_eq!(list(&mut c, &s1.snapshot_id, "", 0, "").await.0.len(), 1);
-    let r2 = create(
+    let r2 = create_volume(
         &mut c,
         from_snapshot(
             create_req("zsnap-r2", 64 * MIB, mount_cap("ext4")),
@@ -295,7 +231,7 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
     for id in [&r1.volume_id, &r2.volume_id, &other] {
         c.delete_volume(del(id)).await.unwrap();
     }
-    for s in [&s1, &s2] {
+    for s in [&s1] {
         for _ in 0..2 {
             c.delete_snapshot(DeleteSnapshotRequest {
                 snapshot_id: s.snapshot_id.clone(),
@@ -316,6 +252,90 @@ async fn snapshot_under_a_writer_restores_what_was_synced() {
     assert!(mounts_under(k.root.path()).is_empty());
 }
 
+/// CreateSnapshot again is the same snapshot; the same name of another
+/// source is a conflict, a missing source not found; the snapshot LV is a
+/// read-only thin volume; ListSnapshots finds it by id, by source and in
+/// pages.
+#[tokio::test(flavor = "multi_thread")]
+async fn create_snapshot_is_idempotent_conflicts_and_lists() {
+    let k = Kubelet::new("zsnapl");
+    let (d, mut c, _n, src, other, _st) = source_and_other("zsnapl", &k, b"s").await;
+    let s1 = snapshot_of(&mut c, "zsnap-1", &src).await;
+    // Idempotent; the same name from another volume is a conflict.
+    assert_eq!(snapshot_of(&mut c, "zsnap-1", &src).await, s1);
+    let e = c
+        .create_snapshot(snap_req("zsnap-1", &other))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    let e = c
+        .create_snapshot(snap_req("zsnap-x", "csi-gone-0123456789abcdef"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let snap_lv = lvs(&d.vg).find(&s1.snapshot_id).unwrap().clone();
+    assert!(snap_lv.attr.starts_with('V'), "{}", snap_lv.attr);
+    assert_eq!(&snap_lv.attr[1..2], "r", "read-only: {}", snap_lv.attr);
+
+    // Listing: by id, by source, and in pages.
+    let s2 = snapshot_of(&mut c, "zsnap-2", &other).await;
+    assert_eq!(
+        list(&mut c, &s1.snapshot_id, "", 0, "").await.0,
+        vec![s1.snapshot_id.clone()]
+    );
+    assert_eq!(
+        list(&mut c, "", &other, 0, "").await.0,
+        vec![s2.snapshot_id.clone()]
+    );
+    assert!(list(&mut c, "snap-nope-0123456789abcdef", "", 0, "")
+        .await
+        .0
+        .is_empty());
+    let (p1, t1) = list(&mut c, "", "", 1, "").await;
+    let (p2, t2) = list(&mut c, "", "", 1, &t1).await;
+    assert_eq!(p1.len() + p2.len(), 2, "{p1:?} {p2:?}");
+    assert!(t2.is_empty() && !t1.is_empty());
+}
+
+/// A volume from a snapshot: CreateVolume again returns it, it names its
+/// source; a limit under the snapshot's size is out of range, a missing
+/// snapshot not found.
+#[tokio::test(flavor = "multi_thread")]
+async fn create_from_snapshot_is_idempotent_and_checks_size_and_source() {
+    let k = Kubelet::new("zsnapr");
+    let (_d, mut c, _n, src, _other, _st) = source_and_other("zsnapr", &k, b"s").await;
+    let s1 = snapshot_of(&mut c, "zsnap-1", &src).await;
+    let req = from_snapshot(
+        create_req("zsnap-r1", 96 * MIB, mount_cap("ext4")),
+        &s1.snapshot_id,
+    );
+    let r1 = create_volume(&mut c, req.clone()).await;
+    assert_eq!(r1.capacity_bytes, 96 * MIB as i64);
+    assert_eq!(
+        create_volume(&mut c, req).await,
+        r1,
+        "CreateVolume from a snapshot is idempotent"
+    );
+    assert!(matches!(
+        r1.content_source.as_ref().and_then(|s| s.r#type.as_ref()),
+        Some(volume_content_source::Type::Snapshot(s)) if s.snapshot_id == s1.snapshot_id
+    ));
+    let small = from_snapshot(
+        create_req("zsnap-small", 16 * MIB, mount_cap("ext4")),
+        &s1.snapshot_id,
+    );
+    let mut small = small;
+    small.capacity_range.as_mut().unwrap().limit_bytes = 32 * MIB as i64;
+    let e = c.create_volume(small).await.unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    let missing = from_snapshot(
+        create_req("zsnap-m", 64 * MIB, mount_cap("ext4")),
+        "snap-gone-0123456789abcdef",
+    );
+    let e = c.create_volume(missing).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+}
+
 /// A clone of a mounted xfs volume mounts next to its origin (same UUID)
 /// and takes writes that leave the origin as it was.
 #[tokio::test(flavor = "multi_thread")]
@@ -323,7 +343,7 @@ async fn xfs_clone_mounts_beside_its_origin_and_leaves_it_alone() {
     let k = Kubelet::new("zclone");
     let d = TestDriver::start("zclone", 256 * MIB, &k.extra()).await;
     let (mut c, mut n) = (d.controller().await, d.node().await);
-    let src = create(
+    let src = create_volume(
         &mut c,
         create_req("zclone-src", 300 * MIB, mount_cap("xfs")),
     )
@@ -335,11 +355,15 @@ async fn xfs_clone_mounts_beside_its_origin_and_leaves_it_alone() {
     write_synced(&st.join("data"), &data);
 
     let req = from_volume(create_req("zclone-c", 300 * MIB, mount_cap("xfs")), &src);
-    let clone = create(&mut c, req.clone()).await;
-    assert_eq!(create(&mut c, req).await, clone, "a clone is idempotent");
+    let clone = create_volume(&mut c, req.clone()).await;
+    assert_eq!(
+        create_volume(&mut c, req).await,
+        clone,
+        "a clone is idempotent"
+    );
     let e = c
         .create_volume(from_volume(
-            create_req("zclone-blk", 300 * MIB, crate::controller::block_cap()),
+            create_req("zclone-blk", 300 * MIB, crate::fixtures::block_cap()),
             &src,
         ))
         .await
@@ -377,9 +401,9 @@ async fn modify_volume_sets_read_ahead() {
     let mut c = d.controller().await;
     let mut req = create_req("zmodify-v", 16 * MIB, mount_cap("ext4"));
     req.mutable_parameters = [("readAheadSectors".to_string(), "256".to_string())].into();
-    let id = create(&mut c, req.clone()).await.volume_id;
+    let id = create_volume(&mut c, req.clone()).await.volume_id;
     assert_eq!(
-        create(&mut c, req).await.volume_id,
+        create_volume(&mut c, req).await.volume_id,
         id,
         "idempotent with mutable parameters"
     );

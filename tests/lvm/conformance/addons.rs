@@ -4,10 +4,10 @@
 //! this driver does not serve.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use thinpool_csi::naming;
+use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::DeleteVolumeRequest;
 use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
 use thinpool_csi::proto::healer::NodeHealerRequest;
@@ -17,12 +17,12 @@ use thinpool_csi::proto::identity::GetCapabilitiesRequest;
 use thinpool_csi::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
 use thinpool_csi::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
 use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeReclaimSpaceRequest};
+use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{raw_call, Rules};
-use crate::controller::{block_cap, mount_cap};
+use crate::fixtures::{block_cap, create, mount_cap, publish_req, s, stage_req, Kubelet};
 use crate::harness::{TestDriver, MIB};
-use crate::node::{create, publish_req, stage_req, Kubelet};
 
 /// The rows of the CSI-Addons error tables, as quoted by the rules.
 const MISSING: &str = "\"Missing required field: 3 INVALID_ARGUMENT\"";
@@ -31,10 +31,6 @@ const PENDING: &str = "\"Operation pending for volume: 10 ABORTED\"";
 const NOT_IMPLEMENTED: &str = "\"Call not implemented: 12 UNIMPLEMENTED\"";
 const AUTH: &str =
     "\"Not authenticated: 16 UNAUTHENTICATED\" (we take no secrets: any are ignored)";
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
 
 fn secrets() -> HashMap<String, String> {
     [("user".to_string(), "not-a-real-secret".to_string())].into()
@@ -63,17 +59,37 @@ fn heal_req(id: &str, path: &str) -> NodeHealerRequest {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn addons_error_tables() {
-    let k = Kubelet::new("cfadd");
-    let d = TestDriver::start("cfadd", 512 * MIB, &k.extra()).await;
-    let mut r = Rules::new("CSI-Addons error tables");
+/// What the error-table rules start from: a driver on a kubelet directory
+/// of its own, their Rules, the CSI-Addons clients, and three volumes: one
+/// staged and published (`live`, at `stg` and `tgt`), one unstaged
+/// (`idle`), one deleted (`gone`). A test binds `k` and `d` even when it
+/// does not use them: a field left to `..` is dropped at once.
+struct AddonsGround {
+    k: Kubelet,
+    d: TestDriver,
+    r: Rules,
+    uri: String,
+    ctl: ReclaimSpaceControllerClient<Channel>,
+    rn: ReclaimSpaceNodeClient<Channel>,
+    h: HealerNodeClient<Channel>,
+    n: NodeClient<Channel>,
+    live: String,
+    idle: String,
+    gone: String,
+    tgt: String,
+    stg: String,
+}
+
+async fn addons_ground(name: &str, what: &'static str) -> AddonsGround {
+    let k = Kubelet::new(name);
+    let d = TestDriver::start(name, 512 * MIB, &k.extra()).await;
+    let r = Rules::new(what);
     let uri = d.addons_uri();
-    let mut ctl = ReclaimSpaceControllerClient::connect(uri.clone())
+    let ctl = ReclaimSpaceControllerClient::connect(uri.clone())
         .await
         .unwrap();
-    let mut rn = ReclaimSpaceNodeClient::connect(uri.clone()).await.unwrap();
-    let mut h = HealerNodeClient::connect(uri.clone()).await.unwrap();
+    let rn = ReclaimSpaceNodeClient::connect(uri.clone()).await.unwrap();
+    let h = HealerNodeClient::connect(uri.clone()).await.unwrap();
     let mut n = d.node().await;
     let mut c = d.controller().await;
 
@@ -102,7 +118,37 @@ async fn addons_error_tables() {
     .await
     .expect("delete");
     let (tgt, stg) = (s(&target), s(&staging));
+    AddonsGround {
+        k,
+        d,
+        r,
+        uri,
+        ctl,
+        rn,
+        h,
+        n,
+        live,
+        idle,
+        gone,
+        tgt,
+        stg,
+    }
+}
 
+/// Missing required field → INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread")]
+async fn addons_missing_required_field() {
+    let AddonsGround {
+        k: _k,
+        d: _d,
+        mut r,
+        mut ctl,
+        mut rn,
+        mut h,
+        live,
+        tgt,
+        ..
+    } = addons_ground("cfaddm", "CSI-Addons missing field").await;
     // -- Missing required field ---------------------------------------------
     r.code(
         &format!("ControllerReclaimSpace: volume_id is REQUIRED → INVALID_ARGUMENT [{MISSING}]"),
@@ -129,7 +175,24 @@ async fn addons_error_tables() {
         h.node_healer(heal_req(&live, "")).await,
         Code::InvalidArgument,
     );
+    r.finish();
+}
 
+/// Volume does not exist → NOT_FOUND.
+#[tokio::test(flavor = "multi_thread")]
+async fn addons_volume_does_not_exist() {
+    let AddonsGround {
+        k: _k,
+        d: _d,
+        mut r,
+        mut ctl,
+        mut rn,
+        mut h,
+        idle,
+        gone,
+        tgt,
+        ..
+    } = addons_ground("cfaddn", "CSI-Addons no volume").await;
     // -- Volume does not exist ----------------------------------------------
     let never = naming::lv_name_for("cfadd-never");
     for (what, u) in [
@@ -160,7 +223,25 @@ async fn addons_error_tables() {
         h.node_healer(heal_req(&idle, &tgt)).await,
         Code::FailedPrecondition,
     );
+    r.finish();
+}
 
+/// Not authenticated: secrets (and parameters) are taken and ignored.
+#[tokio::test(flavor = "multi_thread")]
+async fn addons_secrets_and_parameters_are_ignored() {
+    let AddonsGround {
+        d: _d,
+        k: _k,
+        mut r,
+        mut ctl,
+        mut rn,
+        mut h,
+        live,
+        idle,
+        tgt,
+        stg,
+        ..
+    } = addons_ground("cfadda", "CSI-Addons secrets").await;
     // -- Not authenticated: secrets are taken and ignored ----------------------
     // Parameters: the csi-addons controller passes the PV's volume
     // attributes (or a CSIAddonsJob's own keys); they mean nothing here.
@@ -207,7 +288,19 @@ async fn addons_error_tables() {
             .is_some_and(|v| !v.abnormal && !v.message.is_empty()),
         format!("{healed:?}"),
     );
+    r.finish();
+}
 
+/// Call not implemented: services not served are UNIMPLEMENTED and not advertised.
+#[tokio::test(flavor = "multi_thread")]
+async fn addons_unserved_calls_are_unimplemented() {
+    let AddonsGround {
+        k: _k,
+        d: _d,
+        mut r,
+        uri,
+        ..
+    } = addons_ground("cfaddu", "CSI-Addons unserved").await;
     // -- Call not implemented: services we do not serve are UNIMPLEMENTED
     // and not advertised.
     for path in [
@@ -239,7 +332,22 @@ async fn addons_error_tables() {
         unserved.is_empty(),
         format!("advertised {unserved:?}"),
     );
+    r.finish();
+}
 
+/// Operation pending for volume → ABORTED.
+#[tokio::test(flavor = "multi_thread")]
+async fn addons_pending_operation_is_aborted() {
+    let AddonsGround {
+        k,
+        d,
+        mut r,
+        mut ctl,
+        mut rn,
+        mut h,
+        n,
+        ..
+    } = addons_ground("cfaddp", "CSI-Addons pending").await;
     // -- Operation pending: while a stage of `busy` runs (mkfs), each
     // CSI-Addons call on it is ABORTED.
     let busy = create(&d, "cfadd-busy", 256 * MIB, mount_cap("xfs")).await;

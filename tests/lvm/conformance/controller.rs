@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{required, Rules, SIZE};
-use crate::controller::{block_cap, create_req, del, mount_cap};
+use crate::fixtures::{block_cap, create_req, del, mount_cap};
 use crate::harness::{lvs, TestDriver, MIB, NODE_ID};
 
 /// Volume ids no volume has: one of the driver's shape, and csi-sanity's.
@@ -63,16 +63,31 @@ async fn create(r: &mut Rules, c: &mut ControllerClient<Channel>, name: &str) ->
     super::created(r, c, create_req(name, MIB, block_cap())).await
 }
 
-/// CreateVolume, DeleteVolume, ControllerPublish/Unpublish,
-/// ValidateVolumeCapabilities, ControllerExpand, ControllerGetVolume,
-/// ControllerModifyVolume, GetCapacity.
+/// A driver as the volume rules want it (overprovisioned 4×), their
+/// Rules, and "cf-vol", a 5 MiB ext4 volume created on it.
+async fn volume_ground(
+    vg: &str,
+    what: &'static str,
+) -> (TestDriver, Rules, ControllerClient<Channel>, String) {
+    let d = TestDriver::start(vg, 128 * MIB, "overprovision_ratio = 4.0").await;
+    let mut r = Rules::new(what);
+    let mut c = d.controller().await;
+    let id = super::created(
+        &mut r,
+        &mut c,
+        create_req("cf-vol", 5 * MIB, mount_cap("ext4")),
+    )
+    .await;
+    (d, r, c, id)
+}
+
+/// CreateVolume: required fields, sizes, idempotency, conflicts, sources.
 #[tokio::test(flavor = "multi_thread")]
-async fn controller_volume_rules() {
+async fn create_volume_rules() {
     let d = TestDriver::start("cfctl", 128 * MIB, "overprovision_ratio = 4.0").await;
-    let mut r = Rules::new("Controller volumes");
+    let mut r = Rules::new("Controller CreateVolume");
     let mut c = d.controller().await;
     let rule = required;
-
     // -- CreateVolume ------------------------------------------------
     let mut q = create_req("", MIB, block_cap());
     r.code(
@@ -154,7 +169,7 @@ async fn controller_volume_rules() {
         thin_count(&d.vg) == 1,
         format!("{} thin LVs", thin_count(&d.vg)),
     );
-    let id = v1
+    let _id = v1
         .and_then(|v| v.volume)
         .map(|v| v.volume_id)
         .expect("cf-vol");
@@ -206,7 +221,14 @@ async fn controller_volume_rules() {
         c.create_volume(create_req("cf-huge", 4096 * MIB, block_cap())).await,
         Code::ResourceExhausted,
     );
+    r.finish();
+}
 
+/// DeleteVolume: required fields, unknown ids, idempotency.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_volume_rules() {
+    let (d, mut r, mut c, id) = volume_ground("cfctldel", "Controller DeleteVolume").await;
+    let rule = required;
     // -- DeleteVolume --------------------------------------------------
     r.code(
         &rule("DeleteVolume", "volume_id"),
@@ -229,6 +251,26 @@ async fn controller_volume_rules() {
         Code::InvalidArgument,
     );
 
+    // -- DeleteVolume, twice ---------------------------------------------------------
+    for _ in 0..2 {
+        r.ok(
+            "DeleteVolume: \"This operation MUST be idempotent\" → OK, twice",
+            c.delete_volume(del(&id)).await,
+        );
+    }
+    r.check(
+        "DeleteVolume removes the LV",
+        thin_count(&d.vg) == 0,
+        format!("{} thin LVs", thin_count(&d.vg)),
+    );
+    r.finish();
+}
+
+/// ControllerPublishVolume and ControllerUnpublishVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_publish_rules() {
+    let (_d, mut r, mut c, id) = volume_ground("cfctlpub", "Controller publish").await;
+    let rule = required;
     // -- ControllerPublishVolume / Unpublish ----------------------------
     r.code(
         &rule("ControllerPublishVolume", "volume_id"),
@@ -303,7 +345,14 @@ async fn controller_volume_rules() {
             c.controller_unpublish_volume(unpub(&u, NODE_ID)).await,
         );
     }
+    r.finish();
+}
 
+/// ValidateVolumeCapabilities.
+#[tokio::test(flavor = "multi_thread")]
+async fn validate_volume_capabilities_rules() {
+    let (_d, mut r, mut c, id) = volume_ground("cfctlval", "Controller validate").await;
+    let rule = required;
     // -- ValidateVolumeCapabilities --------------------------------------
     let validate = |id: &str, caps: Vec<VolumeCapability>| ValidateVolumeCapabilitiesRequest {
         volume_id: id.into(),
@@ -356,7 +405,14 @@ async fn controller_volume_rules() {
         },
         format!("{no:?}"),
     );
+    r.finish();
+}
 
+/// ControllerExpandVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_expand_rules() {
+    let (_d, mut r, mut c, id) = volume_ground("cfctlexp", "Controller expand").await;
+    let rule = required;
     // -- ControllerExpandVolume ---------------------------------------------
     r.code(
         &rule("ControllerExpandVolume", "volume_id"),
@@ -404,7 +460,14 @@ async fn controller_volume_rules() {
         c.controller_expand_volume(shrink).await,
         Code::OutOfRange,
     );
+    r.finish();
+}
 
+/// ControllerGetVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_get_volume_rules() {
+    let (_d, mut r, mut c, id) = volume_ground("cfctlget", "Controller get").await;
+    let rule = required;
     // -- ControllerGetVolume ---------------------------------------------------
     let get = |id: &str| ControllerGetVolumeRequest {
         volume_id: id.into(),
@@ -434,7 +497,14 @@ async fn controller_volume_rules() {
         }),
         format!("{got:?}"),
     );
+    r.finish();
+}
 
+/// ControllerModifyVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_modify_volume_rules() {
+    let (d, mut r, mut c, id) = volume_ground("cfctlmod", "Controller modify").await;
+    let rule = required;
     // -- ControllerModifyVolume --------------------------------------------------
     let modify = |id: &str, params: &[(&str, &str)]| ControllerModifyVolumeRequest {
         volume_id: id.into(),
@@ -490,7 +560,13 @@ async fn controller_volume_rules() {
                 .await,
         );
     }
+    r.finish();
+}
 
+/// GetCapacity.
+#[tokio::test(flavor = "multi_thread")]
+async fn get_capacity_rules() {
+    let (_d, mut r, mut c, _id) = volume_ground("cfctlcap", "Controller capacity").await;
     // -- GetCapacity ---------------------------------------------------------------
     let cap = r.ok(
         "GetCapacity succeeds",
@@ -504,19 +580,6 @@ async fn controller_volume_rules() {
                 && g.maximum_volume_size.unwrap_or(i64::MAX) >= g.minimum_volume_size.unwrap_or(0)
         }),
         format!("{cap:?}"),
-    );
-
-    // -- DeleteVolume, twice ---------------------------------------------------------
-    for _ in 0..2 {
-        r.ok(
-            "DeleteVolume: \"This operation MUST be idempotent\" → OK, twice",
-            c.delete_volume(del(&id)).await,
-        );
-    }
-    r.check(
-        "DeleteVolume removes the LV",
-        thin_count(&d.vg) == 0,
-        format!("{} thin LVs", thin_count(&d.vg)),
     );
     r.finish();
 }
@@ -556,12 +619,47 @@ where
     seen
 }
 
-/// ListVolumes and ListSnapshots: pages, tokens; CreateSnapshot and
-/// DeleteSnapshot rules.
+/// A driver with five 1 MiB block volumes (sorted ids) and the snapshots
+/// the list rules count: cf-snap-0..2 of the first three and one with a
+/// 128-byte name of the fourth (sorted ids); the Rules of `what`.
+async fn list_ground(
+    vg: &str,
+    what: &'static str,
+) -> (
+    TestDriver,
+    Rules,
+    ControllerClient<Channel>,
+    Vec<String>,
+    Vec<String>,
+) {
+    let d = TestDriver::start(vg, 128 * MIB, "").await;
+    let mut r = Rules::new(what);
+    let mut c = d.controller().await;
+    let mut vols = Vec::new();
+    for i in 0..5 {
+        vols.push(create(&mut r, &mut c, &format!("cf-list-{i}")).await);
+    }
+    vols.sort();
+    let long = "s".repeat(128);
+    let names = ["cf-snap-0", "cf-snap-1", "cf-snap-2", &long];
+    let mut snaps = Vec::new();
+    for (name, v) in names.iter().zip(&vols) {
+        let s = r.ok(
+            "CreateSnapshot succeeds",
+            c.create_snapshot(snap_req(name, v)).await,
+        );
+        snaps.extend(s.and_then(|s| s.snapshot).map(|s| s.snapshot_id));
+    }
+    snaps.sort();
+    (d, r, c, vols, snaps)
+}
+
+/// CreateSnapshot: required fields, unknown sources, idempotency,
+/// conflicts, name sizes.
 #[tokio::test(flavor = "multi_thread")]
-async fn controller_list_and_snapshot_rules() {
-    let d = TestDriver::start("cflist", 128 * MIB, "").await;
-    let mut r = Rules::new("Controller lists and snapshots");
+async fn create_snapshot_rules() {
+    let d = TestDriver::start("cfsnap", 128 * MIB, "").await;
+    let mut r = Rules::new("Controller CreateSnapshot");
     let mut c = d.controller().await;
     let mut vols = Vec::new();
     for i in 0..5 {
@@ -636,7 +734,13 @@ async fn controller_list_and_snapshot_rules() {
         Code::InvalidArgument,
     );
     snaps.sort();
+    r.finish();
+}
 
+/// ListVolumes: pages, tokens.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_volumes_rules() {
+    let (_d, mut r, mut c, vols, _snaps) = list_ground("cflist", "Controller ListVolumes").await;
     // -- ListVolumes ------------------------------------------------------
     for max in [0, 1, 2, 5, 7] {
         let c2 = c.clone();
@@ -689,7 +793,13 @@ async fn controller_list_and_snapshot_rules() {
         .await,
         Code::InvalidArgument,
     );
+    r.finish();
+}
 
+/// ListSnapshots: pages, tokens, filters.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_snapshots_rules() {
+    let (_d, mut r, mut c, _vols, snaps) = list_ground("cflists", "Controller ListSnapshots").await;
     // -- ListSnapshots -------------------------------------------------------
     for max in [0, 1, 3] {
         let c2 = c.clone();
@@ -778,7 +888,15 @@ async fn controller_list_and_snapshot_rules() {
         }),
         format!("{one:?}"),
     );
+    r.finish();
+}
 
+/// DeleteSnapshot: required fields, unknown ids, idempotency; and all
+/// gone after.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_snapshot_rules() {
+    let (d, mut r, mut c, vols, snaps) =
+        list_ground("cfsnapdel", "Controller DeleteSnapshot").await;
     // -- DeleteSnapshot ----------------------------------------------------------
     let dels = |id: &str| DeleteSnapshotRequest {
         snapshot_id: id.into(),

@@ -9,9 +9,8 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
 use super::{required, Rules, SIZE};
-use crate::controller::block_cap;
+use crate::fixtures::{block_cap, create};
 use crate::harness::{lvs, TestDriver, MIB};
-use crate::node::create;
 
 fn group_req(name: &str, ids: &[String]) -> CreateVolumeGroupSnapshotRequest {
     CreateVolumeGroupSnapshotRequest {

@@ -2,15 +2,12 @@
 
 use thinpool_csi::naming;
 use thinpool_csi::proto::csi::v1::snapshot_metadata_client::SnapshotMetadataClient;
-use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
 use super::{required, Rules};
-use crate::controller::block_cap;
+use crate::fixtures::{allocated_batches, block_cap, create, delta_batches, snapshot, Batch};
 use crate::harness::{TestDriver, MIB};
-use crate::metadata::snapshot;
-use crate::node::create;
 
 /// The number of ranges a whole stream carried, or the status that ended
 /// it (at the call or in the stream).
@@ -20,20 +17,9 @@ async fn allocated(
     start: i64,
     max: i32,
 ) -> Result<Response<usize>, Status> {
-    let mut s = m
-        .get_metadata_allocated(GetMetadataAllocatedRequest {
-            snapshot_id: id.into(),
-            starting_offset: start,
-            max_results: max,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let mut n = 0;
-    while let Some(r) = s.message().await? {
-        n += r.block_metadata.len();
-    }
-    Ok(Response::new(n))
+    Ok(Response::new(ranges(
+        allocated_batches(m, id, start, max).await?,
+    )))
 }
 
 async fn delta(
@@ -42,20 +28,13 @@ async fn delta(
     target: &str,
     start: i64,
 ) -> Result<Response<usize>, Status> {
-    let mut s = m
-        .get_metadata_delta(GetMetadataDeltaRequest {
-            base_snapshot_id: base.into(),
-            target_snapshot_id: target.into(),
-            starting_offset: start,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let mut n = 0;
-    while let Some(r) = s.message().await? {
-        n += r.block_metadata.len();
-    }
-    Ok(Response::new(n))
+    Ok(Response::new(ranges(
+        delta_batches(m, base, target, start, 0).await?,
+    )))
+}
+
+fn ranges(batches: Vec<Batch>) -> usize {
+    batches.iter().map(|(_, b)| b.len()).sum()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use thinpool_csi::naming;
+use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use thinpool_csi::proto::csi::v1::volume_capability::AccessMode;
@@ -12,15 +13,11 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{required, Rules, PATH_MIN, SIZE};
-use crate::controller::{block_cap, mount_cap};
-use crate::harness::{TestDriver, MIB};
-use crate::node::{
-    create, mount_flags, publish_req, stage_req, unpublish_req, unstage_req, Kubelet,
+use crate::fixtures::{
+    block_cap, create, mount_cap, mount_flags, publish_req, s, stage_req, unpublish_req,
+    unstage_req, Kubelet,
 };
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
+use crate::harness::{TestDriver, MIB};
 
 fn with_mode(mut cap: VolumeCapability, mode: Mode) -> VolumeCapability {
     cap.access_mode = Some(AccessMode { mode: mode as i32 });
@@ -165,14 +162,71 @@ async fn publish_table(
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn node_rules() {
-    let k = Kubelet::new("cfnode");
-    let d = TestDriver::start("cfnode", 128 * MIB, &k.extra()).await;
-    let mut r = Rules::new("Node");
-    let mut n = d.node().await;
-    let mut c = d.controller().await;
+/// What the node rules start from (a test binds `k` and `d` even when it
+/// does not use them: a field left to `..` is dropped at once, and with it
+/// the kubelet directory or the driver): a driver on a kubelet directory of its
+/// own, their Rules, a 16 MiB ext4 and an 8 MiB block volume (unstaged),
+/// staging paths longer than 128 bytes for each, a target, and two ids
+/// that name nothing.
+struct NodeGround {
+    k: Kubelet,
+    d: TestDriver,
+    r: Rules,
+    n: NodeClient<Channel>,
+    c: ControllerClient<Channel>,
+    fs_id: String,
+    blk_id: String,
+    staging: PathBuf,
+    blk_staging: PathBuf,
+    target: PathBuf,
+    unknown: [String; 2],
+}
 
+async fn node_ground(name: &str, what: &'static str) -> NodeGround {
+    let k = Kubelet::new(name);
+    let d = TestDriver::start(name, 128 * MIB, &k.extra()).await;
+    let r = Rules::new(what);
+    let n = d.node().await;
+    let c = d.controller().await;
+    let fs_id = create(&d, "cf-node-fs", 16 * MIB, mount_cap("ext4")).await;
+    let blk_id = create(&d, "cf-node-blk", 8 * MIB, block_cap()).await;
+    let staging = long_dir(&k, "staging", "fs");
+    let blk_staging = long_dir(&k, "staging", "blk");
+    let target = k.target("req");
+    let unknown = [
+        naming::lv_name_for("never-created"),
+        "fake-vol-id-01".to_string(),
+    ];
+    NodeGround {
+        k,
+        d,
+        r,
+        n,
+        c,
+        fs_id,
+        blk_id,
+        staging,
+        blk_staging,
+        target,
+        unknown,
+    }
+}
+
+/// [`node_ground`] with the ext4 volume staged at its long staging path.
+async fn staged_node_ground(name: &str, what: &'static str) -> NodeGround {
+    let mut g = node_ground(name, what).await;
+    g.n.node_stage_volume(stage_req(&g.fs_id, &g.staging, mount_cap("ext4")))
+        .await
+        .expect("NodeStageVolume of the ext4 volume");
+    g
+}
+
+/// NodeGetInfo and NodeGetCapabilities.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_info_and_capabilities_rules() {
+    let d = TestDriver::start("cfnodei", 64 * MIB, "").await;
+    let mut r = Rules::new("Node info");
+    let mut n = d.node().await;
     // -- NodeGetInfo, NodeGetCapabilities ---------------------------------
     let info = r.ok(
         "NodeGetInfo succeeds",
@@ -188,19 +242,22 @@ async fn node_rules() {
         "NodeGetCapabilities succeeds",
         n.node_get_capabilities(NodeGetCapabilitiesRequest {}).await,
     );
+    r.finish();
+}
 
-    let fs_id = create(&d, "cf-node-fs", 16 * MIB, mount_cap("ext4")).await;
-    let blk_id = create(&d, "cf-node-blk", 8 * MIB, block_cap()).await;
-    let staging = long_dir(&k, "staging", "fs");
-    let blk_staging = long_dir(&k, "staging", "blk");
-    let target = k.target("req");
-    let unknown = [
-        naming::lv_name_for("never-created"),
-        "fake-vol-id-01".to_string(),
-    ];
-
+/// Required fields, with ids that name nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_required_field_rules() {
+    let NodeGround {
+        k: _k,
+        d: _d,
+        mut r,
+        mut n,
+        staging,
+        target,
+        ..
+    } = node_ground("cfnoder", "Node required fields").await;
     // -- Required fields, with ids that name nothing ------------------------
-    let empty = PathBuf::new();
     r.code(
         &required("NodeStageVolume", "volume_id"),
         n.node_stage_volume(stage_req("", &staging, mount_cap("ext4")))
@@ -233,6 +290,24 @@ async fn node_rules() {
         n.node_expand_volume(expand_req("", &s(&staging))).await,
         Code::InvalidArgument,
     );
+    r.finish();
+}
+
+/// Ids that name no volume, and volumes not staged or published where asked.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_unknown_volume_rules() {
+    let NodeGround {
+        k: _k,
+        d: _d,
+        mut r,
+        mut n,
+        fs_id,
+        staging,
+        target,
+        unknown,
+        ..
+    } = node_ground("cfnodeu", "Node unknown volumes").await;
+    let empty = PathBuf::new();
     for u in unknown.iter() {
         let also = format!("(volume {u} unknown)");
         r.code(
@@ -345,7 +420,22 @@ async fn node_rules() {
         "NodeUnstageVolume: a volume not staged at the path → OK [\"If the volume corresponding to the volume_id is not staged to the staging_target_path, the Plugin MUST reply 0 OK\"]",
         n.node_unstage_volume(unstage_req(&fs_id, &staging)).await,
     );
+    r.finish();
+}
 
+/// NodeStageVolume and NodeGetVolumeStats at a staging path longer than 128 bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_stage_rules() {
+    let NodeGround {
+        k: _k,
+        d: _d,
+        mut r,
+        mut n,
+        fs_id,
+        staging,
+        blk_staging,
+        ..
+    } = node_ground("cfnodes", "Node stage").await;
     // -- Stage, with a staging path longer than 128 bytes ---------------------
     let len = staging.as_os_str().len();
     r.ok(
@@ -389,7 +479,22 @@ async fn node_rules() {
             .await,
         Code::NotFound,
     );
+    r.finish();
+}
 
+/// NodeExpandVolume of a staged volume, twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_expand_rules() {
+    let NodeGround {
+        k: _k,
+        d: _d,
+        mut r,
+        mut n,
+        mut c,
+        fs_id,
+        staging,
+        ..
+    } = staged_node_ground("cfnodex", "Node expand").await;
     // -- NodeExpandVolume, twice ----------------------------------------------
     c.controller_expand_volume(ControllerExpandVolumeRequest {
         volume_id: fs_id.clone(),
@@ -419,7 +524,23 @@ async fn node_rules() {
         e[0].as_ref().map(|x| x.capacity_bytes) == e[1].as_ref().map(|x| x.capacity_bytes),
         format!("{e:?}"),
     );
+    r.finish();
+}
 
+/// The publish table, for a filesystem and for a block volume; unstage, twice; nothing left mounted.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_publish_and_unstage_rules() {
+    let NodeGround {
+        d: _d,
+        k,
+        mut r,
+        mut n,
+        fs_id,
+        blk_id,
+        staging,
+        blk_staging,
+        ..
+    } = staged_node_ground("cfnodep", "Node publish").await;
     // -- The publish table, for a filesystem and for a block volume ------------
     publish_table(
         &mut r,
@@ -456,7 +577,7 @@ async fn node_rules() {
             );
         }
     }
-    let left = crate::node::mounts_under(k.root.path());
+    let left = crate::fixtures::mounts_under(k.root.path());
     r.check(
         "Nothing stays mounted under the kubelet root",
         left.is_empty(),

@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::controller_service_capability::rpc::Type as CtlRpc;
+use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 use thinpool_csi::proto::csi::v1::plugin_capability::service::Type as Service;
 use thinpool_csi::proto::csi::v1::plugin_capability::volume_expansion::Type as Expansion;
@@ -20,9 +21,11 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{created, raw_call, Rules};
-use crate::controller::{block_cap, create_req, del, mount_cap};
+use crate::fixtures::{
+    block_cap, create_req, del, mount_cap, publish_req, stage_req, unpublish_req, unstage_req,
+    Kubelet,
+};
 use crate::harness::{TestDriver, MIB};
-use crate::node::{publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
 
 /// csi-sanity's `IdempotentCount`: how often it repeats an identical call.
 const REPEAT: usize = 10;
@@ -97,13 +100,21 @@ async fn snapshot_ids(c: &mut ControllerClient<Channel>, q: ListSnapshotsRequest
         .unwrap_or_default()
 }
 
-/// Controller Service [Controller Server], ListSnapshots, GetSnapshot,
-/// DeleteSnapshot, CreateSnapshot, ExpandVolume and ModifyVolume specs.
-#[tokio::test(flavor = "multi_thread")]
-async fn sanity_controller_specs() {
-    let d = TestDriver::start("cfsan", 256 * MIB, "").await;
-    let mut r = Rules::new("csi-sanity controller specs");
-    let mut c = d.controller().await;
+/// A driver for the controller specs, their Rules, clients, and the
+/// node's id as NodeGetInfo gives it.
+async fn sanity_ground(
+    vg: &str,
+    what: &'static str,
+) -> (
+    TestDriver,
+    Rules,
+    ControllerClient<Channel>,
+    NodeClient<Channel>,
+    String,
+) {
+    let d = TestDriver::start(vg, 256 * MIB, "").await;
+    let r = Rules::new(what);
+    let c = d.controller().await;
     let mut n = d.node().await;
     let node_id = n
         .node_get_info(NodeGetInfoRequest {})
@@ -111,7 +122,39 @@ async fn sanity_controller_specs() {
         .expect("NodeGetInfo")
         .into_inner()
         .node_id;
+    (d, r, c, n, node_id)
+}
 
+/// Five volumes, "sanity-lsv-N", each with one snapshot, "sanity-lss-N":
+/// (volume id, snapshot id) pairs.
+async fn snapshot_pairs(r: &mut Rules, c: &mut ControllerClient<Channel>) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    for i in 0..5 {
+        let v = created(
+            r,
+            c,
+            create_req(&format!("sanity-lsv-{i}"), SIZE, block_cap()),
+        )
+        .await;
+        let s = r
+            .ok(
+                "CreateSnapshot succeeds",
+                c.create_snapshot(snap_req(&format!("sanity-lss-{i}"), &v))
+                    .await,
+            )
+            .and_then(|s| s.snapshot)
+            .map(|s| s.snapshot_id)
+            .unwrap_or_default();
+        pairs.push((v, s));
+    }
+    pairs
+}
+
+/// Controller Service [Controller Server] ControllerGetCapabilities, GetSnapshot.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_controller_get_capabilities() {
+    let (d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsancap", "csi-sanity controller get capabilities").await;
     // -- ControllerGetCapabilities ----------------------------------------------
     let raw: Vec<i32> = r
         .ok(
@@ -151,7 +194,14 @@ async fn sanity_controller_specs() {
         !raw.contains(&(CtlRpc::PublishReadonly as i32)),
         format!("{raw:?}"),
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] ListVolumes.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_list_volumes() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanlv", "csi-sanity list volumes").await;
     // -- ListVolumes ------------------------------------------------------------
     let listed = r.ok(
         "ListVolumes: an empty request → OK",
@@ -193,7 +243,14 @@ async fn sanity_controller_specs() {
         volume_count(&mut c).await == before,
         format!("{before} before"),
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] CreateVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_create_volume() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsancv", "csi-sanity create volume").await;
     // -- CreateVolume -----------------------------------------------------------
     r.code(
         "CreateVolume: no name and no volume_capabilities → INVALID_ARGUMENT",
@@ -321,7 +378,14 @@ async fn sanity_controller_specs() {
             .await,
         Code::NotFound,
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] DeleteVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_delete_volume() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsandv", "csi-sanity delete volume").await;
     // -- DeleteVolume -----------------------------------------------------------
     r.code(
         "DeleteVolume: no volume_id → INVALID_ARGUMENT",
@@ -337,7 +401,15 @@ async fn sanity_controller_specs() {
         "DeleteVolume of a volume → OK",
         c.delete_volume(del(&gone)).await,
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] ValidateVolumeCapabilities.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_validate_volume_capabilities() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanval", "csi-sanity validate volume capabilities").await;
+    let src = created(&mut r, &mut c, create_req("sanity-src", SIZE, block_cap())).await;
     // -- ValidateVolumeCapabilities --------------------------------------------------
     r.code(
         "ValidateVolumeCapabilities: an empty request → INVALID_ARGUMENT",
@@ -382,7 +454,15 @@ async fn sanity_controller_specs() {
         .await,
         Code::NotFound,
     );
+    r.finish();
+}
 
+/// Controller Service [Controller Server] ControllerPublishVolume, volume lifecycle, ControllerUnpublishVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_controller_publish_volume() {
+    let (_d, mut r, mut c, mut n, node_id) =
+        sanity_ground("cfsanpub", "csi-sanity controller publish volume").await;
+    let src = created(&mut r, &mut c, create_req("sanity-src", SIZE, block_cap())).await;
     // -- ControllerPublishVolume ----------------------------------------------------
     r.code(
         "ControllerPublishVolume: an empty request → INVALID_ARGUMENT",
@@ -494,27 +574,16 @@ async fn sanity_controller_specs() {
             c.delete_volume(del(&life)).await,
         );
     }
+    r.finish();
+}
 
+/// ListSnapshots [Controller Server].
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_list_snapshots() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanls", "csi-sanity list snapshots").await;
     // -- ListSnapshots ------------------------------------------------------------
-    let mut pairs = Vec::new();
-    for i in 0..5 {
-        let v = created(
-            &mut r,
-            &mut c,
-            create_req(&format!("sanity-lsv-{i}"), SIZE, block_cap()),
-        )
-        .await;
-        let s = r
-            .ok(
-                "CreateSnapshot succeeds",
-                c.create_snapshot(snap_req(&format!("sanity-lss-{i}"), &v))
-                    .await,
-            )
-            .and_then(|s| s.snapshot)
-            .map(|s| s.snapshot_id)
-            .unwrap_or_default();
-        pairs.push((v, s));
-    }
+    let pairs = snapshot_pairs(&mut r, &mut c).await;
     let all = r.ok(
         "ListSnapshots: an empty request → OK",
         c.list_snapshots(ListSnapshotsRequest::default()).await,
@@ -644,7 +713,16 @@ async fn sanity_controller_specs() {
         back == before,
         format!("{before} → {back}"),
     );
+    r.finish();
+}
 
+/// DeleteSnapshot and CreateSnapshot [Controller Server].
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_delete_and_create_snapshot() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsands", "csi-sanity delete and create snapshot").await;
+    let pairs = snapshot_pairs(&mut r, &mut c).await;
+    let mid_vol = pairs[1].0.clone();
     // -- DeleteSnapshot, CreateSnapshot ---------------------------------------------
     r.code(
         "DeleteSnapshot: no snapshot_id → INVALID_ARGUMENT",
@@ -684,7 +762,14 @@ async fn sanity_controller_specs() {
                 .await,
         );
     }
+    r.finish();
+}
 
+/// ExpandVolume [Controller Server].
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_expand_volume() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanexp", "csi-sanity expand volume").await;
     // -- ExpandVolume -------------------------------------------------------------
     r.code(
         "ControllerExpandVolume: no volume_id (capacity given) → INVALID_ARGUMENT",
@@ -714,7 +799,14 @@ async fn sanity_controller_specs() {
             .is_some_and(|g| g.capacity_bytes == EXPANDED as i64),
         format!("{grown:?}"),
     );
+    r.finish();
+}
 
+/// ModifyVolume [Controller Server].
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_modify_volume() {
+    let (_d, mut r, mut c, _n, _node_id) =
+        sanity_ground("cfsanmod", "csi-sanity modify volume").await;
     // -- ModifyVolume at csi-sanity's defaults: an empty map ---------------------------
     r.code(
         "ControllerModifyVolume: no volume_id, empty mutable_parameters → INVALID_ARGUMENT",
@@ -760,17 +852,49 @@ async fn sanity_controller_specs() {
     r.finish();
 }
 
-/// Node Service and Identity Service specs, for mount and for block
-/// volumes as csi-sanity runs them (`-csi.testvolumeaccesstype`).
-#[tokio::test(flavor = "multi_thread")]
-async fn sanity_node_and_identity_specs() {
-    let k = Kubelet::new("cfsann");
-    let d = TestDriver::start("cfsann", 256 * MIB, &k.extra()).await;
-    let mut r = Rules::new("csi-sanity node and identity specs");
-    let mut c = d.controller().await;
-    let mut n = d.node().await;
-    let mut id = d.identity().await;
+/// NodeGetVolumeStats of `id` at `path`.
+fn vstats(id: &str, path: &str) -> NodeGetVolumeStatsRequest {
+    NodeGetVolumeStatsRequest {
+        volume_id: id.into(),
+        volume_path: path.into(),
+        staging_target_path: String::new(),
+    }
+}
 
+/// NodeExpandVolume of `id` at `path`, nothing else set.
+fn nexpand(id: &str, path: &str) -> NodeExpandVolumeRequest {
+    NodeExpandVolumeRequest {
+        volume_id: id.into(),
+        volume_path: path.into(),
+        ..Default::default()
+    }
+}
+
+/// A driver on a kubelet directory of its own for the node specs, their
+/// Rules and clients.
+async fn node_ground(
+    name: &str,
+    what: &'static str,
+) -> (
+    Kubelet,
+    TestDriver,
+    Rules,
+    ControllerClient<Channel>,
+    NodeClient<Channel>,
+) {
+    let k = Kubelet::new(name);
+    let d = TestDriver::start(name, 256 * MIB, &k.extra()).await;
+    let r = Rules::new(what);
+    let (c, n) = (d.controller().await, d.node().await);
+    (k, d, r, c, n)
+}
+
+/// Identity Service specs: GetPluginCapabilities, Probe, GetPluginInfo.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_identity_specs() {
+    let d = TestDriver::start("cfsanid", 64 * MIB, "").await;
+    let mut r = Rules::new("csi-sanity identity specs");
+    let mut id = d.identity().await;
     // -- Identity ---------------------------------------------------------------------
     let caps = r
         .ok(
@@ -830,7 +954,27 @@ async fn sanity_node_and_identity_specs() {
                 .all(|ch| ch.is_ascii_alphanumeric() || "-._".contains(ch)),
         format!("{name:?}"),
     );
+    r.finish();
+}
 
+/// Node Service NodeGetCapabilities and NodeGetInfo specs.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_node_capabilities_and_info() {
+    let (_k, d, mut r, _c, mut n) = node_ground("cfsannc", "csi-sanity node capabilities").await;
+    let services: BTreeSet<i32> = d
+        .identity()
+        .await
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .expect("GetPluginCapabilities")
+        .into_inner()
+        .capabilities
+        .iter()
+        .filter_map(|cap| match &cap.r#type {
+            Some(PluginCap::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect();
     // -- NodeGetCapabilities, NodeGetInfo ------------------------------------------------
     let node_caps: Vec<i32> = r
         .ok(
@@ -880,7 +1024,14 @@ async fn sanity_node_and_identity_specs() {
                 || info.accessible_topology.is_some()),
         format!("{info:?}"),
     );
+    r.finish();
+}
 
+/// Node Service specs on required fields, as csi-sanity sends them.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_node_required_fields() {
+    let (k, _d, mut r, mut c, mut n) =
+        node_ground("cfsannr", "csi-sanity node required fields").await;
     // -- Required fields, as csi-sanity sends them ------------------------------------------
     let some = "some/path";
     r.code(
@@ -971,29 +1122,19 @@ async fn sanity_node_and_identity_specs() {
         .await,
         Code::InvalidArgument,
     );
-    let stats = |id: &str, path: &str| NodeGetVolumeStatsRequest {
-        volume_id: id.into(),
-        volume_path: path.into(),
-        staging_target_path: String::new(),
-    };
-    let nexpand = |id: &str, path: &str| NodeExpandVolumeRequest {
-        volume_id: id.into(),
-        volume_path: path.into(),
-        ..Default::default()
-    };
     r.code(
         "NodeGetVolumeStats: \"some/path\" and no volume_id → INVALID_ARGUMENT",
-        n.node_get_volume_stats(stats("", some)).await,
+        n.node_get_volume_stats(vstats("", some)).await,
         Code::InvalidArgument,
     );
     r.code(
         "NodeGetVolumeStats: a volume_id and no volume_path → INVALID_ARGUMENT",
-        n.node_get_volume_stats(stats(&real, "")).await,
+        n.node_get_volume_stats(vstats(&real, "")).await,
         Code::InvalidArgument,
     );
     r.code(
         "NodeGetVolumeStats: a volume that does not exist at \"some/path\" → NOT_FOUND",
-        n.node_get_volume_stats(stats("sanity-none", some)).await,
+        n.node_get_volume_stats(vstats("sanity-none", some)).await,
         Code::NotFound,
     );
     r.code(
@@ -1012,7 +1153,21 @@ async fn sanity_node_and_identity_specs() {
         n.node_expand_volume(nexpand("sanity-none", some)).await,
         Code::NotFound,
     );
+    r.finish();
+}
 
+/// Node Service "should work" and "should be idempotent", and
+/// NodeExpandVolume after publish, for mount and for block volumes as
+/// csi-sanity runs them (`-csi.testvolumeaccesstype`).
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_node_lifecycle() {
+    let (k, _d, mut r, mut c, mut n) = node_ground("cfsannl", "csi-sanity node lifecycle").await;
+    let some = "some/path";
+    let info = n
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .expect("NodeGetInfo")
+        .into_inner();
     // -- The node lifecycle, per access type --------------------------------------------------
     let topology = info.accessible_topology.clone();
     for (kind, cap) in [("mount", mount_cap("ext4")), ("block", block_cap())] {
@@ -1050,7 +1205,7 @@ async fn sanity_node_and_identity_specs() {
         );
         let st = r.ok(
             &format!("should work ({kind}): NodeGetVolumeStats at the target → OK"),
-            n.node_get_volume_stats(stats(&vol, target.to_str().unwrap()))
+            n.node_get_volume_stats(vstats(&vol, target.to_str().unwrap()))
                 .await,
         );
         r.check(
@@ -1060,7 +1215,7 @@ async fn sanity_node_and_identity_specs() {
         );
         r.code(
             &format!("NodeGetVolumeStats ({kind}): a published volume asked at \"some/path\" → NOT_FOUND"),
-            n.node_get_volume_stats(stats(&vol, some)).await,
+            n.node_get_volume_stats(vstats(&vol, some)).await,
             Code::NotFound,
         );
         let grown = r.ok(
@@ -1121,7 +1276,13 @@ async fn sanity_node_and_identity_specs() {
             );
         }
     }
+    r.finish();
+}
 
+/// SINGLE_NODE_SINGLE_WRITER: one target only.
+#[tokio::test(flavor = "multi_thread")]
+async fn sanity_single_node_single_writer() {
+    let (k, _d, mut r, mut c, mut n) = node_ground("cfsannw", "csi-sanity single writer").await;
     // SINGLE_NODE_SINGLE_WRITER published at one target: another target is
     // FAILED_PRECONDITION.
     let snsw = VolumeCapability {

@@ -1,0 +1,415 @@
+//! The fixtures the LVM suite's modules share: a kubelet-like directory,
+//! request and capability builders, the calls several modules make the
+//! same way, and the SnapshotMetadata stream readers. `harness.rs` keeps
+//! the driver process and the VM-level tools (`TestDriver`, `lvs`, `lvm`,
+//! dm); it is also compiled into the benches, this file is not. A helper
+//! only one module uses stays in that module.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use thinpool_csi::mountinfo::MountInfo;
+use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
+use thinpool_csi::proto::csi::v1::snapshot_metadata_client::SnapshotMetadataClient;
+use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use thinpool_csi::proto::csi::v1::volume_capability::{
+    AccessMode, AccessType, BlockVolume, MountVolume,
+};
+use thinpool_csi::proto::csi::v1::*;
+use tonic::transport::Channel;
+use tonic::Status;
+
+use crate::harness::{lvs, TestDriver};
+
+// ---------------------------------------------------------------------------
+// The kubelet's directory
+// ---------------------------------------------------------------------------
+
+/// A directory standing in for /var/lib/kubelet.
+pub(crate) struct Kubelet {
+    pub(crate) root: tempfile::TempDir,
+}
+
+impl Kubelet {
+    pub(crate) fn new(name: &str) -> Kubelet {
+        Kubelet {
+            root: tempfile::Builder::new()
+                .prefix(&format!("tpcsi-kubelet-{name}-"))
+                .tempdir()
+                .unwrap(),
+        }
+    }
+    /// Config text for the driver.
+    pub(crate) fn extra(&self) -> String {
+        format!("allowed_roots = [\"{}\"]\n", self.root.path().display())
+    }
+    /// A staging directory, created as the CO would.
+    pub(crate) fn staging(&self, name: &str) -> PathBuf {
+        let p = self.root.path().join("staging").join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+    /// A target path whose parent exists (the CO's part); the target itself
+    /// is the driver's to create.
+    pub(crate) fn target(&self, name: &str) -> PathBuf {
+        let parent = self.root.path().join("pods").join(name);
+        std::fs::create_dir_all(&parent).unwrap();
+        parent.join("vol")
+    }
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+}
+
+impl Drop for Kubelet {
+    /// What a test left staged or published is unmounted (lazily) before
+    /// the directory goes, so no mount outlives its test.
+    fn drop(&mut self) {
+        let mut points = mounts_under(self.root.path());
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in points {
+            let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// A path as a request field.
+pub(crate) fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+// ---------------------------------------------------------------------------
+// Capabilities
+// ---------------------------------------------------------------------------
+
+pub(crate) fn mount_cap(fs: &str) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+    }
+}
+
+pub(crate) fn block_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    }
+}
+
+pub(crate) fn mount_flags(fs: &str, flags: &[&str]) -> VolumeCapability {
+    let mut cap = mount_cap(fs);
+    cap.access_type = Some(AccessType::Mount(MountVolume {
+        fs_type: fs.into(),
+        mount_flags: flags.iter().map(|f| f.to_string()).collect(),
+        ..Default::default()
+    }));
+    cap
+}
+
+// ---------------------------------------------------------------------------
+// Controller requests and calls
+// ---------------------------------------------------------------------------
+
+pub(crate) fn create_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap],
+        ..Default::default()
+    }
+}
+
+pub(crate) fn del(id: &str) -> DeleteVolumeRequest {
+    DeleteVolumeRequest {
+        volume_id: id.into(),
+        secrets: Default::default(),
+    }
+}
+
+pub(crate) fn snap_req(name: &str, source: &str) -> CreateSnapshotRequest {
+    CreateSnapshotRequest {
+        name: name.into(),
+        source_volume_id: source.into(),
+        ..Default::default()
+    }
+}
+
+/// CreateVolume as `req` asks, which must succeed; the volume.
+pub(crate) async fn create_volume(
+    c: &mut ControllerClient<Channel>,
+    req: CreateVolumeRequest,
+) -> Volume {
+    c.create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+/// Creates a volume, which must succeed; its id.
+pub(crate) async fn create(
+    d: &TestDriver,
+    name: &str,
+    bytes: u64,
+    cap: VolumeCapability,
+) -> String {
+    let mut c = d.controller().await;
+    create_volume(&mut c, create_req(name, bytes, cap))
+        .await
+        .volume_id
+}
+
+/// Snapshots `source`, which must succeed; the snapshot.
+pub(crate) async fn snapshot_of(
+    c: &mut ControllerClient<Channel>,
+    name: &str,
+    source: &str,
+) -> Snapshot {
+    c.create_snapshot(snap_req(name, source))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+}
+
+/// Snapshots `source`, which must succeed; the snapshot's id.
+pub(crate) async fn snapshot(
+    c: &mut ControllerClient<Channel>,
+    name: &str,
+    source: &str,
+) -> String {
+    snapshot_of(c, name, source).await.snapshot_id
+}
+
+// ---------------------------------------------------------------------------
+// Node requests
+// ---------------------------------------------------------------------------
+
+pub(crate) fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: s(staging),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
+    NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: s(staging),
+    }
+}
+
+pub(crate) fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: VolumeCapability,
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: s(staging),
+        target_path: s(target),
+        volume_capability: Some(cap),
+        readonly,
+        ..Default::default()
+    }
+}
+
+pub(crate) fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+    NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: s(target),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What the node sees: mounts, devices, the pool
+// ---------------------------------------------------------------------------
+
+pub(crate) fn mounts_under(root: &Path) -> Vec<PathBuf> {
+    MountInfo::read()
+        .unwrap()
+        .mounts()
+        .iter()
+        .filter(|m| m.mount_point.starts_with(root))
+        .map(|m| m.mount_point.clone())
+        .collect()
+}
+
+pub(crate) fn write_at(path: &Path, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.seek(SeekFrom::Start(offset))?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+pub(crate) fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let mut f = File::open(path).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    let mut buf = vec![0u8; len];
+    f.read_exact(&mut buf).unwrap();
+    buf
+}
+
+/// How many filesystems the driver has made (its log's count).
+pub(crate) fn mkfs_runs(d: &TestDriver) -> usize {
+    d.log().matches("made filesystem").count()
+}
+
+pub(crate) fn pool_data_percent(vg: &str) -> f64 {
+    lvs(vg).find("pool").unwrap().data_percent.unwrap_or(0.0)
+}
+
+// ---------------------------------------------------------------------------
+// CSI-Addons calls
+// ---------------------------------------------------------------------------
+
+/// NodeReclaimSpace of a staged volume, which must succeed: its pre and
+/// post usage.
+pub(crate) async fn node_reclaim(d: &TestDriver, id: &str, staging: &Path) -> (u64, u64) {
+    use thinpool_csi::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
+    use thinpool_csi::proto::reclaimspace::NodeReclaimSpaceRequest;
+    let mut n = ReclaimSpaceNodeClient::connect(d.addons_uri())
+        .await
+        .unwrap();
+    let r = n
+        .node_reclaim_space(NodeReclaimSpaceRequest {
+            volume_id: id.into(),
+            volume_path: String::new(),
+            staging_target_path: staging.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (
+        r.pre_usage.unwrap().usage_bytes as u64,
+        r.post_usage.unwrap().usage_bytes as u64,
+    )
+}
+
+/// NodeHealer, which must answer: whether it found the volume abnormal,
+/// and its message.
+pub(crate) async fn heal(
+    d: &TestDriver,
+    id: &str,
+    target: &Path,
+    staging: &Path,
+    cap: Option<VolumeCapability>,
+) -> (bool, String) {
+    use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
+    use thinpool_csi::proto::healer::NodeHealerRequest;
+    let mut h = HealerNodeClient::connect(d.addons_uri()).await.unwrap();
+    let r = h
+        .node_healer(NodeHealerRequest {
+            volume_id: id.into(),
+            volume_path: s(target),
+            staging_target_path: s(staging),
+            volume_capability: cap,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("NodeHealer {id}: {e}"))
+        .into_inner();
+    eprintln!("HEAL {id}: abnormal={} {}", r.abnormal, r.message);
+    (r.abnormal, r.message)
+}
+
+// ---------------------------------------------------------------------------
+// The tpcsi client
+// ---------------------------------------------------------------------------
+
+/// Runs `tpcsi` on this driver's sockets.
+pub(crate) fn tpcsi(d: &TestDriver, args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_tpcsi"))
+        .arg("--endpoint")
+        .arg(d.uri())
+        .arg("--addons-endpoint")
+        .arg(d.addons_uri())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tpcsi");
+    eprintln!(
+        "$ tpcsi {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+// ---------------------------------------------------------------------------
+// SnapshotMetadata streams
+// ---------------------------------------------------------------------------
+
+/// One message of a SnapshotMetadata stream: its block_metadata_type and
+/// its ranges.
+pub(crate) type Batch = (i32, Vec<BlockMetadata>);
+
+/// Every message of a GetMetadataAllocated stream, or the status that
+/// ended it (at the call or in the stream).
+pub(crate) async fn allocated_batches(
+    m: &mut SnapshotMetadataClient<Channel>,
+    id: &str,
+    start: i64,
+    max: i32,
+) -> Result<Vec<Batch>, Status> {
+    let req = GetMetadataAllocatedRequest {
+        snapshot_id: id.into(),
+        starting_offset: start,
+        max_results: max,
+        ..Default::default()
+    };
+    let s = m.get_metadata_allocated(req).await?.into_inner();
+    drain(s, |r| (r.block_metadata_type, r.block_metadata)).await
+}
+
+/// Every message of a GetMetadataDelta stream, or the status that ended
+/// it (at the call or in the stream).
+pub(crate) async fn delta_batches(
+    m: &mut SnapshotMetadataClient<Channel>,
+    base: &str,
+    target: &str,
+    start: i64,
+    max: i32,
+) -> Result<Vec<Batch>, Status> {
+    let req = GetMetadataDeltaRequest {
+        base_snapshot_id: base.into(),
+        target_snapshot_id: target.into(),
+        starting_offset: start,
+        max_results: max,
+        ..Default::default()
+    };
+    let s = m.get_metadata_delta(req).await?.into_inner();
+    drain(s, |r| (r.block_metadata_type, r.block_metadata)).await
+}
+
+/// A stream's messages, each made a [`Batch`] by `batch`.
+async fn drain<T>(
+    mut s: tonic::Streaming<T>,
+    batch: impl Fn(T) -> Batch,
+) -> Result<Vec<Batch>, Status> {
+    let mut out = Vec::new();
+    while let Some(r) = s.message().await? {
+        out.push(batch(r));
+    }
+    Ok(out)
+}
