@@ -408,9 +408,6 @@ impl Volumes {
             .or_else(|| self.room_problem(report, 1)))
     }
 
-    /// Room in the pool's metadata and the VG's metadata area, counting
-    /// LVs made or reserved since `report` was read; `None` while the
-    /// pool shows no Metadata% (inactive).
     /// What a metrics scrape shows of this class, from `report`.
     pub fn scrape<'a>(&self, report: &'a Report) -> crate::metrics::Scrape<'a> {
         let pool = match (self.pool(report), self.capacity(report)) {
@@ -430,6 +427,9 @@ impl Volumes {
         }
     }
 
+    /// Room in the pool's metadata and the VG's metadata area, counting
+    /// LVs made or reserved since `report` was read; `None` while the
+    /// pool shows no Metadata% (inactive).
     pub fn room(&self, report: &Report) -> Option<Room> {
         let pool = self.pool(report).ok()?;
         let made_since = report.added_since_read() + self.reserved.pending(report).lvs;
