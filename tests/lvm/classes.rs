@@ -11,7 +11,8 @@ use thinpool_csi::proto::reclaimspace::NodeReclaimSpaceRequest;
 use tonic::Code;
 
 use crate::fixtures::{
-    create_req, mount_cap, publish_req, stage_req, tpcsi, unpublish_req, unstage_req, Kubelet,
+    create, create_req, create_volume, mount_cap, publish_req, stage_req, tpcsi, unpublish_req,
+    unstage_req, Kubelet,
 };
 use crate::harness::{lvs, try_lvm, TestDriver, MIB};
 
@@ -121,26 +122,14 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
 
     // CreateVolume picks the class by deviceClass; its id says so, and its
     // LV is in that class's pool under the same name.
-    let fast_id = c
-        .create_volume(in_class(
-            "fast",
-            create_req("pvc-fast", 32 * MIB, mount_cap("")),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let fast_id = create_volume(
+        &mut c,
+        in_class("fast", create_req("pvc-fast", 32 * MIB, mount_cap(""))),
+    )
+    .await
+    .volume_id;
     assert!(fast_id.starts_with("fast.csi-"), "{fast_id}");
-    let plain_id = c
-        .create_volume(create_req("pvc-plain", 16 * MIB, mount_cap("")))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let plain_id = create(&d, "pvc-plain", 16 * MIB, mount_cap("")).await;
     assert!(plain_id.starts_with("csi-"), "{plain_id}");
     assert!(lvs(&fast_vg)
         .find(&fast_id)
@@ -271,13 +260,8 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("device class"), "{e:?}");
-    let restored = c
-        .create_volume(from_snap(Some("fast"), "pvc-restored"))
+    let restored = create_volume(&mut c, from_snap(Some("fast"), "pvc-restored"))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     assert!(restored.starts_with("fast.csi-"), "{restored}");
     let (st2, t2) = stage_publish(&d, &k, &restored, "restored").await;
