@@ -321,9 +321,15 @@ impl Volumes {
                                 Some(naming::mutable_tag(key, value)),
                             ),
                         };
-                        d.lvm
-                            .set_read_ahead(&id, value, old.as_deref(), new.as_deref())
-                            .await?;
+                        if read_ahead_is(&vol.lv.read_ahead, value) {
+                            // LVM refuses to set a read-ahead the LV
+                            // already has (exit 5): only the tag is new.
+                            d.lvm.retag(&id, old.as_deref(), new.as_deref()).await?;
+                        } else {
+                            d.lvm
+                                .set_read_ahead(&id, value, old.as_deref(), new.as_deref())
+                                .await?;
+                        }
                         tracing::info!(%id, key, value, "ControllerModifyVolume: set");
                     }
                     other => {
