@@ -38,8 +38,9 @@
 //!    gives `create_req(i)` and its snapshot (its own naming and
 //!    validation code, checked against the driver-made ones first), and
 //!    the pool's transaction id to match; `vgcfgrestore --force` writes it;
-//! 3. the pool is activated (LVM checks the two transaction ids agree),
-//!    left as it was, and the driver started again.
+//! 3. the pool is activated (LVM runs `thin_check`) and the kernel's
+//!    transaction id checked against LVM's, the pool left as it was, and
+//!    the driver started again.
 //!
 //! Every timed call stays real: the serial CreateVolumes, the bare
 //! `lvcreate`s, GetCapacity, ListVolumes (which must list every seeded
@@ -260,10 +261,11 @@ fn sorted(tags: &[String]) -> Vec<String> {
 }
 
 /// Checks that the driver-made volumes `ids` (volume `i` at index `i`)
-/// and their snapshots have exactly the names and tags [`volume_lv`] and
+/// and the snapshots of those below `filled` (made by [`fill`]; the timed
+/// ones have none) have exactly the names and tags [`volume_lv`] and
 /// [`snapshot_lv`] give them, and takes LVM's text of the last volume with
 /// a snapshot and of that snapshot as the templates.
-fn templates(vg: &str, ids: &[String], dir: &std::path::Path) -> Templates {
+fn templates(vg: &str, ids: &[String], filled: usize, dir: &std::path::Path) -> Templates {
     let r = harness::lvs(vg);
     let mut with_snapshot = None;
     for (i, id) in ids.iter().enumerate() {
@@ -274,7 +276,7 @@ fn templates(vg: &str, ids: &[String], dir: &std::path::Path) -> Templates {
         );
         let lv = r.find(&name).expect("a driver-made volume");
         assert_eq!(sorted(&lv.tags), sorted(&tags), "volume {i}'s tags");
-        if has_snapshot(i) {
+        if i < filled && has_snapshot(i) {
             let (sname, stags) = snapshot_lv(vg, i);
             let snap = r.find(&sname).expect("a driver-made snapshot");
             assert_eq!(sorted(&snap.tags), sorted(&stags), "snapshot {i}'s tags");
@@ -400,9 +402,21 @@ async fn seed_lvm(
     let text = seed::with_pool_transaction(&seed::with_lvs(&text, &sections), "pool", next);
     std::fs::write(&vg_file, text).unwrap();
     harness::lvm(&["vgcfgrestore", "--force", "-f", &vg_file, &vg]);
-    // Activation is where LVM checks the pool (thin_check, and that the
-    // two transaction ids agree); then it is left as it was.
+    // Activation runs LVM's thin_check of the pool; the kernel's status
+    // then gives the transaction id the metadata holds, which must be
+    // LVM's (LVM's next thin message names it). Then it is left as it was.
     harness::lvm(&["lvchange", "--activate", "y", &format!("{vg}/pool")]);
+    let status = harness::dmsetup(&[
+        "status",
+        &format!("{}-tpool", harness::dm_name(&vg, "pool")),
+    ])
+    .expect("the pool's status");
+    // `0 <sectors> thin-pool <transaction id> <metadata used>/<total> ...`
+    assert_eq!(
+        status.split_whitespace().nth(3),
+        Some(next.to_string().as_str()),
+        "the kernel's transaction id for the pool: {status}"
+    );
     if !was_active {
         harness::lvm(&["lvchange", "--activate", "n", &format!("{vg}/pool")]);
     }
@@ -468,7 +482,9 @@ async fn main() {
     let mut tmpl = None;
     for &mark in &marks {
         if seeding == Seed::LvmMetadata && made > 0 && mark - samples > made {
-            let t = tmpl.get_or_insert_with(|| templates(&vg, &ids, d.dir.path()));
+            // The first step filled volumes up to its timed ones.
+            let filled = marks[0] - samples;
+            let t = tmpl.get_or_insert_with(|| templates(&vg, &ids, filled, d.dir.path()));
             let start = Instant::now();
             seed_lvm(&mut d, t, made, mark - samples, &mut ids).await;
             eprintln!(
