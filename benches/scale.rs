@@ -17,7 +17,35 @@
 //!
 //! Knobs: `TPCSI_SCALE_MAX` (volumes at the last step, default 10000),
 //! `TPCSI_SCALE_STEP` (default 2000), `TPCSI_SCALE_SAMPLES` (timed creates
-//! per step and side, default 20).
+//! per step and side, default 20), `TPCSI_SCALE_SEED` (how the volumes
+//! between the steps' timed ones are made; see below).
+//!
+//! Seeding. By default every volume is made through the driver
+//! (CreateVolume, CreateSnapshot for every fifth): under TCG each LVM
+//! command costs about 0.6 ms more per LV in the VG, so that takes hours.
+//! `TPCSI_SCALE_SEED=lvm-metadata` makes the first step's volumes through
+//! the driver as well, then the bulk of each later step by writing LVM's
+//! metadata directly, with the driver stopped and the VG inactive:
+//!
+//! 1. the pool's thin metadata (`thin_dump` of its `_tmeta`, activated
+//!    read-only on its own) gets one empty thin device per new volume and
+//!    snapshot and its transaction raised by one; `thin_restore` writes it
+//!    to a new LV of the same size, `thin_check` checks it, and `lvconvert
+//!    --poolmetadata` swaps it in (the old one is removed);
+//! 2. the VG's text (`vgcfgbackup`) gets one thin LV section each, made
+//!    from the sections LVM wrote for a volume and a snapshot the driver
+//!    created (`scale/seed.rs`), with the LV names and tags the driver
+//!    gives `create_req(i)` and its snapshot (its own naming and
+//!    validation code, checked against the driver-made ones first), and
+//!    the pool's transaction id to match; `vgcfgrestore --force` writes it;
+//! 3. the pool is activated (LVM runs `thin_check`) and the kernel's
+//!    transaction id checked against LVM's, the pool left as it was, and
+//!    the driver started again.
+//!
+//! Every timed call stays real: the serial CreateVolumes, the bare
+//! `lvcreate`s, GetCapacity, ListVolumes (which must list every seeded
+//! volume) and the restart run against the seeded pool exactly as after
+//! a driver-made fill.
 
 #[path = "../tests/lvm/fixtures.rs"]
 #[allow(dead_code)]
@@ -25,12 +53,16 @@ mod fixtures;
 #[path = "../tests/lvm/harness.rs"]
 #[allow(dead_code)]
 mod harness;
+#[path = "scale/seed.rs"]
+mod seed;
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use fixtures::block_cap;
-use harness::{TestDriver, MIB};
+use harness::{TestDriver, DRIVER_NAME, MIB};
+use thinpool_csi::grpc::validate;
+use thinpool_csi::naming::{self, Access, SnapshotTags, VolumeTags};
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
@@ -117,6 +149,16 @@ async fn create(c: &mut ControllerClient<Channel>, i: usize) -> String {
         .volume_id
 }
 
+/// The CO name of volume `i`'s snapshot (for every fifth volume).
+fn snapshot_name(i: usize) -> String {
+    format!("snapshot-{i:08x}-4b5a-6978-8796-a5b4c3d2e1f0")
+}
+
+/// Whether volume `i` has a snapshot.
+fn has_snapshot(i: usize) -> bool {
+    i % 5 == 4
+}
+
 /// Creates volumes `from..to` over the clients concurrently, and a
 /// snapshot of every fifth; panics on any failure.
 async fn fill(cs: &[ControllerClient<Channel>], from: usize, to: usize, ids: &mut Vec<String>) {
@@ -130,10 +172,10 @@ async fn fill(cs: &[ControllerClient<Channel>], from: usize, to: usize, ids: &mu
                 let mut c = cs[i % cs.len()].clone();
                 tokio::spawn(async move {
                     let id = create(&mut c, i).await;
-                    if i % 5 == 4 {
+                    if has_snapshot(i) {
                         c.create_snapshot(CreateSnapshotRequest {
                             source_volume_id: id.clone(),
-                            name: format!("snapshot-{i:08x}-4b5a-6978-8796-a5b4c3d2e1f0"),
+                            name: snapshot_name(i),
                             ..Default::default()
                         })
                         .await
@@ -147,6 +189,238 @@ async fn fill(cs: &[ControllerClient<Channel>], from: usize, to: usize, ids: &mu
             ids.push(t.await.unwrap());
         }
     }
+}
+
+/// How the volumes between the steps' timed ones are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seed {
+    /// Through the driver: CreateVolume, and CreateSnapshot of every fifth.
+    Driver,
+    /// By writing LVM's metadata (after a first step through the driver).
+    LvmMetadata,
+}
+
+fn seed_mode() -> Seed {
+    match std::env::var("TPCSI_SCALE_SEED").as_deref() {
+        Err(_) | Ok("") => Seed::Driver,
+        Ok("lvm-metadata") => Seed::LvmMetadata,
+        Ok(other) => panic!("TPCSI_SCALE_SEED must be lvm-metadata or unset, not {other:?}"),
+    }
+}
+
+/// The LV name and tags the driver gives volume `i` (`create_req(i)`),
+/// from the driver's own request checks and naming code.
+fn volume_lv(vg: &str, i: usize) -> (String, Vec<String>) {
+    let req = create_req(i);
+    let tags = VolumeTags {
+        owner: DRIVER_NAME.to_string(),
+        co_name: req.name.clone(),
+        // Block access: the default filesystem type plays no part.
+        access: Some(validate::capabilities(&req.volume_capabilities, "ext4").unwrap()),
+        params: validate::parameters(&req.parameters, naming::DEFAULT_CLASS, vg, "pool").unwrap(),
+        mutable: validate::mutable_parameters(
+            validate::Carrier::CreateVolumeMutable,
+            &req.mutable_parameters,
+        )
+        .unwrap(),
+        from: None,
+    };
+    (naming::lv_name_for(&req.name), tags.encode())
+}
+
+/// The LV name and tags the driver gives volume `i`'s snapshot.
+fn snapshot_lv(vg: &str, i: usize) -> (String, Vec<String>) {
+    let name = snapshot_name(i);
+    let tags = SnapshotTags {
+        owner: DRIVER_NAME.to_string(),
+        co_name: name.clone(),
+        source: volume_lv(vg, i).0,
+        access: Some(Access::Block),
+        group: None,
+    };
+    (naming::snapshot_lv_name_for(&name), tags.encode())
+}
+
+/// LVM's text of a driver-made volume and snapshot, to seed from.
+struct Templates {
+    volume: String,
+    snapshot: String,
+}
+
+fn sorted(tags: &[String]) -> Vec<String> {
+    let mut v = tags.to_vec();
+    v.sort();
+    v
+}
+
+/// Checks that the driver-made volumes `ids` (volume `i` at index `i`)
+/// and the snapshots of those below `filled` (made by [`fill`]; the timed
+/// ones have none) have exactly the names and tags [`volume_lv`] and
+/// [`snapshot_lv`] give them, and takes LVM's text of the last volume with
+/// a snapshot and of that snapshot as the templates.
+fn templates(vg: &str, ids: &[String], filled: usize, dir: &std::path::Path) -> Templates {
+    let r = harness::lvs(vg);
+    let mut with_snapshot = None;
+    for (i, id) in ids.iter().enumerate() {
+        let (name, tags) = volume_lv(vg, i);
+        assert_eq!(
+            *id, name,
+            "volume {i}'s id is the LV name the seed gives it"
+        );
+        let lv = r.find(&name).expect("a driver-made volume");
+        assert_eq!(sorted(&lv.tags), sorted(&tags), "volume {i}'s tags");
+        if i < filled && has_snapshot(i) {
+            let (sname, stags) = snapshot_lv(vg, i);
+            let snap = r.find(&sname).expect("a driver-made snapshot");
+            assert_eq!(sorted(&snap.tags), sorted(&stags), "snapshot {i}'s tags");
+            assert_eq!(snap.origin, name, "snapshot {i}'s origin");
+            with_snapshot = Some(i);
+        }
+    }
+    let i = with_snapshot.expect("a driver-made volume with a snapshot");
+    let file = dir.join("template.vg");
+    harness::lvm(&["vgcfgbackup", "-f", &file.display().to_string(), vg]);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let section = |name: &str| {
+        seed::lv_section(&text, name)
+            .unwrap_or_else(|| panic!("no section for {name} in {}", file.display()))
+            .to_string()
+    };
+    Templates {
+        volume: section(&volume_lv(vg, i).0),
+        snapshot: section(&snapshot_lv(vg, i).0),
+    }
+}
+
+/// The device node of LV `lv` of `vg` while it is active.
+fn dm_path(vg: &str, lv: &str) -> String {
+    format!("/dev/mapper/{}", harness::dm_name(vg, lv))
+}
+
+/// Adds volumes `from..to` (and every fifth one's snapshot) to the pool
+/// by writing LVM's metadata, with the driver stopped and the VG inactive
+/// (the module doc's steps), then starts the driver again; their ids go
+/// to `ids`.
+async fn seed_lvm(
+    d: &mut TestDriver,
+    t: &Templates,
+    from: usize,
+    to: usize,
+    ids: &mut Vec<String>,
+) {
+    let vg = d.vg.clone();
+    let dir = d.dir.path().to_path_buf();
+    let before = harness::lvs(&vg);
+    let pool = before.find("pool").expect("the pool");
+    let (meta_size, was_active) = (pool.metadata_size, pool.is_active());
+    let mut next_dev = before
+        .lvs
+        .iter()
+        .filter_map(|l| l.thin_id)
+        .max()
+        .unwrap_or(0) as u64
+        + 1;
+    d.stop();
+    harness::lvm(&["vgchange", "--activate", "n", &vg]);
+    // The pool's thin metadata: LVM activates the component read-only.
+    let tmeta = format!("{vg}/pool_tmeta");
+    harness::lvm(&["lvchange", "--activate", "y", "--yes", &tmeta]);
+    let xml = harness::sh("thin_dump", &[&dm_path(&vg, "pool_tmeta")]);
+    harness::lvm(&["lvchange", "--activate", "n", &tmeta]);
+    let transaction = seed::superblock_attr(&xml, "transaction");
+    next_dev = next_dev.max(seed::device_ids(&xml).into_iter().max().unwrap_or(0) + 1);
+    // One transaction for the whole batch.
+    let next = transaction + 1;
+    let (mut devs, mut sections) = (Vec::new(), Vec::new());
+    let mut add = |template: &str, name: &str, tags: &[String], origin: Option<&str>| {
+        sections.push(seed::thin_section(
+            template,
+            &seed::ThinLv {
+                name,
+                id: &seed::lvm_id(next_dev),
+                tags,
+                device_id: next_dev,
+                transaction_id: next,
+                origin,
+            },
+        ));
+        devs.push(next_dev);
+        next_dev += 1;
+    };
+    for i in from..to {
+        let (name, tags) = volume_lv(&vg, i);
+        add(&t.volume, &name, &tags, None);
+        if has_snapshot(i) {
+            let (sname, stags) = snapshot_lv(&vg, i);
+            add(&t.snapshot, &sname, &stags, Some(&name));
+        }
+        ids.push(name);
+    }
+    // The new thin metadata, in a new LV swapped in for the pool's.
+    let xml_file = dir.join("seed.xml").display().to_string();
+    std::fs::write(&xml_file, seed::with_thin_devices(&xml, &devs, next)).unwrap();
+    harness::lvm(&[
+        "lvcreate",
+        "--name",
+        "seedmeta",
+        "--size",
+        &format!("{meta_size}b"),
+        "--activate",
+        "y",
+        "--yes",
+        &vg,
+    ]);
+    let seedmeta = dm_path(&vg, "seedmeta");
+    harness::sh("thin_restore", &["-i", &xml_file, "-o", &seedmeta]);
+    harness::sh("thin_check", &[&seedmeta]);
+    harness::lvm(&["lvchange", "--activate", "n", &format!("{vg}/seedmeta")]);
+    harness::lvm(&[
+        "lvconvert",
+        "--yes",
+        "--thinpool",
+        &format!("{vg}/pool"),
+        "--poolmetadata",
+        &format!("{vg}/seedmeta"),
+    ]);
+    harness::lvm(&["lvremove", "--yes", &format!("{vg}/seedmeta")]);
+    // The VG's text with the new LVs and the pool's new transaction.
+    let vg_file = dir.join("seed.vg").display().to_string();
+    harness::lvm(&["vgcfgbackup", "-f", &vg_file, &vg]);
+    let text = std::fs::read_to_string(&vg_file).unwrap();
+    assert_eq!(
+        seed::pool_transaction(&text, "pool"),
+        transaction,
+        "LVM's transaction id and the pool metadata's"
+    );
+    let text = seed::with_pool_transaction(&seed::with_lvs(&text, &sections), "pool", next);
+    std::fs::write(&vg_file, text).unwrap();
+    harness::lvm(&["vgcfgrestore", "--force", "-f", &vg_file, &vg]);
+    // Activation runs LVM's thin_check of the pool; the kernel's status
+    // then gives the transaction id the metadata holds, which must be
+    // LVM's (LVM's next thin message names it). Then it is left as it was.
+    harness::lvm(&["lvchange", "--activate", "y", &format!("{vg}/pool")]);
+    let status = harness::dmsetup(&[
+        "status",
+        &format!("{}-tpool", harness::dm_name(&vg, "pool")),
+    ])
+    .expect("the pool's status");
+    // `0 <sectors> thin-pool <transaction id> <metadata used>/<total> ...`
+    assert_eq!(
+        status.split_whitespace().nth(3),
+        Some(next.to_string().as_str()),
+        "the kernel's transaction id for the pool: {status}"
+    );
+    if !was_active {
+        harness::lvm(&["lvchange", "--activate", "n", &format!("{vg}/pool")]);
+    }
+    let after = harness::lvs(&vg);
+    assert_eq!(
+        after.lvs.len(),
+        before.lvs.len() + sections.len(),
+        "LVs after seeding {} volumes",
+        to - from
+    );
+    d.spawn().await;
 }
 
 struct Step {
@@ -197,8 +471,27 @@ async fn main() {
     let mut made = 0;
     let mut rows = Vec::new();
     let mut bare_n = 0;
+    let seeding = seed_mode();
+    let mut tmpl = None;
     for &mark in &marks {
-        fill(&cs, made, mark - samples, &mut ids).await;
+        if seeding == Seed::LvmMetadata && made > 0 && mark - samples > made {
+            // The first step filled volumes up to its timed ones.
+            let filled = marks[0] - samples;
+            let t = tmpl.get_or_insert_with(|| templates(&vg, &ids, filled, d.dir.path()));
+            let start = Instant::now();
+            seed_lvm(&mut d, t, made, mark - samples, &mut ids).await;
+            eprintln!(
+                "scale: seeded volumes {made}..{} through LVM's metadata in {:.1} s",
+                mark - samples,
+                start.elapsed().as_secs_f64()
+            );
+            cs = Vec::new();
+            for _ in 0..FILL_CLIENTS {
+                cs.push(d.controller().await);
+            }
+        } else {
+            fill(&cs, made, mark - samples, &mut ids).await;
+        }
         made = mark - samples;
         // Serial creates through the driver, and bare ones, in turn.
         let (mut ours, mut bare, mut bare_na) = (Vec::new(), Vec::new(), Vec::new());

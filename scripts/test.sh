@@ -50,8 +50,9 @@ native() {
     # --test deploy: deploy/kubernetes rendered with `kubectl kustomize`
     # (every overlay and component combination) and checked;
     # --test docs: docs/configuration.md's reference and the commands of README and docs/;
-    # --test conformance_table: every rule the conformance tables name exists.
-    cargo test --lib --bins --test deploy --test docs --test conformance_table
+    # --test conformance_table: every rule the conformance tables name exists;
+    # --test scale_seed: the text benches/scale.rs seeds LVM with.
+    cargo test --lib --bins --test deploy --test docs --test conformance_table --test scale_seed
     echo "== packaging checks (Dockerfile parser, rendered manifests against the Kubernetes schemas, Vagrantfile)"
     scripts/check-packaging.sh
 }
