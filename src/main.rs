@@ -261,8 +261,11 @@ async fn main() -> ExitCode {
     // No new call comes in now; operations whose caller already left still
     // run (a CO's retry expects them done). Leaving now would cut them off
     // at their next step, so a routine restart would act like a kill -9.
+    // One bound for all classes together.
+    let until = std::time::Instant::now() + base.cfg.command_timeout();
     for v in classes.all() {
-        v.drain(base.cfg.command_timeout()).await;
+        v.drain(until.saturating_duration_since(std::time::Instant::now()))
+            .await;
     }
     let _ = std::fs::remove_file(&socket);
     if let Some(p) = &addons_socket {

@@ -120,14 +120,7 @@ impl ControllerService {
             );
             return Ok(DeleteVolumeResponse {});
         };
-        // A volume of a class this node no longer serves may still have
-        // its LV here: refused, so the CO keeps its record, rather than
-        // answered as gone.
-        let d = self.classes.of(&id).map_err(|e| {
-            Error::FailedPrecondition(e.to_string())
-                .advise("add the device class back to the driver's config (device_classes), or remove the LV by hand and then the PV")
-        })?;
-        d.delete_volume(id).await?;
+        self.classes.of_to_delete(&id)?.delete_volume(id).await?;
         Ok(DeleteVolumeResponse {})
     }
 
@@ -141,11 +134,9 @@ impl ControllerService {
             Error::InvalidArgument("volume_capability is required".into())
                 .advise("set volume_capability (mount or block, with an access_mode)")
         })?;
-        let base = &self.classes.base().cfg.default_fs_type;
-        validate::capability(cap, base)?;
+        let access = validate::capability(cap, self.classes.default_fs(id.as_deref()))?;
         let id = validate::known_volume(id, &req.volume_id)?;
         let d = self.classes.of(&id)?;
-        let access = validate::capability(cap, &d.cfg.default_fs_type)?;
         let dev = d.controller_publish(&id, node_id, &access).await?;
         Ok(ControllerPublishVolumeResponse {
             publish_context: [("devicePath".to_string(), dev)].into(),
@@ -260,17 +251,13 @@ impl ControllerService {
         let id = validate::volume_id(&req.volume_id)?;
         let range = validate::size_range(req.capacity_range.as_ref())?
             .ok_or_else(|| Error::InvalidArgument("capacity_range is required".into()))?;
-        let base = &self.classes.base().cfg.default_fs_type;
-        if let Some(c) = &req.volume_capability {
-            validate::capability(c, base)?;
-        }
-        let id = validate::known_volume(id, &req.volume_id)?;
-        let d = self.classes.of(&id)?;
         let requested = req
             .volume_capability
             .as_ref()
-            .map(|c| validate::capability(c, &d.cfg.default_fs_type))
+            .map(|c| validate::capability(c, self.classes.default_fs(id.as_deref())))
             .transpose()?;
+        let id = validate::known_volume(id, &req.volume_id)?;
+        let d = self.classes.of(&id)?;
         let (size, node_expansion_required) = d.expand_volume(id, range, requested).await?;
         Ok(ControllerExpandVolumeResponse {
             capacity_bytes: size as i64,

@@ -87,11 +87,10 @@ impl GroupService {
         let Some(id) = group_id(&req.group_snapshot_id)? else {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         };
-        let d = self.classes.of(&id).map_err(|e| {
-            Error::FailedPrecondition(e.to_string())
-                .advise("add the device class back to the driver's config (device_classes), or remove the group's snapshot LVs by hand")
-        })?;
-        d.delete_group(id, req.snapshot_ids).await?;
+        self.classes
+            .of_to_delete(&id)?
+            .delete_group(id, req.snapshot_ids)
+            .await?;
         Ok(DeleteVolumeGroupSnapshotResponse {})
     }
 

@@ -55,12 +55,7 @@ impl NodeService {
         id: Option<&VolumeId>,
         cap: Option<&VolumeCapability>,
     ) -> Result<Capability> {
-        validate::full_capability(cap, self.default_fs(id))
-    }
-
-    pub(super) fn default_fs(&self, id: Option<&VolumeId>) -> &str {
-        let class = id.and_then(|id| self.classes.of(id).ok());
-        &class.unwrap_or(self.classes.base()).cfg.default_fs_type
+        validate::full_capability(cap, self.classes.default_fs(id.map(|i| i.as_str())))
     }
 
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse> {

@@ -94,21 +94,47 @@ impl Classes {
             })
     }
 
+    /// The class that holds volume or snapshot `id`, if this node serves
+    /// it.
+    fn find(&self, id: &str) -> Option<&Arc<Volumes>> {
+        self.all.iter().find(|v| v.holds(id))
+    }
+
+    /// Why `id`'s class is not served here.
+    fn unserved(&self, id: &str) -> String {
+        let name = naming::split_class(id).0.unwrap_or(naming::DEFAULT_CLASS);
+        format!(
+            "{id} does not exist here: its device class {name:?} is not one this node serves ({:?})",
+            self.names()
+        )
+    }
+
     /// The class that holds volume or snapshot `id` (of a shape this
     /// driver issues); one this node does not serve is NOT_FOUND.
     pub fn of(&self, id: &str) -> Result<&Arc<Volumes>> {
-        let (class, _) = naming::split_class(id);
-        let name = class.unwrap_or(naming::DEFAULT_CLASS);
-        self.all
-            .iter()
-            .find(|v| v.class_name() == name)
-            .ok_or_else(|| {
-                Error::NotFound(format!(
-                    "{id} does not exist here: its device class {name:?} is not one this node serves ({:?})",
-                    self.names()
-                ))
+        self.find(id).ok_or_else(|| {
+            Error::NotFound(self.unserved(id))
                 .advise("check the id, or add the device class back to the driver's config (device_classes) if its volumes are still on this node")
-            })
+        })
+    }
+
+    /// [`Classes::of`] for a delete: a class this node no longer serves
+    /// may still have the LVs here, so it is FAILED_PRECONDITION (the CO
+    /// keeps its record and retries), not the "already gone" a delete of
+    /// an unknown id gets.
+    pub fn of_to_delete(&self, id: &str) -> Result<&Arc<Volumes>> {
+        self.find(id).ok_or_else(|| {
+            Error::FailedPrecondition(self.unserved(id))
+                .advise("add the device class back to the driver's config (device_classes), or remove its LVs by hand and then the CO's objects")
+        })
+    }
+
+    /// The default filesystem for a request about `id`: its class's, or
+    /// the top-level pool's while the id is unknown or its class is not
+    /// served (a request is checked whole before its id is looked up).
+    pub fn default_fs(&self, id: Option<&str>) -> &str {
+        let class = id.and_then(|id| self.find(id)).unwrap_or(self.base());
+        &class.cfg.default_fs_type
     }
 
     /// Probe's work for every class; a class whose pool is not usable is
