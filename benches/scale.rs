@@ -212,17 +212,20 @@ fn seed_mode() -> Seed {
 /// from the driver's own request checks and naming code.
 fn volume_lv(vg: &str, i: usize) -> (String, Vec<String>) {
     let req = create_req(i);
+    let access = validate::capabilities(&req.volume_capabilities, "ext4").unwrap();
     let tags = VolumeTags {
         owner: DRIVER_NAME.to_string(),
         co_name: req.name.clone(),
         // Block access: the default filesystem type plays no part.
-        access: Some(validate::capabilities(&req.volume_capabilities, "ext4").unwrap()),
-        params: validate::parameters(&req.parameters, naming::DEFAULT_CLASS, vg, "pool").unwrap(),
+        access: Some(access.clone()),
+        params: validate::parameters(&req.parameters, naming::DEFAULT_CLASS, vg, "pool", &access)
+            .unwrap(),
         mutable: validate::mutable_parameters(
             validate::Carrier::CreateVolumeMutable,
             &req.mutable_parameters,
         )
         .unwrap(),
+        class_options: Default::default(),
         from: None,
     };
     (naming::lv_name_for(&req.name), tags.encode())

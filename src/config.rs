@@ -23,6 +23,11 @@ pub struct Config {
     /// Sum of virtual sizes may reach this multiple of the pool's data size.
     pub overprovision_ratio: f64,
     pub default_fs_type: String,
+    /// mkfs options per filesystem for new volumes (`fs_options`' lists); a
+    /// StorageClass's `mkfsOptions` replaces them.
+    pub mkfs_options: PerFs<String>,
+    /// Mount options per filesystem, before the CO's mount flags.
+    pub mount_options: PerFs<Vec<String>>,
     /// Size of a volume whose CreateVolume gives no capacity range.
     #[serde(deserialize_with = "de_size")]
     pub default_volume_size: u64,
@@ -96,9 +101,30 @@ pub struct DeviceClass {
     pub thin_pool: String,
     pub overprovision_ratio: Option<f64>,
     pub default_fs_type: Option<String>,
+    pub mkfs_options: Option<PerFs<String>>,
+    pub mount_options: Option<PerFs<Vec<String>>>,
     pub loop_pool: Option<LoopPool>,
     pub allow_unzeroed_pool: Option<bool>,
     pub metadata_reserve_lvs: Option<u64>,
+}
+
+/// One value per filesystem this driver makes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PerFs<T> {
+    pub ext4: T,
+    pub xfs: T,
+}
+
+impl<T> PerFs<T> {
+    /// The value for `fs`; `None` for a filesystem this driver does not make.
+    pub fn get(&self, fs: &str) -> Option<&T> {
+        match fs {
+            "ext4" => Some(&self.ext4),
+            "xfs" => Some(&self.xfs),
+            _ => None,
+        }
+    }
 }
 
 fn default_thin_pool() -> String {
@@ -174,6 +200,8 @@ impl Default for Config {
             thin_pool: "pool".into(),
             overprovision_ratio: 4.0,
             default_fs_type: "ext4".into(),
+            mkfs_options: PerFs::default(),
+            mount_options: PerFs::default(),
             default_volume_size: 1 << 30,
             command_timeout_secs: 120,
             report_max_age_secs: 10,
@@ -315,6 +343,15 @@ impl Config {
                 ),
             ));
         }
+        for fs in FS_TYPES {
+            let text = self.mkfs_options.get(fs).map_or("", String::as_str);
+            crate::fs_options::mkfs_options(fs, text)
+                .map_err(|r| invalid("mkfs_options", format!("{fs}: {r}")))?;
+            for word in self.mount_options.get(fs).into_iter().flatten() {
+                crate::fs_options::mount_word(fs, word)
+                    .map_err(|r| invalid("mount_options", format!("{fs}: {r}")))?;
+            }
+        }
         if let Some(lp) = &self.loop_pool {
             if !lp.backing_file.is_absolute() {
                 return Err(invalid(
@@ -374,6 +411,14 @@ impl Config {
                     .default_fs_type
                     .clone()
                     .unwrap_or_else(|| base.default_fs_type.clone()),
+                mkfs_options: c
+                    .mkfs_options
+                    .clone()
+                    .unwrap_or_else(|| base.mkfs_options.clone()),
+                mount_options: c
+                    .mount_options
+                    .clone()
+                    .unwrap_or_else(|| base.mount_options.clone()),
                 loop_pool: c.loop_pool.clone(),
                 allow_unzeroed_pool: c.allow_unzeroed_pool.unwrap_or(base.allow_unzeroed_pool),
                 metadata_reserve_lvs: c.metadata_reserve_lvs.unwrap_or(base.metadata_reserve_lvs),
@@ -658,6 +703,31 @@ loop_pool = { backing_file = "/var/lib/x/fast.img", size = "1GiB" }
         );
         assert_eq!(slow.default_fs_type, "xfs");
         assert!(slow.loop_pool.is_none());
+        // Options are per class, the top level's where a class sets none.
+        let c = Config::parse(
+            r#"
+mkfs_options = { ext4 = "-m 0" }
+mount_options = { xfs = ["allocsize=1m"] }
+[[device_classes]]
+name = "db"
+volume_group = "nvme"
+mkfs_options = { xfs = "-m reflink=0" }
+[[device_classes]]
+name = "logs"
+volume_group = "hdd"
+"#,
+        )
+        .unwrap();
+        let classes = c.classes();
+        let (_, db) = &classes[1];
+        assert_eq!(
+            (db.mkfs_options.ext4.as_str(), db.mkfs_options.xfs.as_str()),
+            ("", "-m reflink=0")
+        );
+        assert_eq!(db.mount_options.get("xfs").unwrap(), &["allocsize=1m"]);
+        let (_, logs) = &classes[2];
+        assert_eq!(logs.mkfs_options.get("ext4").unwrap(), "-m 0");
+        assert_eq!(logs.mkfs_options.get("btrfs"), None);
         // One config without classes is one class.
         assert_eq!(Config::parse("").unwrap().classes().len(), 1);
     }
@@ -725,6 +795,26 @@ loop_pool = { backing_file = "/var/lib/x/fast.img", size = "1GiB" }
                 "share volume group",
             ),
             (class("mkfs = 1"), "", "unknown field"),
+            (
+                class("mkfs_options = { ext4 = \"-O ^has_journal; rm\" }"),
+                "mkfs_options",
+                "\"^has_journal;\"",
+            ),
+            (
+                class("mkfs_options = { btrfs = \"-b 4096\" }"),
+                "",
+                "unknown field `btrfs`",
+            ),
+            (
+                class("mount_options = { xfs = [\"data=journal\"] }"),
+                "mount_options",
+                "xfs: mount option \"data=journal\" is not allowed",
+            ),
+            (
+                class("mount_options = { ext4 = [\"bind\"] }"),
+                "mount_options",
+                "changes how a mount is made",
+            ),
         ] {
             let e = Config::parse(&text).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains(says), "{text}\n=> {e}");

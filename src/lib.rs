@@ -5,6 +5,7 @@ pub mod blocking;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod fs_options;
 pub mod grpc;
 pub mod guard;
 pub mod logging;

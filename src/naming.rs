@@ -31,6 +31,14 @@ pub const TAG_ACCESS: &str = "tpcsi.access=";
 pub const TAG_PARAM: &str = "tpcsi.p.";
 /// A mutable parameter (ControllerModifyVolume): `tpcsi.m.<key>=<hex value>`.
 pub const TAG_MUTABLE: &str = "tpcsi.m.";
+/// The device class's option for the volume at its creation, where the
+/// request named none: `tpcsi.c.<key>=<hex value>` (`mkfs`, `mnt`).
+pub const TAG_CLASS_OPTION: &str = "tpcsi.c.";
+/// The short name of the mkfs options, as a parameter (`mkfsOptions`) and
+/// as a class option.
+pub const PARAM_MKFS: &str = "mkfs";
+/// The class option that holds the class's mount options, space-separated.
+pub const CLASS_MOUNT: &str = "mnt";
 /// On a volume made from a snapshot or a volume: `snapshot:<id>` or
 /// `volume:<id>`.
 pub const TAG_FROM: &str = "tpcsi.from=";
@@ -248,6 +256,10 @@ pub struct VolumeTags {
     pub params: BTreeMap<String, String>,
     /// Mutable parameters as last set (at creation or by a modify).
     pub mutable: BTreeMap<String, String>,
+    /// The device class's mkfs (`mkfs`) and mount (`mnt`) options for the
+    /// volume's filesystem at its creation, where its parameters named
+    /// none: a later change to the class does not reach it.
+    pub class_options: BTreeMap<String, String>,
     /// What the volume was made from, when it was not made empty.
     pub from: Option<ContentSource>,
 }
@@ -398,6 +410,23 @@ fn name_in(lv_name: &str) -> Option<String> {
 }
 
 impl VolumeTags {
+    /// The mkfs options the volume is made with: its `mkfsOptions`
+    /// parameter, else its class's at creation (unchecked text).
+    pub fn mkfs_options(&self) -> &str {
+        self.params
+            .get(PARAM_MKFS)
+            .or_else(|| self.class_options.get(PARAM_MKFS))
+            .map_or("", String::as_str)
+    }
+
+    /// Its class's mount options at creation (unchecked words).
+    pub fn class_mount_options(&self) -> Vec<String> {
+        self.class_options
+            .get(CLASS_MOUNT)
+            .map(|m| m.split_ascii_whitespace().map(String::from).collect())
+            .unwrap_or_default()
+    }
+
     /// The tags to pass to `lvcreate --addtag`, in a stable order. What
     /// the LV name already says is not repeated: no name tag when the name
     /// spells the CO name out, and a parameter equal to it is `:n`.
@@ -415,6 +444,11 @@ impl VolumeTags {
             }
         }
         tags.extend(self.mutable.iter().map(|(k, v)| mutable_tag(k, v)));
+        tags.extend(
+            self.class_options
+                .iter()
+                .map(|(k, v)| format!("{TAG_CLASS_OPTION}{k}={}", hex(v.as_bytes()))),
+        );
         if let Some(f) = &self.from {
             tags.push(format!("{TAG_FROM}{}", f.encode()));
         }
@@ -435,6 +469,7 @@ impl VolumeTags {
         let mut params = BTreeMap::new();
         let mut from = None;
         let mut mutable = BTreeMap::new();
+        let mut class_options = BTreeMap::new();
         for t in tags {
             if let Some(v) = t.strip_prefix(TAG_OWNER) {
                 owner = Some(v.to_string());
@@ -452,6 +487,9 @@ impl VolumeTags {
             } else if let Some(kv) = t.strip_prefix(TAG_MUTABLE) {
                 let (k, v) = kv.split_once('=')?;
                 mutable.insert(k.to_string(), String::from_utf8(unhex(v)?).ok()?);
+            } else if let Some(kv) = t.strip_prefix(TAG_CLASS_OPTION) {
+                let (k, v) = kv.split_once('=')?;
+                class_options.insert(k.to_string(), String::from_utf8(unhex(v)?).ok()?);
             } else if let Some(v) = t.strip_prefix(TAG_FROM) {
                 from = Some(ContentSource::decode(v)?);
             } else if t.starts_with(TAG_SOURCE) {
@@ -469,6 +507,7 @@ impl VolumeTags {
             access,
             params,
             mutable,
+            class_options,
             from,
         })
     }
@@ -650,6 +689,7 @@ mod tests {
             access: None,
             params: BTreeMap::new(),
             mutable: BTreeMap::new(),
+            class_options: BTreeMap::new(),
             from: None,
         };
         let lv = in_class(Some("fast"), lv_name_for("pvc-1"));
@@ -674,6 +714,7 @@ mod tests {
             }),
             params,
             mutable: [("readAheadSectors".to_string(), "256".to_string())].into(),
+            class_options: [("mkfs".to_string(), "-O ^has_journal -L a.b".to_string())].into(),
             from: None,
         };
         let enc = t.encode();
@@ -716,6 +757,7 @@ mod tests {
             }),
             params,
             mutable: BTreeMap::new(),
+            class_options: BTreeMap::new(),
             from: None,
         };
         let enc = t.encode();
@@ -850,6 +892,7 @@ mod tests {
                 access: Some(Access::Block),
                 params: BTreeMap::new(),
                 mutable: BTreeMap::new(),
+                class_options: BTreeMap::new(),
                 from: Some(from),
             };
             let enc = t.encode();

@@ -284,3 +284,30 @@ fn readme_commands_run_as_root_without_sudo() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// docs/configuration.md's table of mkfs and mount options names every
+/// option (and sub-option, feature, choice) `fs_options` allows.
+#[test]
+fn every_allowed_fs_option_is_documented() {
+    let page = read("docs/configuration.md");
+    let section = page
+        .split("## mkfs and mount options")
+        .nth(1)
+        .expect("docs/configuration.md has a section on mkfs and mount options");
+    let mut missing = Vec::new();
+    for fs in ["ext4", "xfs"] {
+        let row = section
+            .lines()
+            .find(|l| l.starts_with(&format!("| {fs} |")))
+            .unwrap_or_else(|| panic!("no table row for {fs}"));
+        let words = thinpool_csi::fs_options::allowed_mkfs_words(fs)
+            .into_iter()
+            .chain(thinpool_csi::fs_options::allowed_mount_words(fs));
+        for w in words {
+            if !row.contains(&format!("`{w}`")) && !row.contains(&format!("`{w}=")) {
+                missing.push(format!("{fs}: {w}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not documented: {missing:?}");
+}

@@ -79,7 +79,13 @@ impl ControllerService {
             .classes
             .named(validate::device_class(&req.parameters)?)?;
         let access = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)?;
-        let params = validate::parameters(&req.parameters, d.class_name(), &d.lvm.vg, &d.lvm.pool)?;
+        let params = validate::parameters(
+            &req.parameters,
+            d.class_name(),
+            &d.lvm.vg,
+            &d.lvm.pool,
+            &access,
+        )?;
         let range = validate::size_range(req.capacity_range.as_ref())?;
         let mutable =
             validate::mutable_parameters(Carrier::CreateVolumeMutable, &req.mutable_parameters)?;
@@ -157,7 +163,7 @@ impl ControllerService {
         let d = self.classes.of(&id)?;
         let wanted = validate::capabilities(&req.volume_capabilities, &d.cfg.default_fs_type)
             .and_then(|a| {
-                validate::parameters(&req.parameters, d.class_name(), &d.lvm.vg, &d.lvm.pool)
+                validate::parameters(&req.parameters, d.class_name(), &d.lvm.vg, &d.lvm.pool, &a)
                     .map(|_| a)
             })
             .and_then(|a| {

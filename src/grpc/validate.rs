@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use crate::config::FS_TYPES;
 use crate::error::{Error, Result};
+use crate::fs_options;
 use crate::naming::{self, Access, ContentSource, MAX_STRING};
 use crate::node::mount_options::MountOptions;
 use crate::node::paths;
@@ -287,6 +288,11 @@ pub fn capability(cap: &VolumeCapability, default_fs: &str) -> Result<Access> {
             }
             for flag in &m.mount_flags {
                 mount_flag(flag)?;
+                fs_options::mount_word(fs, flag).map_err(|why| {
+                    Error::InvalidArgument(why).advise(format!(
+                        "use only the mount options docs/configuration.md lists for {fs}"
+                    ))
+                })?;
             }
             Ok(Access::Mount {
                 fs_type: fs.to_string(),
@@ -295,19 +301,20 @@ pub fn capability(cap: &VolumeCapability, default_fs: &str) -> Result<Access> {
     }
 }
 
-/// One mount flag: a single option word, no way to smuggle a second option
-/// (`,`), a value (`=`) or anything non-printable.
+/// One mount flag: a single option, a word or `key=value`, with no way
+/// to smuggle a second option (`,`) or anything non-printable. Which words
+/// and values are accepted is `fs_options`' allow-list.
 pub fn mount_flag(flag: &str) -> Result<&str> {
     let ok = !flag.is_empty()
         && flag.len() <= 64
         && flag
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            .all(|b| b.is_ascii_alphanumeric() || b"_-=".contains(&b));
     if ok {
         Ok(flag)
     } else {
         invalid(format!(
-            "mount flag {flag:?} is not a single option word (letters, digits, '_', '-')"
+            "mount flag {flag:?} is not a single option (a word or key=value: letters, digits, '_', '-')"
         ))
     }
 }
@@ -603,10 +610,16 @@ pub fn device_class(params: &HashMap<String, String>) -> Result<Option<&str>> {
     }
 }
 
+/// The StorageClass parameter that replaces the device class's mkfs
+/// options (`fs_options`), and the short name it is kept under.
+pub const MKFS_OPTIONS: &str = "mkfsOptions";
+pub const MKFS: &str = naming::PARAM_MKFS;
+
 /// The StorageClass parameters this driver understands, with the short
 /// names they are stored under in LVM tags.
 pub const PARAMETERS: &[(&str, &str)] = &[
     (DEVICE_CLASS, "class"),
+    (MKFS_OPTIONS, MKFS),
     ("volumeGroup", "vg"),
     ("thinPool", "pool"),
     (PVC_NAME, "pvcname"),
@@ -614,14 +627,27 @@ pub const PARAMETERS: &[(&str, &str)] = &[
     (PV_NAME, "pvname"),
 ];
 
-/// CreateVolume's parameters (see [`class_parameters`]).
+/// CreateVolume's parameters (see [`class_parameters`]), for a volume
+/// consumed as `access`: `mkfsOptions` must be on the lists of its
+/// filesystem, and is dropped for a raw block volume, which is never
+/// formatted (one StorageClass may serve both kinds of claim).
 pub fn parameters(
     params: &HashMap<String, String>,
     class: &str,
     vg: &str,
     pool: &str,
+    access: &Access,
 ) -> Result<BTreeMap<String, String>> {
-    class_parameters(Carrier::CreateVolume, params, class, vg, pool)
+    let mut out = class_parameters(Carrier::CreateVolume, params, class, vg, pool)?;
+    if let (Access::Mount { fs_type }, Some(text)) = (access, out.remove(MKFS)) {
+        let opts = fs_options::mkfs_options(fs_type, &text).map_err(|why| {
+            Error::InvalidArgument(format!("parameter {MKFS_OPTIONS}: {why}")).advise(format!(
+                "give {MKFS_OPTIONS} only options the lists in docs/configuration.md allow for {fs_type}"
+            ))
+        })?;
+        out.insert(MKFS.to_string(), opts.text());
+    }
+    Ok(out)
 }
 
 /// Checks the StorageClass parameters of GetCapacity or CreateVolume:
@@ -828,7 +854,7 @@ mod tests {
             (PVC_NAMESPACE, "default"),
             (PV_NAME, "pvc-1"),
         ]);
-        let kept = parameters(&p, "default", "vg", "pool").unwrap();
+        let kept = parameters(&p, "default", "vg", "pool", &Access::Block).unwrap();
         // What the provisioner acted on is not the volume's: not kept in
         // its tags, so a retry with or without it is the same volume.
         assert_eq!(
@@ -842,6 +868,7 @@ mod tests {
             "default",
             "vg",
             "pool",
+            &Access::Block,
         )
         .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
@@ -854,6 +881,7 @@ mod tests {
             "default",
             "vg",
             "pool",
+            &Access::Block,
         )
         .unwrap_err();
         assert!(e.to_string().contains("node-stage-secret-name"), "{e}");
@@ -862,9 +890,30 @@ mod tests {
             &map(&[("csi.storage.k8s.io/volumesnapshot/name", "s")]),
             "default",
             "vg",
-            "pool"
+            "pool",
+            &Access::Block
         )
         .is_err());
+        // mkfsOptions: checked against the volume's filesystem, kept by
+        // its canonical spelling; dropped for a block volume.
+        let ext4 = Access::Mount {
+            fs_type: "ext4".into(),
+        };
+        let mk = |v: &str| map(&[(MKFS_OPTIONS, v)]);
+        let kept = parameters(&mk(" -b  4096 "), "default", "vg", "pool", &ext4).unwrap();
+        assert_eq!(kept.get(MKFS).unwrap(), "-b 4096");
+        assert!(
+            parameters(&mk("-b 4096"), "default", "vg", "pool", &Access::Block)
+                .unwrap()
+                .is_empty()
+        );
+        for bad in ["-O ^has_journal; rm", "--", "-m reflink=0 -f", "-F"] {
+            let e = parameters(&mk(bad), "default", "vg", "pool", &ext4).unwrap_err();
+            assert!(
+                e.code() == tonic::Code::InvalidArgument && e.to_string().contains(MKFS_OPTIONS),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]
@@ -1036,8 +1085,23 @@ mod tests {
             "ext4"
         )
         .is_ok());
-        for bad in ["ro,exec", "uid=0", "a\nb", "", "x y", "context=\"a\""] {
+        for bad in ["ro,exec", "a\nb", "", "x y", "context=\"a\"", "a.b"] {
             assert!(mount_flag(bad).is_err(), "{bad:?}");
+        }
+        // A single key=value is one flag, then on the filesystem's list.
+        let one = |fs: &str, flag: &str| {
+            capabilities(&[mount(fs, Mode::SingleNodeWriter, &[flag])], "ext4")
+        };
+        assert!(one("ext4", "data=journal").is_ok());
+        assert!(one("xfs", "allocsize=64k").is_ok());
+        for (fs, flag, says) in [
+            ("ext4", "uid=0", "\"uid=0\" is not allowed for ext4"),
+            ("ext4", "errors=panic", "errors=panic"),
+            ("xfs", "data=journal", "not allowed for xfs"),
+            ("ext4", "bind", "changes how a mount is made"),
+        ] {
+            let e = one(fs, flag).unwrap_err().to_string();
+            assert!(e.contains(says), "{fs} {flag}: {e}");
         }
     }
 
@@ -1056,18 +1120,34 @@ mod tests {
             "default",
             "vg",
             "pool",
+            &Access::Block,
         )
         .unwrap();
         assert_eq!(ok.get("pvcname").unwrap(), "data");
         assert_eq!(ok.get("pool").unwrap(), "pool");
-        let e = parameters(&p(&[("fsType; rm -rf /", "x")]), "default", "vg", "pool").unwrap_err();
+        let e = parameters(
+            &p(&[("fsType; rm -rf /", "x")]),
+            "default",
+            "vg",
+            "pool",
+            &Access::Block,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("unknown parameter"), "{e}");
-        assert!(parameters(&p(&[("volumeGroup", "other")]), "default", "vg", "pool").is_err());
+        assert!(parameters(
+            &p(&[("volumeGroup", "other")]),
+            "default",
+            "vg",
+            "pool",
+            &Access::Block
+        )
+        .is_err());
         assert!(parameters(
             &p(&[("csi.storage.k8s.io/pv/name", &"x".repeat(129))]),
             "default",
             "vg",
-            "pool"
+            "pool",
+            &Access::Block
         )
         .is_err());
     }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::fs_options::MkfsOptions;
 use crate::node::Tools;
 
 /// The mkfs command line. No discard pass (a fresh thin volume has nothing
@@ -12,35 +13,72 @@ use crate::node::Tools;
 /// when the pool zeroes newly provisioned chunks, which marks the tables
 /// as zeroed so the kernel's lazy-init thread does not write them either
 /// (thin volumes read zeros where never written).
-pub fn mkfs_command(fs_type: &str, dev: &Path, prezeroed: bool) -> Result<(String, Vec<String>)> {
+///
+/// The volume's own options (`fs_options`, checked) come after the
+/// driver's; ext4's `-E` list is joined to the driver's, since mke2fs
+/// keeps only the last `-E` it is given.
+pub fn mkfs_command(
+    fs_type: &str,
+    dev: &Path,
+    prezeroed: bool,
+    opts: &MkfsOptions,
+) -> Result<(String, Vec<String>)> {
     let dev = dev.to_string_lossy().into_owned();
-    match fs_type {
+    let mut args: Vec<String> = vec!["-q".into()];
+    let program = match fs_type {
         "ext4" => {
             let mut ext = String::from("nodiscard,lazy_itable_init=1,lazy_journal_init=1");
             if prezeroed {
                 ext.push_str(",assume_storage_prezeroed=1");
             }
-            Ok(("mkfs.ext4".into(), crate::argv!["-q", "-E", ext, dev]))
+            for (opt, value) in opts.pairs() {
+                match (opt, value) {
+                    ("-E", Some(v)) => {
+                        ext.push(',');
+                        ext.push_str(v);
+                    }
+                    _ => args.extend([opt.to_string()].into_iter().chain(value.map(String::from))),
+                }
+            }
+            args.extend(["-E".to_string(), ext]);
+            "mkfs.ext4"
         }
-        "xfs" => Ok(("mkfs.xfs".into(), crate::argv!["-q", "-K", dev])),
-        other => Err(Error::InvalidArgument(format!(
-            "fs_type {other:?} is not supported"
-        ))),
-    }
+        "xfs" => {
+            args.push("-K".into());
+            for (opt, value) in opts.pairs() {
+                args.extend([opt.to_string()].into_iter().chain(value.map(String::from)));
+            }
+            "mkfs.xfs"
+        }
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "fs_type {other:?} is not supported"
+            )))
+        }
+    };
+    args.push(dev);
+    Ok((program.into(), args))
 }
 
 /// Makes a filesystem on `dev`. Never forced: mkfs.ext4 and mkfs.xfs
 /// themselves refuse a device that is mounted or holds a filesystem, a
 /// second guard behind blkid.
-pub(super) async fn mkfs(tools: &Tools, fs_type: &str, dev: &Path, prezeroed: bool) -> Result<()> {
+pub(super) async fn mkfs(
+    tools: &Tools,
+    fs_type: &str,
+    dev: &Path,
+    prezeroed: bool,
+    opts: &MkfsOptions,
+) -> Result<()> {
     let started = std::time::Instant::now();
     // e2fsprogs before 1.47 does not know assume_storage_prezeroed (and
     // rejects the whole command line): asked of its version, not guessed
     // from a failure.
     let prezeroed = prezeroed && (fs_type != "ext4" || ext4_knows_prezeroed(tools).await?);
-    let (program, args) = mkfs_command(fs_type, dev, prezeroed)?;
+    let (program, args) = mkfs_command(fs_type, dev, prezeroed, opts)?;
     tools.run(&program, &args).await?;
-    tracing::info!(device = %dev.display(), fs_type, prezeroed, elapsed = ?started.elapsed(), "made filesystem");
+    tracing::info!(device = %dev.display(), fs_type, prezeroed, options = opts.text(),
+        elapsed = ?started.elapsed(), "made filesystem");
     Ok(())
 }
 
@@ -74,7 +112,8 @@ mod tests {
 
     #[test]
     fn mkfs_never_discards_nor_forces() {
-        let (p, a) = mkfs_command("ext4", Path::new("/dev/v/l"), true).unwrap();
+        let none = MkfsOptions::default();
+        let (p, a) = mkfs_command("ext4", Path::new("/dev/v/l"), true, &none).unwrap();
         assert_eq!(p, "mkfs.ext4");
         assert_eq!(
             a,
@@ -85,9 +124,9 @@ mod tests {
                 "/dev/v/l"
             ]
         );
-        let (_, a) = mkfs_command("ext4", Path::new("/dev/v/l"), false).unwrap();
+        let (_, a) = mkfs_command("ext4", Path::new("/dev/v/l"), false, &none).unwrap();
         assert!(!a[2].contains("prezeroed"));
-        let (p, a) = mkfs_command("xfs", Path::new("/dev/v/l"), true).unwrap();
+        let (p, a) = mkfs_command("xfs", Path::new("/dev/v/l"), true, &none).unwrap();
         assert_eq!(
             (p.as_str(), a),
             (
@@ -96,12 +135,38 @@ mod tests {
             )
         );
         for (_, args) in [
-            mkfs_command("ext4", Path::new("/d"), true).unwrap(),
-            mkfs_command("xfs", Path::new("/d"), true).unwrap(),
+            mkfs_command("ext4", Path::new("/d"), true, &none).unwrap(),
+            mkfs_command("xfs", Path::new("/d"), true, &none).unwrap(),
         ] {
             assert!(!args.iter().any(|a| a == "-F" || a == "-f"));
         }
-        assert!(mkfs_command("btrfs", Path::new("/d"), false).is_err());
+        assert!(mkfs_command("btrfs", Path::new("/d"), false, &none).is_err());
+    }
+
+    #[test]
+    fn a_volumes_options_follow_the_drivers_and_join_its_extended_list() {
+        let dev = Path::new("/dev/v/l");
+        let opts = crate::fs_options::mkfs_options("ext4", "-b 1024 -E stride=16 -L data").unwrap();
+        let (_, a) = mkfs_command("ext4", dev, false, &opts).unwrap();
+        assert_eq!(
+            a,
+            vec![
+                "-q",
+                "-b",
+                "1024",
+                "-L",
+                "data",
+                "-E",
+                "nodiscard,lazy_itable_init=1,lazy_journal_init=1,stride=16",
+                "/dev/v/l"
+            ]
+        );
+        let opts = crate::fs_options::mkfs_options("xfs", "-m reflink=0 -L db").unwrap();
+        let (_, a) = mkfs_command("xfs", dev, true, &opts).unwrap();
+        assert_eq!(
+            a,
+            vec!["-q", "-K", "-m", "reflink=0", "-L", "db", "/dev/v/l"]
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! a bind mount carries.
 
 use crate::error::{Error, Result};
+use crate::fs_options::{mount_option_key, mount_word, MountWord};
 use crate::mountinfo;
 use crate::sys::MsFlags;
 
@@ -14,76 +15,25 @@ pub struct MountOptions {
     pub data: Vec<String>,
 }
 
-/// Words of mount(8) that only steer mount(8) or fstab; they mean nothing
-/// to the kernel and are dropped.
-const IGNORED: &[&str] = &["defaults", "auto", "noauto", "nofail", "_netdev"];
-
-/// Words that would change *how* the mount is made (bind, move,
-/// propagation) rather than set an option; refused.
-const OPERATIONS: &[&str] = &[
-    "bind",
-    "rbind",
-    "move",
-    "remount",
-    "shared",
-    "rshared",
-    "slave",
-    "rslave",
-    "private",
-    "rprivate",
-    "unbindable",
-    "runbindable",
-];
-
-/// Generic option words and the `MS_*` bit each sets (`true`) or clears.
-const GENERIC: &[(&str, MsFlags, bool)] = &[
-    ("ro", MsFlags::MS_RDONLY, true),
-    ("rw", MsFlags::MS_RDONLY, false),
-    ("nosuid", MsFlags::MS_NOSUID, true),
-    ("suid", MsFlags::MS_NOSUID, false),
-    ("nodev", MsFlags::MS_NODEV, true),
-    ("dev", MsFlags::MS_NODEV, false),
-    ("noexec", MsFlags::MS_NOEXEC, true),
-    ("exec", MsFlags::MS_NOEXEC, false),
-    ("sync", MsFlags::MS_SYNCHRONOUS, true),
-    ("async", MsFlags::MS_SYNCHRONOUS, false),
-    ("dirsync", MsFlags::MS_DIRSYNC, true),
-    ("noatime", MsFlags::MS_NOATIME, true),
-    ("atime", MsFlags::MS_NOATIME, false),
-    ("nodiratime", MsFlags::MS_NODIRATIME, true),
-    ("diratime", MsFlags::MS_NODIRATIME, false),
-    ("relatime", MsFlags::MS_RELATIME, true),
-    ("norelatime", MsFlags::MS_RELATIME, false),
-    ("strictatime", MsFlags::MS_STRICTATIME, true),
-    ("nostrictatime", MsFlags::MS_STRICTATIME, false),
-    ("lazytime", MsFlags::MS_LAZYTIME, true),
-    ("nolazytime", MsFlags::MS_LAZYTIME, false),
-    ("silent", MsFlags::MS_SILENT, true),
-    ("loud", MsFlags::MS_SILENT, false),
-];
-
 impl MountOptions {
-    /// Turns the capability's mount flags (single words, already checked by
-    /// `validate::mount_flag`) into kernel flags and data. xfs always gets
+    /// Turns mount option words (the device class's, then the CO's mount
+    /// flags), each on `fs_options`' lists, into kernel flags and data. xfs always gets
     /// `nouuid`: snapshots and clones of a volume share its UUID, and xfs
     /// refuses to mount a second filesystem with a UUID it already has.
     pub fn parse(fs_type: &str, words: &[String]) -> Result<MountOptions> {
         let mut flags = MsFlags::empty();
         let mut data: Vec<String> = Vec::new();
         for w in words {
-            let w = w.as_str();
-            if IGNORED.contains(&w) {
-                continue;
-            }
-            if OPERATIONS.contains(&w) {
-                return Err(Error::InvalidArgument(format!(
-                    "mount flag {w:?} changes how a mount is made, it is not a mount option"
-                )));
-            }
-            if let Some((_, bit, set)) = GENERIC.iter().find(|(name, _, _)| *name == w) {
-                flags.set(*bit, *set);
-            } else if !data.iter().any(|d| d == w) {
-                data.push(w.to_string());
+            match mount_word(fs_type, w).map_err(Error::InvalidArgument)? {
+                MountWord::Ignored => {}
+                MountWord::Generic(bit, set) => flags.set(bit, set),
+                MountWord::Own => {
+                    // A later word of the same key replaces an earlier one:
+                    // the CO's flags come after the device class's.
+                    let key = mount_option_key(w);
+                    data.retain(|d| mount_option_key(d) != key);
+                    data.push(w.to_string());
+                }
             }
         }
         if fs_type == "xfs" && !data.iter().any(|d| d == "nouuid") {

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::fs_options::MkfsOptions;
 use crate::mountinfo;
 use crate::node::grow::grow;
 use crate::node::mkfs::mkfs;
@@ -26,6 +27,9 @@ pub struct StageFacts {
     /// larger than the filesystem it holds: that filesystem is grown to
     /// the device once mounted (the spec's rule for larger restores).
     pub made_from_source: bool,
+    /// The options the volume is formatted with, should it be blank: the
+    /// ones recorded with it at creation (`fs_options`, checked again).
+    pub mkfs: MkfsOptions,
 }
 
 /// NodeStageVolume for mount access: format only a never-written device
@@ -113,7 +117,7 @@ pub async fn stage(
                 .await?;
             // mkfs syncs the device before it exits 0: the format is
             // finished, and its marker can go.
-            mkfs(tools, fs_type, &dev.path, pool.zeroes_new_chunks).await?;
+            mkfs(tools, fs_type, &dev.path, pool.zeroes_new_chunks, &pool.mkfs).await?;
             let m = marker.to_path_buf();
             tools
                 .blocking("remove the formatting marker", move || marker::remove(&m))

@@ -101,6 +101,40 @@ pub fn check_access(vol: &Owned, wanted: &Access) -> Result<()> {
 }
 
 impl Volumes {
+    /// The class's options a new volume is recorded with (see
+    /// [`VolumeTags::class_options`]): its mkfs options, unless the
+    /// request's `mkfsOptions` replaced them, and its mount options, for
+    /// the volume's filesystem. None for a raw block volume.
+    fn class_options(
+        &self,
+        access: &Access,
+        params: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let Access::Mount { fs_type } = access else {
+            return out;
+        };
+        let mkfs = self
+            .cfg
+            .mkfs_options
+            .get(fs_type)
+            .map_or("", String::as_str);
+        let mkfs = mkfs.split_ascii_whitespace().collect::<Vec<_>>().join(" ");
+        if !params.contains_key(naming::PARAM_MKFS) && !mkfs.is_empty() {
+            out.insert(naming::PARAM_MKFS.to_string(), mkfs);
+        }
+        let mount = self
+            .cfg
+            .mount_options
+            .get(fs_type)
+            .cloned()
+            .unwrap_or_default();
+        if !mount.is_empty() {
+            out.insert(naming::CLASS_MOUNT.to_string(), mount.join(" "));
+        }
+        out
+    }
+
     /// CreateVolume; idempotent by name.
     pub async fn create_volume(self: &Arc<Self>, spec: CreateSpec) -> Result<VolumeInfo> {
         if let Some(from) = &spec.from {
@@ -121,6 +155,7 @@ impl Volumes {
             access: Some(spec.access.clone()),
             params: spec.params.clone(),
             mutable: spec.mutable.clone(),
+            class_options: self.class_options(&spec.access, &spec.params),
             from: spec.from.clone(),
         };
         let range = spec.range.as_ref();
@@ -137,10 +172,12 @@ impl Volumes {
             let unfinished = tags.from.is_some()
                 && origin_size.is_none_or(|o| o == size)
                 && range.is_some_and(|r| r.required > size && (r.limit == 0 || r.limit >= size));
-            // Mutable parameters may have been modified since: not part of
-            // what makes the volume this request's.
+            // Mutable parameters may have been modified since, and the
+            // class's options changed: not part of what makes the volume
+            // this request's.
             let same = VolumeTags {
                 mutable: existing.tags.mutable.clone(),
+                class_options: existing.tags.class_options.clone(),
                 ..tags.clone()
             } == existing.tags;
             if !same || !(unfinished || size_fits(range, size)) {
@@ -649,5 +686,34 @@ mod tests {
         let (exact, t) = paginate(all, "", 5);
         assert_eq!(exact.len(), 5);
         assert!(t.is_empty());
+    }
+
+    /// A new volume records its class's options for its filesystem, the
+    /// mkfs options only where the request named none; block, none.
+    #[test]
+    fn a_volume_records_its_class_options_for_its_filesystem() {
+        let cfg = crate::config::Config::parse(
+            "mkfs_options = { ext4 = \" -m  0 \", xfs = \"-L x\" }\n\
+             mount_options = { ext4 = [\"noatime\", \"commit=30\"] }\n",
+        )
+        .unwrap();
+        let d = Volumes::new(cfg, "n".into());
+        let fs = |f: &str| Access::Mount {
+            fs_type: f.to_string(),
+        };
+        let none = BTreeMap::new();
+        let ext4 = d.class_options(&fs("ext4"), &none);
+        assert_eq!(ext4.get(naming::PARAM_MKFS).unwrap(), "-m 0");
+        assert_eq!(ext4.get(naming::CLASS_MOUNT).unwrap(), "noatime commit=30");
+        let xfs = d.class_options(&fs("xfs"), &none);
+        assert_eq!(
+            xfs,
+            BTreeMap::from([(naming::PARAM_MKFS.to_string(), "-L x".to_string())])
+        );
+        let given = BTreeMap::from([(naming::PARAM_MKFS.to_string(), "-b 4096".to_string())]);
+        assert!(!d
+            .class_options(&fs("ext4"), &given)
+            .contains_key(naming::PARAM_MKFS));
+        assert!(d.class_options(&Access::Block, &none).is_empty());
     }
 }

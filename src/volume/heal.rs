@@ -168,10 +168,13 @@ impl Volumes {
         let mut staged_flags = MsFlags::empty();
         match &record.kind {
             Kind::Filesystem { fs_type } => {
-                let opts = mount_options::MountOptions::parse(fs_type, &record.mount_flags)?;
+                let (mkfs, opts) = super::node::formatting(&vol, fs_type, &record.mount_flags)?;
                 staged_flags = mount_options::per_mount(opts.flags);
                 if !self.mounted_from(&staging, &dev).await? {
-                    let pool = self.stage_facts(&report, &vol);
+                    let pool = mounts::StageFacts {
+                        mkfs,
+                        ..self.stage_facts(&report, &vol)
+                    };
                     let marker = self.formatting_marker(id);
                     mounts::stage(&self.tools, &dev, &staging, fs_type, &opts, &pool, &marker)
                         .await?;

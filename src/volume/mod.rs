@@ -603,6 +603,8 @@ impl Volumes {
             zeroes_new_chunks: pool.is_some_and(Lv::zeroes_new_chunks),
             problem: pool.and_then(Lv::problem),
             made_from_source: vol.tags.from.is_some(),
+            // Set by a filesystem stage, from the volume's tags.
+            mkfs: Default::default(),
         }
     }
 }

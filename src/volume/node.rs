@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use super::{Capability, NodePath, Owned, SizeRange, VolumeId};
 use crate::error::{Error, Result};
+use crate::fs_options::{self, MkfsOptions};
 use crate::naming::{self, Access};
+use crate::node::mount_options::MountOptions;
 use crate::node::record::{Kind, Publish, Record};
 use crate::node::{self, block, mounts};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -29,6 +31,32 @@ fn access_fits(vol: &Owned, wanted: &Access) -> std::result::Result<(), String> 
 }
 
 /// The record's kind for an access type.
+/// The mkfs options and the mount options a stage of `vol` as `fs_type`
+/// uses: the ones recorded with the volume at creation, checked against
+/// `fs_options`' lists again (tags are only text), then the CO's mount
+/// flags, which win where both set one.
+pub(super) fn formatting(
+    vol: &Owned,
+    fs_type: &str,
+    mount_flags: &[String],
+) -> Result<(MkfsOptions, MountOptions)> {
+    let refused = |what: &str, why: String| {
+        Error::FailedPrecondition(format!(
+            "volume {} carries {what} that this driver no longer accepts: {why}",
+            vol.lv.name
+        ))
+        .advise("recreate the volume, or fix its tpcsi.p.mkfs / tpcsi.c.* tags by hand")
+    };
+    let mkfs = fs_options::mkfs_options(fs_type, vol.tags.mkfs_options())
+        .map_err(|why| refused("mkfs options", why))?;
+    let mut words = vol.tags.class_mount_options();
+    for w in &words {
+        fs_options::mount_word(fs_type, w).map_err(|why| refused("mount options", why))?;
+    }
+    words.extend(mount_flags.iter().cloned());
+    Ok((mkfs, MountOptions::parse(fs_type, &words)?))
+}
+
 pub fn kind_of(access: &Access) -> Kind {
     match access {
         Access::Mount { fs_type } => Kind::Filesystem {
@@ -184,9 +212,17 @@ impl Volumes {
             let fresh = self.lvm.fresh_report().await?;
             pool = self.stage_facts(&fresh, &self.must_own(&fresh, id)?);
         }
+        let mount = match &cap.access {
+            Access::Mount { fs_type } => {
+                let (mkfs, opts) = formatting(&vol, fs_type, &cap.mount_flags)?;
+                pool.mkfs = mkfs;
+                Some(opts)
+            }
+            Access::Block => None,
+        };
         let res = async {
             let (dev, activated) = self.activate(vol.lv).await?;
-            let res = match (&cap.access, &cap.mount) {
+            let res = match (&cap.access, &mount) {
                 (Access::Mount { fs_type }, Some(opts)) => {
                     let marker = self.formatting_marker(id);
                     mounts::stage(&self.tools, &dev, &staging, fs_type, opts, &pool, &marker).await

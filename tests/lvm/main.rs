@@ -10,6 +10,7 @@ mod cli;
 mod concurrency;
 mod conformance;
 mod controller;
+mod formatting;
 mod full_pool;
 mod group;
 mod kubelet;
