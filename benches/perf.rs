@@ -25,7 +25,7 @@ mod fixtures;
 #[allow(dead_code)]
 mod harness;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -57,7 +57,7 @@ fn samples() -> usize {
 
 /// The phases to run: `TPCSI_BENCH_ONLY` (a comma-separated list, for
 /// quick looks), else all of them.
-const PHASES: [&str; 7] = ["P1", "P5", "Keep", "P2", "P3", "P4", "capacity"];
+const PHASES: [&str; 8] = ["P1", "P5", "Keep", "P2", "P3", "P4", "capacity", "classes"];
 
 fn phases() -> BTreeSet<&'static str> {
     let Ok(list) = std::env::var("TPCSI_BENCH_ONLY") else {
@@ -592,14 +592,32 @@ async fn create_all(
     names: Vec<String>,
     bytes: u64,
 ) -> (f64, Vec<Result<String, tonic::Code>>) {
+    create_all_in(cs, names, bytes, None).await
+}
+
+/// [`create_all`] in device class `class` (the `deviceClass` parameter).
+async fn create_all_in(
+    cs: &[ControllerClient<Channel>],
+    names: Vec<String>,
+    bytes: u64,
+    class: Option<&str>,
+) -> (f64, Vec<Result<String, tonic::Code>>) {
+    let params: HashMap<String, String> = class
+        .map(|c| HashMap::from([("deviceClass".to_string(), c.to_string())]))
+        .unwrap_or_default();
     let t = Instant::now();
     let tasks: Vec<_> = names
         .into_iter()
         .enumerate()
         .map(|(i, name)| {
             let mut c = cs[i % cs.len()].clone();
+            let parameters = params.clone();
             tokio::spawn(async move {
-                c.create_volume(create_req(&name, bytes, cap(true, "")))
+                let req = CreateVolumeRequest {
+                    parameters,
+                    ..create_req(&name, bytes, cap(true, ""))
+                };
+                c.create_volume(req)
                     .await
                     .map(|r| r.into_inner().volume.unwrap().volume_id)
                     .map_err(|e| e.code())
@@ -1356,6 +1374,10 @@ async fn run() -> usize {
         drop(small);
     }
 
+    if want("classes") {
+        classes_phase(&mut table, &mut sh, n).await;
+    }
+
     sh.close().await;
     drop(c);
     drop(node);
@@ -1367,6 +1389,77 @@ async fn run() -> usize {
         rule(p2_rounds)
     ));
     table.print()
+}
+
+/// GetCapacity per device class at [`MANY`] volumes spread over two
+/// classes (the top-level pool and `fast`, each on a loop-backed VG of its
+/// own), against one bare `lvs` of one VG: a class's capacity is read from
+/// the cached report of its own VG and must not cost an `lvs`.
+async fn classes_phase(table: &mut Table, sh: &mut LvmShell, n: usize) {
+    eprintln!("bench: classes");
+    let fast = harness::SecondPool::new("bclsfast");
+    let extra = format!(
+        "report_max_age_secs = 10\noverprovision_ratio = 50.0\n\
+         device_classes = [{{ name = \"fast\", volume_group = \"{}\", \
+         loop_pool = {{ backing_file = \"{}\", size = {} }} }}]\n",
+        fast.vg,
+        fast.file.display(),
+        256 * MIB
+    );
+    let two = TestDriver::start("bcls", 256 * MIB, &extra).await;
+    let cs = clients(&two, CLIENTS).await;
+    for class in [None, Some("fast")] {
+        let names: Vec<String> = (0..MANY / 2)
+            .map(|i| format!("pvc-{}-{i}", class.unwrap_or("default")))
+            .collect();
+        let (_, out) = create_all_in(&cs, names, 4 * MIB, class).await;
+        assert!(out.iter().all(Result::is_ok), "{out:?}");
+    }
+    let mut c = two.controller().await;
+    let mut cheap_lvs = vec!["lvs".to_string()];
+    cheap_lvs.extend(thinpool_csi::lvm::report::lvs_args(&two.vg));
+    let cheap_lvs: Vec<&str> = cheap_lvs.iter().map(String::as_str).collect();
+    let mut per_class = [Samples::default(), Samples::default()];
+    for round in 0..P3_WARM_UP + n {
+        let timed = round >= P3_WARM_UP;
+        for side in order(round) {
+            for (i, class) in ["default", "fast"].into_iter().enumerate() {
+                let took = match side {
+                    Side::Ours => {
+                        let req = GetCapacityRequest {
+                            parameters: HashMap::from([(
+                                "deviceClass".to_string(),
+                                class.to_string(),
+                            )]),
+                            ..Default::default()
+                        };
+                        let t = Instant::now();
+                        c.get_capacity(req).await.unwrap();
+                        t.elapsed().as_secs_f64()
+                    }
+                    Side::Typed => bare("lvm", &["lvs", &two.vg]),
+                    Side::Cheap => sh.run(&cheap_lvs).await,
+                };
+                if timed {
+                    per_class[i].push(side, took);
+                }
+            }
+        }
+    }
+    for (class, s) in ["default", "fast"].into_iter().zip(&per_class) {
+        table.pair(
+            "classes",
+            &format!("GetCapacity of class {class}, {MANY} volumes over two classes"),
+            "one `lvm lvs VG`",
+            "one `lvs` of the driver's fields (JSON) in the shell",
+            s,
+            1.0 / 20.0,
+        );
+    }
+    drop(c);
+    drop(cs);
+    drop(two);
+    drop(fast);
 }
 
 /// Keep at `size`: the pool growth of our stage over the bare mkfs of the

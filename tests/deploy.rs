@@ -1245,19 +1245,19 @@ fn csidriver_storageclass_and_snapshotclass_name_the_driver() {
             sc.y.s(&["volumeBindingMode"]) == Some("WaitForFirstConsumer"),
             || format!("{}: volumeBindingMode must be WaitForFirstConsumer (the volume lives on the pod's node)", sc.at()),
         );
-        if let Some(Y::Map(params)) = sc.y.get("parameters") {
-            for (k, _) in params {
-                p.check(
-                    k.starts_with("csi.storage.k8s.io/") || k == "volumeGroup" || k == "thinPool",
-                    || format!("{}: the driver refuses the parameter {k:?}", sc.at()),
-                );
-            }
-        }
+        storage_class_options(sc, &mut p);
         for vsc in r.all("VolumeSnapshotClass") {
             p.check(vsc.y.s(&["driver"]) == Some(&cfg.driver_name), || {
                 format!("{}: driver must be {:?}", vsc.at(), cfg.driver_name)
             });
         }
+    }
+    // The examples' StorageClasses pass the driver's checks too.
+    for sc in source_docs()
+        .iter()
+        .filter(|d| d.file.starts_with("examples/") && d.kind() == "StorageClass")
+    {
+        storage_class_options(sc, &mut p);
     }
     // The examples name classes a render installs.
     let all: Vec<&Doc> = renders().iter().flat_map(|r| &r.docs).collect();
@@ -1278,6 +1278,39 @@ fn csidriver_storageclass_and_snapshotclass_name_the_driver() {
         }
     }
     p.finish("CSIDriver, StorageClass, VolumeSnapshotClass");
+}
+
+/// A StorageClass's parameters are ones the driver takes (its own keys,
+/// or the sidecars' `csi.storage.k8s.io/` ones), and its `mkfsOptions` and
+/// `mountOptions` are on the driver's allow-lists for its fstype.
+fn storage_class_options(sc: &Doc, p: &mut Problems) {
+    let fs =
+        sc.y.s(&["parameters", "csi.storage.k8s.io/fstype"])
+            .unwrap_or("ext4");
+    if let Some(Y::Map(params)) = sc.y.get("parameters") {
+        for (k, v) in params {
+            let known = thinpool_csi::grpc::validate::PARAMETERS
+                .iter()
+                .any(|(key, _)| key == k);
+            p.check(known || k.starts_with("csi.storage.k8s.io/"), || {
+                format!("{}: the driver refuses the parameter {k:?}", sc.at())
+            });
+            if k == thinpool_csi::grpc::validate::MKFS_OPTIONS {
+                let text = match v {
+                    Y::Str(t) => t.as_str(),
+                    _ => "",
+                };
+                if let Err(why) = thinpool_csi::fs_options::mkfs_options(fs, text) {
+                    p.push(format!("{}: mkfsOptions: {why}", sc.at()));
+                }
+            }
+        }
+    }
+    for w in sc.y.strs(&["mountOptions"]) {
+        if let Err(why) = thinpool_csi::fs_options::mount_word(fs, &w) {
+            p.push(format!("{}: mountOptions: {why}", sc.at()));
+        }
+    }
 }
 
 #[test]

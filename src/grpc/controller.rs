@@ -392,14 +392,16 @@ impl ControllerService {
     }
 }
 
-/// The condition of a volume and its pool, as CSI reports it.
+/// The condition of a volume and its pool, as CSI reports it, naming the
+/// device class (the pool) it is in.
 fn condition(v: &VolumeInfo) -> VolumeCondition {
+    let class = naming::class_of(&v.id);
     VolumeCondition {
         abnormal: v.problem.is_some(),
-        message: v
-            .problem
-            .clone()
-            .unwrap_or_else(|| "volume and thin pool are healthy".into()),
+        message: match &v.problem {
+            Some(p) => format!("device class {class}: {p}"),
+            None => format!("volume and thin pool of device class {class} are healthy"),
+        },
     }
 }
 

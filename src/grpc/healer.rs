@@ -31,10 +31,11 @@ impl NodeService {
             .as_ref()
             .map(|c| self.capability(Some(&id), Some(c)))
             .transpose()?;
+        let class = crate::naming::class_of(id.as_str()).to_string();
         let v = self.classes.of(&id)?.heal(id, target, staging, cap).await?;
         Ok(NodeHealerResponse {
             abnormal: v.abnormal,
-            message: v.message,
+            message: format!("device class {class}: {}", v.message),
         })
     }
 }

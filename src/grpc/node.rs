@@ -128,9 +128,16 @@ impl NodeService {
             volume_condition: Some(VolumeCondition {
                 abnormal: !s.problems.is_empty(),
                 message: if s.problems.is_empty() {
-                    "volume, filesystem and thin pool are healthy".into()
+                    format!(
+                        "volume, filesystem and thin pool of device class {} are healthy",
+                        crate::naming::class_of(id.as_str())
+                    )
                 } else {
-                    s.problems.join("; ")
+                    format!(
+                        "device class {}: {}",
+                        crate::naming::class_of(id.as_str()),
+                        s.problems.join("; ")
+                    )
                 },
             }),
         })

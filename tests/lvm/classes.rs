@@ -14,23 +14,7 @@ use crate::fixtures::{
     create, create_req, create_volume, mount_cap, publish_req, stage_req, tpcsi, unpublish_req,
     unstage_req, Kubelet,
 };
-use crate::harness::{lvs, try_lvm, TestDriver, MIB};
-
-/// The second class's VG and loop file, removed when the test ends.
-struct SecondPool {
-    vg: String,
-    file: PathBuf,
-}
-
-impl Drop for SecondPool {
-    fn drop(&mut self) {
-        let _ = try_lvm(&["vgremove", "--yes", "--force", &self.vg]);
-        if let Ok(Some(dev)) = thinpool_csi::pool::loopdev::find_loop_for_file(&self.file) {
-            let _ = try_lvm(&["pvremove", "--yes", &dev.display().to_string()]);
-            let _ = thinpool_csi::pool::loopdev::detach_loop(&dev);
-        }
-    }
-}
+use crate::harness::{lvs, try_lvm, SecondPool, TestDriver, MIB};
 
 fn in_class(class: &str, mut req: CreateVolumeRequest) -> CreateVolumeRequest {
     req.parameters
@@ -104,12 +88,8 @@ fn fs_of(target: &Path) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
     let k = Kubelet::new("cls");
-    let fast_vg = "tpt-clsfast".to_string();
-    let fast_file = std::env::temp_dir().join(format!("tpcsi-clsfast-{}.img", std::process::id()));
-    let _fast = SecondPool {
-        vg: fast_vg.clone(),
-        file: fast_file.clone(),
-    };
+    let fast = SecondPool::new("clsfast");
+    let (fast_vg, fast_file) = (fast.vg.clone(), fast.file.clone());
     let extra = format!(
         "{}device_classes = [{{ name = \"fast\", volume_group = \"{fast_vg}\", default_fs_type = \"xfs\", overprovision_ratio = 10, \
          loop_pool = {{ backing_file = \"{}\", size = {} }} }}]\n",
@@ -181,6 +161,12 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         cap["available_capacity"].as_i64(),
         Some(fast_cap.available_capacity),
         "{cap}"
+    );
+    // Conditions name the class.
+    let cond = d.condition(&fast_id).await;
+    assert!(
+        !cond.abnormal && cond.message.contains("device class fast"),
+        "{cond:?}"
     );
     let out = tpcsi(&d, &["list"]);
     let table = String::from_utf8_lossy(&out.stdout);
@@ -341,6 +327,30 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
             .any(|l| l.contains("device classes whose pool is not usable") && l.contains("fast")),
         "{}",
         d.log_tail(20)
+    );
+    // tpcsi's capacity of every class shows the broken one's error and
+    // the other's figures.
+    let out = tpcsi(&d, &["--json", "capacity"]);
+    assert!(out.status.success(), "{out:?}");
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let by_class = |name: &str| {
+        all["device_classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["device_class"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no class {name} in {all}"))
+    };
+    assert!(
+        by_class("fast")["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("Unavailable")),
+        "{all}"
+    );
+    assert!(
+        by_class("default")["available_capacity"].as_u64() > Some(0),
+        "{all}"
     );
     let listed = list_all(&d).await;
     assert_eq!(

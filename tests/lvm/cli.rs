@@ -91,7 +91,10 @@ async fn cli_probe_info_and_capacity() {
     assert!(has(&info["addons"]["capabilities"], "RECLAIM_SPACE_ONLINE"));
 
     // Capacity: room for what follows.
-    let cap = json(&d, &["capacity"]);
+    let all = json(&d, &["capacity"]);
+    assert_eq!(all["default_device_class"], "default", "{all}");
+    let cap = &all["device_classes"][0];
+    assert_eq!(cap["device_class"], "default", "{all}");
     assert!(u(&cap["available_capacity"]) >= 128 * MIB, "{cap}");
     assert!(u(&cap["maximum_volume_size"]) >= u(&cap["available_capacity"]));
 }

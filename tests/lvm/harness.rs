@@ -476,6 +476,35 @@ pub fn lvs(vg: &str) -> thinpool_csi::lvm::report::Report {
     thinpool_csi::lvm::report::Report::parse(&out).unwrap()
 }
 
+/// A device class's second loop-backed VG, which the driver builds from a
+/// `loop_pool` of the class: its VG and loop file are removed when this
+/// is dropped (after the driver that built them).
+pub struct SecondPool {
+    pub vg: String,
+    pub file: PathBuf,
+}
+
+impl SecondPool {
+    /// The VG `tpt-<name>` on a loop file in the temporary directory.
+    pub fn new(name: &str) -> SecondPool {
+        SecondPool {
+            vg: format!("tpt-{name}"),
+            file: std::env::temp_dir().join(format!("tpcsi-{name}-{}.img", std::process::id())),
+        }
+    }
+}
+
+impl Drop for SecondPool {
+    fn drop(&mut self) {
+        let _ = try_lvm(&["vgremove", "--yes", "--force", &self.vg]);
+        if let Ok(Some(dev)) = thinpool_csi::pool::loopdev::find_loop_for_file(&self.file) {
+            let _ = try_lvm(&["pvremove", "--yes", &dev.display().to_string()]);
+            let _ = thinpool_csi::pool::loopdev::detach_loop(&dev);
+        }
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
 /// Runs a command and panics unless it succeeds.
 pub fn sh(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap();

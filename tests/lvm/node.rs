@@ -944,6 +944,7 @@ async fn healer_heals_mounts_activation_and_dev_node_and_restart_restages() {
         abnormal && msg.contains("re-mounted") && msg.contains("re-bound"),
         "{msg}"
     );
+    assert!(msg.starts_with("device class default: "), "{msg}");
     assert_eq!(read(), b"kept through healing");
     assert!(
         !heal(&d, &id, &target, &staging, cap.clone()).await.0,

@@ -1,6 +1,9 @@
-//! `capacity`: a device class's GetCapacity (`-p deviceClass=NAME`, else
-//! the driver's default class), with both metadata stores of that class
-//! scraped from the driver's metrics.
+//! `capacity`: GetCapacity of one device class (`--param deviceClass=NAME`)
+//! or, without one, of every class the driver's GetPluginInfo manifest
+//! names, each with both metadata stores of that class scraped from the
+//! driver's metrics (one scrape for all).
+
+use std::collections::BTreeMap;
 
 use thinpool_csi::naming::DEFAULT_CLASS;
 use thinpool_csi::proto::csi::v1 as csi;
@@ -10,8 +13,10 @@ use crate::args;
 use crate::capability::given_capability;
 use crate::connect::{Ctx, Endpoints};
 use crate::failure::Result;
-use crate::output::CapacityOut;
+use crate::output::{CapacitiesOut, CapacityOut, ClassCapacity};
 use crate::scrape;
+
+const DEVICE_CLASS: &str = "deviceClass";
 
 pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
     let req = csi::GetCapacityRequest {
@@ -19,29 +24,59 @@ pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
         parameters: a.params.into_iter().collect(),
         accessible_topology: None,
     };
-    // The class the answer is for: the one asked about, else the driver's
-    // default (its GetPluginInfo manifest says which).
-    let class = match req.parameters.get("deviceClass") {
-        Some(cl) => cl.clone(),
-        None => IdentityClient::new(c.csi().await?)
-            .get_plugin_info(csi::GetPluginInfoRequest {})
-            .await?
-            .into_inner()
-            .manifest
-            .remove("default_device_class")
-            .unwrap_or_else(|| DEFAULT_CLASS.to_string()),
-    };
-    let r = c.controller().await?.get_capacity(req).await?.into_inner();
-    let mut out = CapacityOut::from(&r);
-    out.metadata = metadata(&c.ends, &class).await;
-    out.device_class = class;
-    c.show(&out);
+    if let Some(class) = req.parameters.get(DEVICE_CLASS).cloned() {
+        let r = c.controller().await?.get_capacity(req).await?.into_inner();
+        let samples = samples(&c.ends).await;
+        c.show(&answered(&r, &class, samples.as_ref()));
+        return Ok(());
+    }
+    let mut manifest = IdentityClient::new(c.csi().await?)
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await?
+        .into_inner()
+        .manifest;
+    let default = manifest
+        .remove("default_device_class")
+        .unwrap_or_else(|| DEFAULT_CLASS.to_string());
+    let names = manifest
+        .remove("device_classes")
+        .unwrap_or_else(|| default.clone());
+    let samples = samples(&c.ends).await;
+    let mut classes = Vec::new();
+    for class in names.split(',').filter(|n| !n.is_empty()) {
+        let mut one = req.clone();
+        one.parameters
+            .insert(DEVICE_CLASS.to_string(), class.to_string());
+        // A class that is down answers UNAVAILABLE; the others still show.
+        classes.push(match c.controller().await?.get_capacity(one).await {
+            Ok(r) => ClassCapacity::Answered(answered(&r.into_inner(), class, samples.as_ref())),
+            Err(s) => ClassCapacity::Failed {
+                device_class: class.to_string(),
+                error: format!("{:?}: {}", s.code(), s.message()),
+            },
+        });
+    }
+    c.show(&CapacitiesOut {
+        default_device_class: default,
+        device_classes: classes,
+    });
     Ok(())
 }
 
-/// Both metadata stores from the driver's metrics, or why they are not
+fn answered(
+    r: &csi::GetCapacityResponse,
+    class: &str,
+    samples: Option<&BTreeMap<String, f64>>,
+) -> CapacityOut {
+    let mut out = CapacityOut::from(r);
+    out.metadata = samples.map(|s| scrape::Metadata::from_samples(s, class));
+    out.device_class = class.to_string();
+    out
+}
+
+/// The driver's metrics, for the metadata figures, or why they are not
 /// shown (on stderr; GetCapacity's answer stands on its own).
-async fn metadata(ends: &Endpoints, class: &str) -> Option<scrape::Metadata> {
+async fn samples(ends: &Endpoints) -> Option<BTreeMap<String, f64>> {
     let Some(listen) = &ends.metrics else {
         eprintln!(
             "note: no metrics address (--metrics-address, $METRICS_ADDRESS or the config's \
@@ -54,7 +89,7 @@ async fn metadata(ends: &Endpoints, class: &str) -> Option<scrape::Metadata> {
         Err(e) => Err(e),
     };
     match got {
-        Ok(s) => Some(scrape::Metadata::from_samples(&s, class)),
+        Ok(s) => Some(s),
         Err(e) => {
             eprintln!("note: {e}: metadata figures not shown");
             None

@@ -515,6 +515,52 @@ impl Render for CapacityOut {
     }
 }
 
+/// `capacity` without a class: every class the driver serves.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct CapacitiesOut {
+    pub default_device_class: String,
+    pub device_classes: Vec<ClassCapacity>,
+}
+
+/// One class's GetCapacity answer, or its error (a class whose VG is
+/// missing answers UNAVAILABLE while the others serve).
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum ClassCapacity {
+    Answered(CapacityOut),
+    Failed { device_class: String, error: String },
+}
+
+impl Render for CapacitiesOut {
+    fn table(&self) -> String {
+        let blocks: Vec<String> = self
+            .device_classes
+            .iter()
+            .map(|c| match c {
+                ClassCapacity::Answered(out) => {
+                    let mut t = out.table();
+                    if out.device_class == self.default_device_class {
+                        t = t.replacen(
+                            &out.device_class,
+                            &format!("{} (default)", out.device_class),
+                            1,
+                        );
+                    }
+                    t
+                }
+                ClassCapacity::Failed {
+                    device_class,
+                    error,
+                } => fields(&[
+                    ("device class", device_class.clone()),
+                    ("error", error.clone()),
+                ]),
+            })
+            .collect();
+        blocks.join("\n")
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct ExpandOut {
     pub volume_id: String,
@@ -914,6 +960,41 @@ mod tests {
                 ),
             "{t}"
         );
+    }
+
+    #[test]
+    fn capacity_of_every_class_shows_each_and_the_ones_down() {
+        let fast = CapacityOut {
+            device_class: "fast".into(),
+            available_capacity: 1 << 30,
+            maximum_volume_size: Some(1 << 30),
+            minimum_volume_size: None,
+            metadata: None,
+        };
+        let all = CapacitiesOut {
+            default_device_class: "fast".into(),
+            device_classes: vec![
+                ClassCapacity::Failed {
+                    device_class: "default".into(),
+                    error: "Unavailable: volume group gone".into(),
+                },
+                ClassCapacity::Answered(fast),
+            ],
+        };
+        let json = serde_json::to_value(&all).unwrap();
+        assert_eq!(
+            json["device_classes"][0]["error"],
+            "Unavailable: volume group gone"
+        );
+        assert_eq!(json["device_classes"][1]["device_class"], "fast");
+        assert_eq!(json["device_classes"][1]["available_capacity"], 1u64 << 30);
+        let t = all.table();
+        assert!(t.contains("fast (default)"), "{t}");
+        assert!(
+            t.contains("error:") && t.contains("volume group gone"),
+            "{t}"
+        );
+        assert_eq!(t.matches("device class:").count(), 2, "{t}");
     }
 
     #[test]
