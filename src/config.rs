@@ -72,6 +72,14 @@ pub struct Config {
     /// is UNIMPLEMENTED, and NodeExpandVolume grows the LV itself (the
     /// per-node Kubernetes deployment; see deploy/kubernetes/README.md).
     pub controller_expansion: bool,
+    /// Grows the thin pool's data and metadata before they fill (see
+    /// [`Autopilot`]); off unless enabled.
+    pub autopilot: Autopilot,
+    /// `true`: a full pool fails writes at once (`lvchange
+    /// --errorwhenfull y`); `false`: it queues them for up to dm-thin's 60 s
+    /// (LVM's default, which gives the autopilot time to grow the pool).
+    /// Unset: the pool is left as it is.
+    pub error_when_full: Option<bool>,
     /// LVs (volumes and snapshots) kept spare in the pool's metadata and
     /// the VG's metadata area: creates are refused this many short of
     /// LVM's own refusal (`lvm::room`).
@@ -106,6 +114,8 @@ pub struct DeviceClass {
     pub loop_pool: Option<LoopPool>,
     pub allow_unzeroed_pool: Option<bool>,
     pub metadata_reserve_lvs: Option<u64>,
+    pub autopilot: Option<Autopilot>,
+    pub error_when_full: Option<bool>,
 }
 
 /// One value per filesystem this driver makes.
@@ -123,6 +133,56 @@ impl<T> PerFs<T> {
             "ext4" => Some(&self.ext4),
             "xfs" => Some(&self.xfs),
             _ => None,
+        }
+    }
+}
+
+/// The thin-pool autopilot of one class: it reads the pool's use from
+/// device-mapper (no LVM command while nothing needs doing) and grows its
+/// data or metadata by a step when use passes a threshold, from the VG's
+/// free space, growing a loop-backed pool's file, loop device and PV
+/// first where the VG has none.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Autopilot {
+    pub enabled: bool,
+    /// Grow the data when this much of it is used (percent).
+    pub data_threshold_percent: u8,
+    /// Grow the metadata when this much of it is used (percent).
+    pub metadata_threshold_percent: u8,
+    /// Each growth adds this share of the current size (percent), at
+    /// least one extent.
+    pub step_percent: u8,
+    /// The data never grows past this size; 0: as far as the VG allows.
+    #[serde(deserialize_with = "de_size")]
+    pub data_limit: u64,
+    /// The metadata never grows past this size (LVM's own bound is a
+    /// little under 16 GiB).
+    #[serde(deserialize_with = "de_size")]
+    pub metadata_limit: u64,
+    /// A loop-backed pool's file may grow up to this size; 0: it never grows.
+    #[serde(deserialize_with = "de_size")]
+    pub backing_file_limit: u64,
+    /// Free space the file's host filesystem keeps after a growth.
+    #[serde(deserialize_with = "de_size")]
+    pub host_reserve: u64,
+    /// How often the pool's status is read when no device-mapper event
+    /// came (seconds).
+    pub poll_secs: u64,
+}
+
+impl Default for Autopilot {
+    fn default() -> Self {
+        Autopilot {
+            enabled: false,
+            data_threshold_percent: 80,
+            metadata_threshold_percent: 70,
+            step_percent: 20,
+            data_limit: 0,
+            metadata_limit: 15 << 30,
+            backing_file_limit: 0,
+            host_reserve: 1 << 30,
+            poll_secs: 2,
         }
     }
 }
@@ -218,6 +278,8 @@ impl Default for Config {
             lvm_shell: true,
             controller_expansion: true,
             metadata_reserve_lvs: 64,
+            autopilot: Autopilot::default(),
+            error_when_full: None,
             metrics_address: String::new(),
             log_format: LogFormat::Text,
             device_classes: Vec::new(),
@@ -352,6 +414,7 @@ impl Config {
                     .map_err(|r| invalid("mount_options", format!("{fs}: {r}")))?;
             }
         }
+        self.validate_autopilot()?;
         if let Some(lp) = &self.loop_pool {
             if !lp.backing_file.is_absolute() {
                 return Err(invalid(
@@ -391,6 +454,60 @@ impl Config {
         Ok(())
     }
 
+    fn validate_autopilot(&self) -> Result<(), ConfigError> {
+        let a = &self.autopilot;
+        for (key, v) in [
+            ("autopilot.data_threshold_percent", a.data_threshold_percent),
+            (
+                "autopilot.metadata_threshold_percent",
+                a.metadata_threshold_percent,
+            ),
+        ] {
+            if !(10..=95).contains(&v) {
+                return Err(invalid(key, format!("must be between 10 and 95, got {v}")));
+            }
+        }
+        if !(1..=100).contains(&a.step_percent) {
+            return Err(invalid(
+                "autopilot.step_percent",
+                format!("must be between 1 and 100, got {}", a.step_percent),
+            ));
+        }
+        if !(1..=3600).contains(&a.poll_secs) {
+            return Err(invalid(
+                "autopilot.poll_secs",
+                format!("must be between 1 and 3600, got {}", a.poll_secs),
+            ));
+        }
+        if a.metadata_limit < (2 << 20) {
+            return Err(invalid(
+                "autopilot.metadata_limit",
+                "must be at least 2MiB (LVM's smallest pool metadata)",
+            ));
+        }
+        if a.backing_file_limit > 0 {
+            match &self.loop_pool {
+                None => {
+                    return Err(invalid(
+                        "autopilot.backing_file_limit",
+                        "needs a loop_pool: only a loop-backed pool has a file to grow",
+                    ))
+                }
+                Some(lp) if a.backing_file_limit < lp.size => {
+                    return Err(invalid(
+                        "autopilot.backing_file_limit",
+                        format!(
+                            "must be 0 or at least loop_pool.size ({} bytes), got {}",
+                            lp.size, a.backing_file_limit
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Each device class as the whole config its pool is served with:
     /// the default class first (`None`, the top-level keys), then each of
     /// `device_classes` by name, its keys over the top-level ones.
@@ -422,6 +539,11 @@ impl Config {
                 loop_pool: c.loop_pool.clone(),
                 allow_unzeroed_pool: c.allow_unzeroed_pool.unwrap_or(base.allow_unzeroed_pool),
                 metadata_reserve_lvs: c.metadata_reserve_lvs.unwrap_or(base.metadata_reserve_lvs),
+                autopilot: c
+                    .autopilot
+                    .clone()
+                    .unwrap_or_else(|| base.autopilot.clone()),
+                error_when_full: c.error_when_full.or(base.error_when_full),
                 ..base.clone()
             };
             out.push((Some(c.name.clone()), cfg));
@@ -818,6 +940,48 @@ volume_group = "hdd"
         ] {
             let e = Config::parse(&text).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains(says), "{text}\n=> {e}");
+        }
+    }
+
+    #[test]
+    fn autopilot_keys_are_checked_and_per_class() {
+        let c = Config::parse(
+            "error_when_full = false\n\
+             [autopilot]\nenabled = true\nstep_percent = 50\ndata_limit = \"2GiB\"\n\
+             [[device_classes]]\nname = \"fast\"\nvolume_group = \"nvme\"\n\
+             autopilot = { enabled = false }\nerror_when_full = true\n",
+        )
+        .unwrap();
+        let classes = c.classes();
+        let (_, base) = &classes[0];
+        assert!(base.autopilot.enabled);
+        assert_eq!(base.autopilot.step_percent, 50);
+        assert_eq!(base.autopilot.data_limit, 2 << 30);
+        assert_eq!(base.autopilot.data_threshold_percent, 80);
+        assert_eq!(base.error_when_full, Some(false));
+        let (_, fast) = &classes[1];
+        assert!(!fast.autopilot.enabled);
+        assert_eq!(
+            fast.autopilot.step_percent, 20,
+            "a class's table replaces the top level's whole"
+        );
+        assert_eq!(fast.error_when_full, Some(true));
+        assert_eq!(Config::parse("").unwrap().error_when_full, None);
+        for (text, key) in [
+            ("[autopilot]\ndata_threshold_percent = 99", "autopilot.data_threshold_percent"),
+            ("[autopilot]\nmetadata_threshold_percent = 5", "autopilot.metadata_threshold_percent"),
+            ("[autopilot]\nstep_percent = 0", "autopilot.step_percent"),
+            ("[autopilot]\npoll_secs = 0", "autopilot.poll_secs"),
+            ("[autopilot]\nmetadata_limit = 1024", "autopilot.metadata_limit"),
+            ("[autopilot]\nbacking_file_limit = \"1GiB\"", "needs a loop_pool"),
+            (
+                "[autopilot]\nbacking_file_limit = \"64MiB\"\n[loop_pool]\nbacking_file = \"/x.img\"\nsize = \"128MiB\"",
+                "at least loop_pool.size",
+            ),
+            ("[autopilot]\nenable = true", "unknown field `enable`"),
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
         }
     }
 

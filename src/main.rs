@@ -184,6 +184,11 @@ async fn main() -> ExitCode {
                 // guard keeps it apart from calls the CO makes meanwhile.
                 let d = v.clone();
                 tokio::spawn(async move { d.heal_recorded().await });
+                // What the pool does when full, then its autopilot (when on).
+                if let Err(e) = v.apply_when_full().await {
+                    tracing::warn!(class, error = %e.message(), "cannot set what the thin pool does when full");
+                }
+                tokio::spawn(v.clone().run_autopilot());
             }
         }
     }

@@ -50,6 +50,9 @@ pub const NAMES: &[(&str, Kind, &str)] = &[
     (LVS_LEFT, Kind::Gauge, "Volumes and snapshots that still fit before LVM refuses one, by store: pool (the thin pool's metadata) or vg (the VG's metadata area); the driver stops metadata_reserve_lvs earlier."),
     (VOLUMES, Kind::Gauge, "Volumes of this driver in the pool, as ListVolumes counts them."),
     (SNAPSHOTS, Kind::Gauge, "Snapshots of this driver in the pool, as ListSnapshots counts them."),
+    (AUTOPILOT_GROWTHS, Kind::Counter, "Growths the thin-pool autopilot made, by store: data, metadata (the pool's) or backing_file (a loop-backed VG's file, loop device and PV)."),
+    (AUTOPILOT_REFUSALS, Kind::Counter, "Times the thin-pool autopilot had to grow the pool and could not (VG or host full, or at a limit)."),
+    (AUTOPILOT_BLOCKED, Kind::Gauge, "1 while the pool is past an autopilot threshold and the autopilot cannot grow it; the volumes' conditions say why."),
     (RPC_REQUESTS, Kind::Counter, "gRPC calls served, by service and method."),
     (RPC_ERRORS, Kind::Counter, "gRPC calls that ended in an error, by service, method and gRPC code."),
     (RPC_DURATION, Kind::Histogram, "Duration of gRPC calls, by service and method, in seconds."),
@@ -69,6 +72,9 @@ pub const VG_MDA_FREE: &str = "thinpool_csi_vg_metadata_area_free_bytes";
 pub const LVS_LEFT: &str = "thinpool_csi_metadata_lvs_left";
 pub const VOLUMES: &str = "thinpool_csi_volumes";
 pub const SNAPSHOTS: &str = "thinpool_csi_snapshots";
+pub const AUTOPILOT_GROWTHS: &str = "thinpool_csi_autopilot_growths_total";
+pub const AUTOPILOT_REFUSALS: &str = "thinpool_csi_autopilot_refusals_total";
+pub const AUTOPILOT_BLOCKED: &str = "thinpool_csi_autopilot_blocked";
 pub const RPC_REQUESTS: &str = "thinpool_csi_rpc_requests_total";
 pub const RPC_ERRORS: &str = "thinpool_csi_rpc_errors_total";
 pub const RPC_DURATION: &str = "thinpool_csi_rpc_duration_seconds";
@@ -174,6 +180,18 @@ pub struct Scrape<'a> {
     pub pool: Option<PoolFigures<'a>>,
     pub volumes: usize,
     pub snapshots: usize,
+    /// `None` when the class's autopilot is off.
+    pub autopilot: Option<AutopilotFigures>,
+}
+
+/// What the thin-pool autopilot of a class did (`volume::autopilot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutopilotFigures {
+    pub data_growths: u64,
+    pub metadata_growths: u64,
+    pub backing_growths: u64,
+    pub refusals: u64,
+    pub blocked: bool,
 }
 
 /// One sample: its family, its labels, its value.
@@ -224,6 +242,17 @@ fn class_samples(class: &str, scrape: Option<&Scrape>, out: &mut Vec<Sample>) {
     }
     add(VOLUMES, None, s.volumes as f64);
     add(SNAPSHOTS, None, s.snapshots as f64);
+    if let Some(a) = &s.autopilot {
+        for (store, n) in [
+            ("data", a.data_growths),
+            ("metadata", a.metadata_growths),
+            ("backing_file", a.backing_growths),
+        ] {
+            add(AUTOPILOT_GROWTHS, Some(store), n as f64);
+        }
+        add(AUTOPILOT_REFUSALS, None, a.refusals as f64);
+        add(AUTOPILOT_BLOCKED, None, if a.blocked { 1.0 } else { 0.0 });
+    }
 }
 
 /// The whole exposition: each device class's pool and contents (labelled
@@ -330,6 +359,45 @@ mod tests {
             .contains(r#"thinpool_csi_rpc_requests_total{service="other",method="other"} 10"#));
     }
 
+    /// A class whose autopilot is on shows its growths by store, its
+    /// refusals and whether it is blocked; one whose autopilot is off
+    /// shows none of these.
+    #[test]
+    fn the_autopilot_figures_are_per_class_and_only_when_on() {
+        let m = Metrics::default();
+        let on = Scrape {
+            pool: None,
+            volumes: 0,
+            snapshots: 0,
+            autopilot: Some(AutopilotFigures {
+                data_growths: 3,
+                metadata_growths: 1,
+                backing_growths: 2,
+                refusals: 4,
+                blocked: true,
+            }),
+        };
+        let off = Scrape {
+            autopilot: None,
+            ..Scrape {
+                pool: None,
+                volumes: 0,
+                snapshots: 0,
+                autopilot: None,
+            }
+        };
+        let s = render(&[("fast", Some(on)), ("default", Some(off))], &m);
+        for line in [
+            "thinpool_csi_autopilot_growths_total{class=\"fast\",store=\"data\"} 3",
+            "thinpool_csi_autopilot_growths_total{class=\"fast\",store=\"backing_file\"} 2",
+            "thinpool_csi_autopilot_refusals_total{class=\"fast\"} 4",
+            "thinpool_csi_autopilot_blocked{class=\"fast\"} 1",
+        ] {
+            assert!(s.contains(line), "{line} missing:\n{s}");
+        }
+        assert!(!s.contains("autopilot_blocked{class=\"default\"}"), "{s}");
+    }
+
     /// Without an LVM report a scrape still answers: pool_up 0 and the
     /// counters, no pool figures; each class has its own series.
     #[test]
@@ -340,6 +408,7 @@ mod tests {
             pool: None,
             volumes: 0,
             snapshots: 3,
+            autopilot: None,
         };
         let s = render(&[("default", None), ("fast", Some(empty()))], &m);
         assert!(

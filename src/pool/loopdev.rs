@@ -116,6 +116,7 @@ pub(crate) mod ioctl {
     pub const LOOP_CLR_FD: Request = 0x4C01;
     pub const LOOP_SET_STATUS64: Request = 0x4C04;
     pub const LOOP_GET_STATUS64: Request = 0x4C05;
+    pub const LOOP_SET_CAPACITY: Request = 0x4C07;
     pub const LOOP_CONFIGURE: Request = 0x4C0A;
     pub const LOOP_CTL_GET_FREE: Request = 0x4C82;
 
@@ -125,6 +126,7 @@ pub(crate) mod ioctl {
     nix::ioctl_read_bad!(loop_get_status64, LOOP_GET_STATUS64, LoopInfo64);
     nix::ioctl_write_ptr_bad!(loop_configure, LOOP_CONFIGURE, LoopConfig);
     nix::ioctl_none_bad!(loop_ctl_get_free, LOOP_CTL_GET_FREE);
+    nix::ioctl_none_bad!(loop_set_capacity, LOOP_SET_CAPACITY);
 }
 
 const LOOP_CONTROL: &str = "/dev/loop-control";
@@ -181,6 +183,17 @@ pub fn loop_status(dev: &Path) -> Result<LoopStatus> {
     };
     tracing::debug!(device = %dev.display(), ?status, "read loop status");
     Ok(status)
+}
+
+/// Makes the loop device `dev` take its backing file's current size
+/// (LOOP_SET_CAPACITY), after the file grew.
+pub fn loop_set_capacity(dev: &Path) -> Result<()> {
+    let fd = open("open", dev, OFlag::O_RDONLY)?;
+    // SAFETY: the fd is open; the ioctl takes no argument.
+    unsafe { ioctl::loop_set_capacity(fd.as_raw_fd()) }
+        .map_err(|e| loop_error("LOOP_SET_CAPACITY", dev, e))?;
+    tracing::info!(device = %dev.display(), "loop device took its backing file's new size");
+    Ok(())
 }
 
 pub(crate) fn loop_error(op: &'static str, dev: &Path, errno: Errno) -> SysError {

@@ -4,7 +4,9 @@
 //! earlier run left, so a restart reuses the same file, loop device and VG
 //! and never makes a second of any.
 
+pub mod grow;
 pub mod loopdev;
+pub mod status;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;

@@ -21,6 +21,9 @@ pub(crate) mod ioctl {
     pub const DM_TABLE_STATUS: Request =
         nix::request_code_readwrite!(0xfd, 12, size_of::<DmIoctl>());
     nix::ioctl_readwrite_bad!(dm_table_status, DM_TABLE_STATUS, DmIoctl);
+    /// `_IOWR(0xfd, 8, struct dm_ioctl)`: DM_DEV_WAIT.
+    pub const DM_DEV_WAIT: Request = nix::request_code_readwrite!(0xfd, 8, size_of::<DmIoctl>());
+    nix::ioctl_readwrite_bad!(dm_dev_wait, DM_DEV_WAIT, DmIoctl);
 }
 
 /// `struct dm_ioctl` from `<linux/dm-ioctl.h>` (312 bytes).
@@ -132,6 +135,44 @@ pub fn dm_open_count(major: u32, minor: u32) -> Result<u32> {
 /// kernel shows such a device nowhere in sysfs).
 pub fn dm_has_table(name: &str) -> Result<Option<bool>> {
     Ok(dev_status(By::Name(name))?.map(|io| io.flags & DM_ACTIVE_PRESENT_FLAG != 0))
+}
+
+/// The event counter of the device-mapper device `name` (DM_DEV_STATUS):
+/// a target raises it on what its watcher must see (a thin pool: its data
+/// or metadata passing the low water mark, running out of space, a mode
+/// change); `None` when there is no such device.
+pub fn dm_event_nr(name: &str) -> Result<Option<u32>> {
+    Ok(dev_status(By::Name(name))?.map(|io| io.event_nr))
+}
+
+/// Blocks until the event counter of the device-mapper device `name` is no
+/// longer `event_nr` (DM_DEV_WAIT, as dmeventd waits), or a signal
+/// interrupts the wait; `Ok(false)` when there is no such device. Run it
+/// on a thread of its own: it may block for as long as nothing happens.
+pub fn dm_wait_event(name: &str, event_nr: u32) -> Result<bool> {
+    let control = Path::new(DM_CONTROL);
+    let fd = open("open", control, OFlag::O_RDWR)?;
+    // Room for the status the kernel writes back, which we do not read.
+    let size = 16 * 1024;
+    let mut buf = vec![0u64; size / 8];
+    let mut io = header(size);
+    io.event_nr = event_nr;
+    io.flags = DM_NOFLUSH_FLAG;
+    let Some(what) = address(&mut io, &By::Name(name)) else {
+        return Ok(false);
+    };
+    let io_ptr = buf.as_mut_ptr() as *mut DmIoctl;
+    // SAFETY: `buf` is `size` bytes, aligned to 8, larger than a
+    // dm_ioctl; the kernel writes at most `data_size` bytes into it.
+    let res = unsafe {
+        io_ptr.write(io);
+        ioctl::dm_dev_wait(fd.as_raw_fd(), io_ptr)
+    };
+    match res {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(true),
+        Err(nix::errno::Errno::ENXIO) => Ok(false),
+        Err(e) => Err(SysError::new("DM_DEV_WAIT", control, e).with_detail(what)),
+    }
 }
 
 /// The device numbers of the device-mapper device `name`, if it exists

@@ -67,6 +67,27 @@ pub fn create_sparse_file(path: &Path, size: u64) -> Result<SparseFile> {
     Ok(SparseFile::Created)
 }
 
+/// Grows the regular file `path` to `size` bytes (sparse: no block is
+/// written) and syncs it; a file already that large is left alone.
+pub fn grow_file(path: &Path, size: u64) -> Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| SysError::io("open", path, e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| SysError::io("stat", path, e))?
+        .len();
+    if len >= size {
+        return Ok(());
+    }
+    file.set_len(size)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| SysError::io("set_len", path, e))?;
+    tracing::info!(path = %path.display(), from = len, to = size, "grew sparse file");
+    Ok(())
+}
+
 /// An exclusive `flock` on a lock file, held until dropped (or the
 /// process dies: the kernel drops it then, so a killed driver never leaves
 /// a stale lock).

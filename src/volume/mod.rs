@@ -16,6 +16,7 @@
 //! (NodeHealer and the start-up heal), [`reclaim`] (ReclaimSpace),
 //! [`size`] (range to LV size), [`request`] (typed request values).
 
+pub mod autopilot;
 pub mod classes;
 pub mod controller;
 pub mod group;
@@ -72,6 +73,8 @@ pub struct Volumes {
     pub thin_tools: std::sync::atomic::AtomicBool,
     /// Per-RPC counts and latencies, reclaimed bytes (`crate::metrics`).
     pub metrics: std::sync::Arc<Metrics>,
+    /// What the thin-pool autopilot did (`autopilot.rs`).
+    pub autopilot: autopilot::AutopilotState,
 }
 
 impl Volumes {
@@ -100,6 +103,7 @@ impl Volumes {
             reserved: Default::default(),
             thin_tools: std::sync::atomic::AtomicBool::new(false),
             metrics,
+            autopilot: Default::default(),
         }
     }
 
@@ -365,12 +369,18 @@ impl Volumes {
             .map(|lv| lv.size)
             .sum::<u64>()
             + self.reserved.pending(report).bytes;
-        let cap = Capacity::compute(
+        let mut cap = Capacity::compute(
             pool.size,
             pool.data_percent.unwrap_or(0.0),
             self.cfg.overprovision_ratio,
             virtual_sum,
         );
+        // What the autopilot may still add counts as the pool's.
+        let room = self.autopilot_room(pool);
+        if room > 0 {
+            cap.physical_free += room;
+            cap.virtual_headroom += (room as f64 * self.cfg.overprovision_ratio) as u64;
+        }
         Ok((cap, pool.vg_extent_size))
     }
 
@@ -379,6 +389,7 @@ impl Volumes {
         lv.problem()
             .or_else(|| self.pool_problem(report).ok().flatten())
             .map(|p| p.to_string())
+            .or_else(|| self.autopilot.blocked())
     }
 
     /// Refuses allocation in a pool that cannot take it: one that is
@@ -424,6 +435,7 @@ impl Volumes {
             pool,
             volumes: self.owned_volumes(report).len(),
             snapshots: self.owned_snapshots(report).len(),
+            autopilot: self.autopilot_figures(),
         }
     }
 

@@ -5,6 +5,7 @@ mod fixtures;
 mod harness;
 
 mod addons;
+mod autopilot;
 mod classes;
 mod cli;
 mod concurrency;

@@ -70,6 +70,7 @@ fn answered(
 ) -> CapacityOut {
     let mut out = CapacityOut::from(r);
     out.metadata = samples.map(|s| scrape::Metadata::from_samples(s, class));
+    out.autopilot = samples.and_then(|s| scrape::Autopilot::from_samples(s, class));
     out.device_class = class.to_string();
     out
 }

@@ -467,6 +467,9 @@ pub struct CapacityOut {
     pub minimum_volume_size: Option<u64>,
     /// From the driver's metrics; absent when they could not be read.
     pub metadata: Option<crate::scrape::Metadata>,
+    /// From the driver's metrics; absent when the class's autopilot is
+    /// off or the metrics could not be read.
+    pub autopilot: Option<crate::scrape::Autopilot>,
 }
 
 impl From<&csi::GetCapacityResponse> for CapacityOut {
@@ -477,6 +480,7 @@ impl From<&csi::GetCapacityResponse> for CapacityOut {
             maximum_volume_size: r.maximum_volume_size.map(bytes),
             minimum_volume_size: r.minimum_volume_size.map(bytes),
             metadata: None,
+            autopilot: None,
         }
     }
 }
@@ -508,6 +512,23 @@ impl Render for CapacityOut {
                     human_opt(m.vg_metadata_area_free),
                     human_opt(m.vg_metadata_area_size),
                     left(m.vg_lvs_left)
+                ),
+            ));
+        }
+        if let Some(a) = &self.autopilot {
+            rows.push((
+                "autopilot",
+                format!(
+                    "grew data {}x, metadata {}x, backing file {}x; {} refusals{}",
+                    a.data_growths,
+                    a.metadata_growths,
+                    a.backing_file_growths,
+                    a.refusals,
+                    if a.blocked {
+                        "; BLOCKED (see the volumes' conditions)"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
@@ -937,7 +958,7 @@ mod tests {
         });
         assert_eq!(
             serde_json::to_value(&c).unwrap(),
-            serde_json::json!({"device_class": "default", "available_capacity": 838860800, "maximum_volume_size": 3221225472u64, "minimum_volume_size": null, "metadata": null})
+            serde_json::json!({"device_class": "default", "available_capacity": 838860800, "maximum_volume_size": 3221225472u64, "minimum_volume_size": null, "metadata": null, "autopilot": null})
         );
         assert_eq!(
             c.table(),
@@ -970,6 +991,11 @@ mod tests {
             maximum_volume_size: Some(1 << 30),
             minimum_volume_size: None,
             metadata: None,
+            autopilot: Some(crate::scrape::Autopilot {
+                data_growths: 2,
+                blocked: true,
+                ..Default::default()
+            }),
         };
         let all = CapacitiesOut {
             default_device_class: "fast".into(),
@@ -990,6 +1016,7 @@ mod tests {
         assert_eq!(json["device_classes"][1]["available_capacity"], 1u64 << 30);
         let t = all.table();
         assert!(t.contains("fast (default)"), "{t}");
+        assert!(t.contains("grew data 2x") && t.contains("BLOCKED"), "{t}");
         assert!(
             t.contains("error:") && t.contains("volume group gone"),
             "{t}"

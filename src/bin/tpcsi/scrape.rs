@@ -35,6 +35,41 @@ pub struct Metadata {
     pub vg_lvs_left: Option<u64>,
 }
 
+/// A sample of class `class`, with a `store` label when given.
+fn sample(s: &BTreeMap<String, f64>, name: &str, class: &str, store: Option<&str>) -> Option<f64> {
+    let key = match store {
+        None => format!("{name}{{class=\"{class}\"}}"),
+        Some(st) => format!("{name}{{class=\"{class}\",store=\"{st}\"}}"),
+    };
+    s.get(&key).copied()
+}
+
+/// What the thin-pool autopilot of a class did; absent when it is off.
+#[derive(Debug, Default, PartialEq, Serialize)]
+pub struct Autopilot {
+    pub data_growths: u64,
+    pub metadata_growths: u64,
+    pub backing_file_growths: u64,
+    pub refusals: u64,
+    /// Past a threshold and unable to grow (the volumes' conditions say why).
+    pub blocked: bool,
+}
+
+impl Autopilot {
+    pub fn from_samples(s: &BTreeMap<String, f64>, class: &str) -> Option<Autopilot> {
+        let blocked = sample(s, "thinpool_csi_autopilot_blocked", class, None)?;
+        let n = |name: &str, store| sample(s, name, class, store).unwrap_or(0.0) as u64;
+        let growths = "thinpool_csi_autopilot_growths_total";
+        Some(Autopilot {
+            data_growths: n(growths, Some("data")),
+            metadata_growths: n(growths, Some("metadata")),
+            backing_file_growths: n(growths, Some("backing_file")),
+            refusals: n("thinpool_csi_autopilot_refusals_total", None),
+            blocked: blocked > 0.0,
+        })
+    }
+}
+
 impl Metadata {
     /// Device class `class`'s figures (`default`: the top-level pool).
     pub fn from_samples(s: &BTreeMap<String, f64>, class: &str) -> Metadata {
@@ -42,7 +77,7 @@ impl Metadata {
             None => format!("{name}{{class=\"{class}\"}}"),
             Some(st) => format!("{name}{{class=\"{class}\",store=\"{st}\"}}"),
         };
-        let n = |name: &str, store| s.get(&key(name, store)).map(|v| *v as u64);
+        let n = |name: &str, store| sample(s, name, class, store).map(|v| v as u64);
         Metadata {
             pool_metadata_size: n("thinpool_csi_pool_metadata_size_bytes", None),
             pool_metadata_percent: s
@@ -73,6 +108,26 @@ mod tests {
             "10.1.2.3:80"
         );
         assert!(dial_address("localhost:9808").is_err());
+    }
+
+    #[test]
+    fn autopilot_figures_from_an_exposition() {
+        let text = "thinpool_csi_autopilot_growths_total{class=\"fast\",store=\"data\"} 3\n\
+            thinpool_csi_autopilot_growths_total{class=\"fast\",store=\"backing_file\"} 1\n\
+            thinpool_csi_autopilot_refusals_total{class=\"fast\"} 2\n\
+            thinpool_csi_autopilot_blocked{class=\"fast\"} 1\n";
+        let a = Autopilot::from_samples(&samples(text), "fast").unwrap();
+        assert_eq!(
+            a,
+            Autopilot {
+                data_growths: 3,
+                metadata_growths: 0,
+                backing_file_growths: 1,
+                refusals: 2,
+                blocked: true
+            }
+        );
+        assert_eq!(Autopilot::from_samples(&samples(text), "default"), None);
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! The thin-pool autopilot (issue 24, part 3): a pool that starts small
+//! grows under a writer before it sees an I/O error, growing its
+//! loop-backed VG's file first; with no room left the condition says so
+//! and creates are refused; an idle pool costs no LVM command.
+
+use std::time::{Duration, Instant};
+
+use tonic::Code;
+
+use crate::fixtures::{
+    block_cap, create, create_req, publish_req, stage_req, unpublish_req, unstage_req, Kubelet,
+};
+use crate::harness::{counting_lvm, file_lines, lvs, sh, TestDriver, MIB};
+
+/// Stages and publishes block volume `id`; the published device node.
+async fn publish_block(d: &TestDriver, k: &Kubelet, id: &str) -> std::path::PathBuf {
+    let (staging, target) = (k.staging(id), k.target(id));
+    let mut n = d.node().await;
+    n.node_stage_volume(stage_req(id, &staging, block_cap()))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(id, &staging, &target, block_cap(), false))
+        .await
+        .unwrap();
+    target
+}
+
+async fn unpublish_block(d: &TestDriver, k: &Kubelet, id: &str) {
+    let mut n = d.node().await;
+    n.node_unpublish_volume(unpublish_req(id, &k.target(id)))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(id, &k.staging(id)))
+        .await
+        .unwrap();
+}
+
+/// `dd` of `mib` MiB of zeros into `dev` with direct I/O (dm-thin maps a
+/// chunk for any write, zeros too); its exit status and stderr.
+fn write_mib(dev: &std::path::Path, mib: u64) -> (bool, String) {
+    let out = std::process::Command::new("dd")
+        .args([
+            "if=/dev/zero",
+            &format!("of={}", dev.display()),
+            "bs=1M",
+            &format!("count={mib}"),
+            "oflag=direct",
+            "conv=fsync",
+        ])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn pool_size(vg: &str) -> u64 {
+    lvs(vg).find("pool").unwrap().size
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_small_pool_grows_under_a_writer_and_an_idle_pool_costs_no_lvm() {
+    let k = Kubelet::new("auto");
+    let tools = tempfile::tempdir().unwrap();
+    let (wrapper, calls) = counting_lvm(tools.path());
+    let extra = format!(
+        "{}lvm_binary = \"{}\"\noverprovision_ratio = 10\nerror_when_full = false\n\
+         autopilot = {{ enabled = true, data_threshold_percent = 60, step_percent = 50, \
+         backing_file_limit = \"320MiB\", host_reserve = 0, poll_secs = 1 }}\n",
+        k.extra(),
+        wrapper.display()
+    );
+    let d = TestDriver::start_with_loop_keys("auto", 64 * MIB, &extra, "pool_percent = 40\n", &[])
+        .await;
+    let (start_pool, start_file) = (
+        pool_size(&d.vg),
+        std::fs::metadata(&d.backing).unwrap().len(),
+    );
+    assert!(start_pool <= 28 * MIB, "{start_pool}");
+    // GetCapacity counts what the autopilot may add: the VG's free space
+    // and the file's room up to its limit.
+    let cap = d.capacity().await;
+    assert!(
+        cap.available_capacity as u64 > 200 * MIB,
+        "{cap:?} (pool {start_pool})"
+    );
+    let id = create(&d, "pvc-stream", 160 * MIB, block_cap()).await;
+    let dev = publish_block(&d, &k, &id).await;
+
+    let t = Instant::now();
+    let (ok, err) = write_mib(&dev, 150);
+    let took = t.elapsed();
+    let grown = d.log().matches("autopilot: grew the thin pool").count();
+    let backing = d
+        .log()
+        .matches("autopilot: grew the loop-backed volume group")
+        .count();
+    let (end_pool, end_file) = (
+        pool_size(&d.vg),
+        std::fs::metadata(&d.backing).unwrap().len(),
+    );
+    eprintln!(
+        "MEASURE autopilot: 150 MiB written in {took:?}; pool {} -> {} MiB in {grown} data growths, \
+         file {} -> {} MiB in {backing} growths",
+        start_pool / MIB,
+        end_pool / MIB,
+        start_file / MIB,
+        end_file / MIB
+    );
+    assert!(ok, "the writer saw an error: {err}\n{}", d.log_tail(30));
+    assert!(end_pool >= 150 * MIB, "pool {end_pool}");
+    assert!(
+        end_file > start_file && end_file <= 320 * MIB,
+        "file {end_file}"
+    );
+    assert!(grown >= 1 && backing >= 1, "{}", d.log_tail(30));
+    let cond = d.condition(&id).await;
+    assert!(!cond.abnormal, "{cond:?}");
+
+    // Idle: the autopilot reads device-mapper, not LVM.
+    let before = file_lines(&calls).len();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let idle: Vec<String> = file_lines(&calls).split_off(before);
+    assert!(idle.is_empty(), "an idle minute ran LVM: {idle:?}");
+    unpublish_block(&d, &k, &id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_no_room_left_the_condition_says_so_and_creates_are_refused() {
+    let k = Kubelet::new("autofull");
+    // The pool and its metadata take all but an extent of the VG and the
+    // file never grows: the autopilot has almost nothing to give. A full
+    // pool fails writes.
+    let extra = format!(
+        "{}overprovision_ratio = 10\nerror_when_full = true\n\
+         autopilot = {{ enabled = true, data_threshold_percent = 60, poll_secs = 1 }}\n",
+        k.extra()
+    );
+    let d = TestDriver::start("autofull", 64 * MIB, &extra).await;
+    let pool_dm = format!("{}-pool-tpool", d.vg.replace('-', "--"));
+    let status = |name: &str| sh("dmsetup", &["status", name]);
+    let id = create(&d, "pvc-fill", 96 * MIB, block_cap()).await;
+    let dev = publish_block(&d, &k, &id).await;
+    assert!(
+        status(&pool_dm).contains("error_if_no_space"),
+        "{}",
+        status(&pool_dm)
+    );
+    let (ok, _) = write_mib(&dev, 90);
+    assert!(!ok, "a write past a full pool that cannot grow fails");
+    // The autopilot tried, and says why it could not.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let cond = loop {
+        let c = d.condition(&id).await;
+        if c.message.contains("autopilot cannot grow") || Instant::now() > deadline {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        cond.abnormal && cond.message.contains("autopilot cannot grow"),
+        "{cond:?}\n{}",
+        d.log_tail(20)
+    );
+    assert!(cond.message.contains("backing_file_limit"), "{cond:?}");
+    let e = d
+        .controller()
+        .await
+        .create_volume(create_req("pvc-late", 8 * MIB, block_cap()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert_eq!(d.capacity().await.available_capacity, 0);
+    unpublish_block(&d, &k, &id).await;
+    assert!(!dev.exists());
+}
