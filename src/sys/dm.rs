@@ -152,27 +152,50 @@ pub fn dm_event_nr(name: &str) -> Result<Option<u32>> {
 pub fn dm_wait_event(name: &str, event_nr: u32) -> Result<bool> {
     let control = Path::new(DM_CONTROL);
     let fd = open("open", control, OFlag::O_RDWR)?;
-    // Room for the status the kernel writes back, which we do not read.
-    let size = 16 * 1024;
-    let mut buf = vec![0u64; size / 8];
-    let mut io = header(size);
-    io.event_nr = event_nr;
-    io.flags = DM_NOFLUSH_FLAG;
-    let Some(what) = address(&mut io, &By::Name(name)) else {
+    // Room for the status the kernel writes back, which is not read.
+    let Some((_, what, res)) = with_buffer(
+        &fd,
+        &By::Name(name),
+        16 * 1024,
+        event_nr,
+        ioctl::dm_dev_wait,
+    ) else {
         return Ok(false);
-    };
-    let io_ptr = buf.as_mut_ptr() as *mut DmIoctl;
-    // SAFETY: `buf` is `size` bytes, aligned to 8, larger than a
-    // dm_ioctl; the kernel writes at most `data_size` bytes into it.
-    let res = unsafe {
-        io_ptr.write(io);
-        ioctl::dm_dev_wait(fd.as_raw_fd(), io_ptr)
     };
     match res {
         Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(true),
         Err(nix::errno::Errno::ENXIO) => Ok(false),
         Err(e) => Err(SysError::new("DM_DEV_WAIT", control, e).with_detail(what)),
     }
+}
+
+/// The raw ioctl of a request that answers in a buffer after its header.
+type BufferIoctl = unsafe fn(libc::c_int, *mut DmIoctl) -> nix::Result<libc::c_int>;
+
+/// Runs `call` on device `by` with a `size`-byte buffer (u64 words keep
+/// it aligned for dm_ioctl and what follows), without flushing; `None`
+/// when device-mapper cannot hold the name. The buffer, the device as
+/// named in errors, and the ioctl's result.
+fn with_buffer(
+    fd: &std::os::fd::OwnedFd,
+    by: &By,
+    size: usize,
+    event_nr: u32,
+    call: BufferIoctl,
+) -> Option<(Vec<u64>, String, nix::Result<libc::c_int>)> {
+    let mut buf = vec![0u64; size / 8];
+    let mut io = header(size);
+    io.flags = DM_NOFLUSH_FLAG;
+    io.event_nr = event_nr;
+    let what = address(&mut io, by)?;
+    let io_ptr = buf.as_mut_ptr() as *mut DmIoctl;
+    // SAFETY: `buf` is `size` bytes, aligned to 8, larger than a
+    // dm_ioctl; the kernel writes at most `data_size` bytes into it.
+    let res = unsafe {
+        io_ptr.write(io);
+        call(fd.as_raw_fd(), io_ptr)
+    };
+    Some((buf, what, res))
 }
 
 /// The device numbers of the device-mapper device `name`, if it exists
@@ -212,20 +235,11 @@ pub fn dm_table_status(by: By) -> Result<Option<Vec<TargetStatus>>> {
     let fd = open("open", control, OFlag::O_RDWR)?;
     let mut size = 16 * 1024;
     loop {
-        // u64 words keep the buffer aligned for dm_ioctl and the specs.
-        let mut buf = vec![0u64; size / 8];
-        let mut io = header(size);
-        io.flags = DM_NOFLUSH_FLAG;
-        let Some(what) = address(&mut io, &by) else {
+        let Some((mut buf, what, res)) = with_buffer(&fd, &by, size, 0, ioctl::dm_table_status)
+        else {
             return Ok(None);
         };
         let io_ptr = buf.as_mut_ptr() as *mut DmIoctl;
-        // SAFETY: `buf` is `size` bytes, aligned to 8, larger than a
-        // dm_ioctl; the kernel writes at most `data_size` bytes into it.
-        let res = unsafe {
-            io_ptr.write(io);
-            ioctl::dm_table_status(fd.as_raw_fd(), io_ptr)
-        };
         match res {
             Ok(_) => {}
             Err(nix::errno::Errno::ENXIO) => return Ok(None),
