@@ -1374,14 +1374,16 @@ async fn run() -> usize {
         drop(small);
     }
 
-    if want("classes") {
-        classes_phase(&mut table, &mut sh, n).await;
-    }
-
-    sh.close().await;
     drop(c);
     drop(node);
     drop(d);
+    // After the main driver and its VG are gone: the VM's /tmp is a
+    // tmpfs, and what P5 wrote to the main pool's file still takes room
+    // there (deleted thin LVs do not punch holes in it).
+    if want("classes") {
+        classes_phase(&mut table, &mut sh, n).await;
+    }
+    sh.close().await;
 
     table.notes.push(format!(
         "Samples: {n} per serial figure on every side, after untimed rounds of every side ({P1_WARM_UP} in P1, {P5_WARM_UP} per filesystem in P5, {P3_WARM_UP} in P3); P2 takes {p2_rounds} rounds of 32 creates a side after {P2_WARM_UP} untimed. The sides' order rotates every round. Percentiles: {}; for P2, {}.",

@@ -46,6 +46,9 @@ pub struct Config {
     /// Listen address of the CSI-Addons services (Identity, ReclaimSpace,
     /// NodeHealer), for the csi-addons sidecar; empty disables them.
     pub csi_addons_endpoint: String,
+    /// Where the node's cgroup v2 hierarchy is mounted: per-volume I/O
+    /// limits go to the `io.max` of the pod cgroups under it.
+    pub cgroup_root: PathBuf,
     /// Driver-owned, persistent directory: the node records, formatting
     /// markers, the single-instance lock and private reclaim mounts.
     pub state_dir: PathBuf,
@@ -271,6 +274,7 @@ impl Default for Config {
             allowed_roots: vec![PathBuf::from("/var/lib/kubelet")],
             csi_addons_endpoint: "unix:///run/thinpool-csi/csi-addons.sock".into(),
             state_dir: PathBuf::from("/var/lib/thinpool-csi/state"),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             reclaim_timeout_secs: 600,
             reclaim_zero_run: 64 << 10,
             allow_unzeroed_pool: false,
@@ -359,6 +363,9 @@ impl Config {
             if parse_endpoint(&self.endpoint).ok() == Some(addons) {
                 return Err(invalid("csi_addons_endpoint", "must differ from endpoint"));
             }
+        }
+        if !self.cgroup_root.is_absolute() {
+            return Err(invalid("cgroup_root", "must be an absolute path"));
         }
         if !self.state_dir.is_absolute() {
             return Err(invalid("state_dir", "must be an absolute path"));

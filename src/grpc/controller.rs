@@ -87,8 +87,11 @@ impl ControllerService {
             &access,
         )?;
         let range = validate::size_range(req.capacity_range.as_ref())?;
-        let mutable =
+        let mut mutable =
             validate::mutable_parameters(Carrier::CreateVolumeMutable, &req.mutable_parameters)?;
+        for (k, v) in validate::io_limits(&req.parameters)? {
+            mutable.entry(k).or_insert(v);
+        }
         let from = validate::content_source(req.volume_content_source.as_ref())?;
         if !validate::topology_allows(
             req.accessibility_requirements.as_ref(),

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::fs_options;
 use crate::naming::{self, Access, ContentSource, MAX_STRING};
 use crate::node::mount_options::MountOptions;
-use crate::node::paths;
+use crate::node::{cgroup, paths};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::csi::v1::volume_capability::AccessType;
 use crate::proto::csi::v1::volume_content_source::Type as SourceType;
@@ -167,11 +167,18 @@ pub fn mutable_parameters(
             ignored?;
             continue;
         }
+        if let Some(limit) = io_limit(key, value) {
+            out.insert(key.clone(), limit?);
+            continue;
+        }
         if key != READ_AHEAD {
+            let known: Vec<&str> = std::iter::once(READ_AHEAD)
+                .chain(cgroup::KEYS.iter().map(|(k, _)| *k))
+                .collect();
             return invalid(if PARAMETERS.iter().any(|(k, _)| k == key) {
                 format!("parameter {key:?} is set at creation and cannot be modified")
             } else {
-                format!("unknown mutable parameter {key:?} (known: [{READ_AHEAD:?}])")
+                format!("unknown mutable parameter {key:?} (known: {known:?})")
             });
         }
         let canonical = match value.as_str() {
@@ -610,6 +617,30 @@ pub fn device_class(params: &HashMap<String, String>) -> Result<Option<&str>> {
     }
 }
 
+/// An I/O limit (`node::cgroup::KEYS`), when `key` is one: its value,
+/// checked and canonical.
+fn io_limit(key: &str, value: &str) -> Option<Result<String>> {
+    cgroup::KEYS.iter().find(|(k, _)| *k == key)?;
+    Some(
+        cgroup::parse_value(value)
+            .map(|v| v.map_or("max".to_string(), |n| n.to_string()))
+            .map_err(|why| Error::InvalidArgument(format!("parameter {key}: {why}"))),
+    )
+}
+
+/// The I/O limits among a StorageClass's parameters, checked: CreateVolume
+/// stores them with the volume's mutable parameters (which win where both
+/// set one), so a later ControllerModifyVolume changes them.
+pub fn io_limits(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for (k, v) in params {
+        if let Some(limit) = io_limit(k, v) {
+            out.insert(k.clone(), limit?);
+        }
+    }
+    Ok(out)
+}
+
 /// The StorageClass parameter that replaces the device class's mkfs
 /// options (`fs_options`), and the short name it is kept under.
 pub const MKFS_OPTIONS: &str = "mkfsOptions";
@@ -669,6 +700,12 @@ pub fn class_parameters(
     keys.sort();
     for key in keys {
         let value = &params[key];
+        if let Some(limit) = io_limit(key, value) {
+            // Checked here; CreateVolume keeps it with the mutable
+            // parameters (`io_limits`), so ModifyVolume can change it.
+            limit?;
+            continue;
+        }
         let Some((_, short)) = PARAMETERS.iter().find(|(k, _)| k == key) else {
             if let Some(ignored) = sidecar_key_in(carrier, key) {
                 ignored?;

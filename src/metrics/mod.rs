@@ -57,6 +57,7 @@ pub const NAMES: &[(&str, Kind, &str)] = &[
     (RPC_ERRORS, Kind::Counter, "gRPC calls that ended in an error, by service, method and gRPC code."),
     (RPC_DURATION, Kind::Histogram, "Duration of gRPC calls, by service and method, in seconds."),
     (RECLAIMED, Kind::Counter, "Bytes given back to the pool by ReclaimSpace (usage before minus usage after, summed)."),
+    (IO_UNENFORCED, Kind::Counter, "Times a volume's I/O limits could not be set in a pod's cgroup (no cgroup v2, no io controller, no pod cgroup); the volume is served and its condition says so."),
 ];
 
 pub const POOL_UP: &str = "thinpool_csi_pool_up";
@@ -79,12 +80,14 @@ pub const RPC_REQUESTS: &str = "thinpool_csi_rpc_requests_total";
 pub const RPC_ERRORS: &str = "thinpool_csi_rpc_errors_total";
 pub const RPC_DURATION: &str = "thinpool_csi_rpc_duration_seconds";
 pub const RECLAIMED: &str = "thinpool_csi_reclaimed_bytes_total";
+pub const IO_UNENFORCED: &str = "thinpool_csi_io_limits_unenforced_total";
 
 /// What the driver counts while it serves.
 #[derive(Default)]
 pub struct Metrics {
     rpcs: Mutex<BTreeMap<(String, String), MethodStats>>,
     reclaimed: AtomicU64,
+    io_unenforced: AtomicU64,
 }
 
 struct MethodStats {
@@ -119,6 +122,11 @@ impl Metrics {
             .fetch_add(pre.saturating_sub(post), Ordering::Relaxed);
     }
 
+    /// A volume's I/O limits that could not be set.
+    pub fn io_limits_unenforced(&self) {
+        self.io_unenforced.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The counters, in the text format.
     pub(crate) fn write(&self, t: &mut Text) {
         let rpcs = self.rpcs.lock().unwrap();
@@ -149,6 +157,12 @@ impl Metrics {
             RECLAIMED,
             &[],
             self.reclaimed.load(Ordering::Relaxed) as f64,
+        );
+        family(t, IO_UNENFORCED);
+        t.sample(
+            IO_UNENFORCED,
+            &[],
+            self.io_unenforced.load(Ordering::Relaxed) as f64,
         );
     }
 }

@@ -21,6 +21,7 @@
 
 pub mod blkid;
 pub mod block;
+pub mod cgroup;
 pub mod dm;
 pub mod durable;
 pub mod freeze;

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::node::cgroup::IoLimits;
 use crate::node::durable;
 
 /// How a volume is consumed on this node.
@@ -65,6 +66,11 @@ pub struct Record {
     /// supplies them (a publish mode of "" is filled in the same way).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adopted: bool,
+    /// The volume's I/O limits, set in the cgroup of each pod it is
+    /// published to (`node::cgroup`): read from its LV at stage time and
+    /// changed by ControllerModifyVolume, so a publish needs no LVM.
+    #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
+    pub io_limits: IoLimits,
 }
 
 impl Record {
@@ -176,6 +182,7 @@ pub fn adopt_legacy(
         publishes,
         unstaging: false,
         adopted: true,
+        io_limits: IoLimits::default(),
     })
 }
 
@@ -283,6 +290,7 @@ mod tests {
                 removing: false,
             }],
             unstaging: false,
+            io_limits: IoLimits::default(),
             adopted: false,
         }
     }

@@ -54,21 +54,17 @@ impl VolumeInfo {
 
     fn of(d: &Volumes, report: &Report, o: &Owned) -> VolumeInfo {
         let pool_problem = d.pool_problem(report).ok().flatten();
-        VolumeInfo::with_pool_problem(o, pool_problem.as_ref())
+        VolumeInfo::with_pool_problem(d, o, pool_problem.as_ref())
     }
 
     /// The volume, given what is wrong with its pool (looked up once for a
     /// whole page).
-    fn with_pool_problem(o: &Owned, pool_problem: Option<&Problem>) -> VolumeInfo {
+    fn with_pool_problem(d: &Volumes, o: &Owned, pool_problem: Option<&Problem>) -> VolumeInfo {
         VolumeInfo {
             id: o.lv.name.clone(),
             size: o.lv.size,
             access: o.tags.access.clone(),
-            problem: o
-                .lv
-                .problem()
-                .or_else(|| pool_problem.cloned())
-                .map(|p| p.to_string()),
+            problem: d.problem_with(o.lv, pool_problem),
             from: o.tags.from.clone(),
             mutable: o.tags.mutable.clone(),
         }
@@ -82,6 +78,11 @@ pub const READ_AHEAD: &str = "readAheadSectors";
 
 fn read_ahead(tags: &VolumeTags) -> Option<&str> {
     tags.mutable.get(READ_AHEAD).map(String::as_str)
+}
+
+/// Whether `key` is one of the I/O limits (`node::cgroup::KEYS`).
+fn is_io_limit(key: &str) -> bool {
+    crate::node::cgroup::KEYS.iter().any(|(k, _)| *k == key)
 }
 
 /// Whether LVM's `lv_read_ahead` (`auto`, or bytes) is `value` (`auto`,
@@ -369,12 +370,32 @@ impl Volumes {
                         }
                         tracing::info!(%id, key, value, "ControllerModifyVolume: set");
                     }
+                    key if is_io_limit(key) => {
+                        let had = vol.tags.mutable.get(key);
+                        if had == Some(value) {
+                            continue;
+                        }
+                        d.lvm
+                            .retag(
+                                &id,
+                                had.map(|v| naming::mutable_tag(key, v)).as_deref(),
+                                Some(naming::mutable_tag(key, value).as_str()),
+                            )
+                            .await?;
+                        tracing::info!(%id, key, value, "ControllerModifyVolume: set");
+                    }
                     other => {
                         return Err(Error::InvalidArgument(format!(
                             "mutable parameter {other:?} is not supported"
                         )))
                     }
                 }
+            }
+            // Pods that have it published here get the new limits.
+            if mutable.keys().any(|k| is_io_limit(k)) {
+                let mut all = vol.tags.mutable.clone();
+                all.extend(mutable.clone());
+                d.modify_io_limits(&id, &all).await?;
             }
             Ok(())
         })
@@ -543,7 +564,7 @@ impl Volumes {
         Ok((
             page.into_iter()
                 .filter_map(|n| self.owned_lv(n.0))
-                .map(|o| VolumeInfo::with_pool_problem(&o, pool_problem.as_ref()))
+                .map(|o| VolumeInfo::with_pool_problem(self, &o, pool_problem.as_ref()))
                 .collect(),
             next,
         ))

@@ -210,7 +210,13 @@ impl Volumes {
                 .heal_publish(id, &mut record, &p, &dev, staged_flags)
                 .await
             {
-                Ok(done) => found.extend(done),
+                Ok(done) => {
+                    found.extend(done);
+                    if !p.removing {
+                        self.enforce_io(id, record.io_limits, &p.target, dev.numbers(), false)
+                            .await;
+                    }
+                }
                 Err(e) => failed.push(format!(
                     "could not restore the publish at {}: {e}",
                     p.target.display()

@@ -21,6 +21,7 @@ pub mod classes;
 pub mod controller;
 pub mod group;
 pub mod heal;
+pub mod iolimits;
 pub mod metadata;
 pub mod node;
 pub mod reclaim;
@@ -75,6 +76,8 @@ pub struct Volumes {
     pub metrics: std::sync::Arc<Metrics>,
     /// What the thin-pool autopilot did (`autopilot.rs`).
     pub autopilot: autopilot::AutopilotState,
+    /// Volumes whose I/O limits could not be set, and why (`iolimits.rs`).
+    pub io_unenforced: iolimits::Unenforced,
 }
 
 impl Volumes {
@@ -104,6 +107,7 @@ impl Volumes {
             thin_tools: std::sync::atomic::AtomicBool::new(false),
             metrics,
             autopilot: Default::default(),
+            io_unenforced: Default::default(),
         }
     }
 
@@ -384,12 +388,26 @@ impl Volumes {
         Ok((cap, pool.vg_extent_size))
     }
 
-    /// Why the volume or its pool cannot serve I/O; `None` when healthy.
+    /// What is wrong with the volume, its pool (also: the autopilot cannot
+    /// grow it) or its I/O limits (not enforced), joined; `None` when
+    /// healthy.
     pub fn problem(&self, report: &Report, lv: &Lv) -> Option<String> {
-        lv.problem()
-            .or_else(|| self.pool_problem(report).ok().flatten())
-            .map(|p| p.to_string())
-            .or_else(|| self.autopilot.blocked())
+        self.problem_with(lv, self.pool_problem(report).ok().flatten().as_ref())
+    }
+
+    /// [`Volumes::problem`], given what is wrong with the pool (looked up
+    /// once for a page of volumes).
+    pub fn problem_with(&self, lv: &Lv, pool_problem: Option<&Problem>) -> Option<String> {
+        let storage = lv
+            .problem()
+            .or_else(|| pool_problem.cloned())
+            .map(|p| p.to_string());
+        let all: Vec<String> = storage
+            .into_iter()
+            .chain(self.autopilot.blocked())
+            .chain(self.io_unenforced.get(&lv.name))
+            .collect();
+        (!all.is_empty()).then(|| all.join("; "))
     }
 
     /// Refuses allocation in a pool that cannot take it: one that is

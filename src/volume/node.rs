@@ -18,6 +18,7 @@ use super::{Capability, NodePath, Owned, SizeRange, VolumeId};
 use crate::error::{Error, Result};
 use crate::fs_options::{self, MkfsOptions};
 use crate::naming::{self, Access};
+use crate::node::cgroup::IoLimits;
 use crate::node::mount_options::MountOptions;
 use crate::node::record::{Kind, Publish, Record};
 use crate::node::{self, block, mounts};
@@ -201,6 +202,7 @@ impl Volumes {
                     publishes: Vec::new(),
                     unstaging: false,
                     adopted: false,
+                    io_limits: IoLimits::from_params(&vol.tags.mutable),
                 })
                 .await?;
                 true
@@ -437,6 +439,10 @@ impl Volumes {
             let res = d
                 .place_publish(&dev, &record, &wanted, known, &others)
                 .await;
+            if res.is_ok() {
+                d.enforce_io(&id, record.io_limits, &target, dev.numbers(), false)
+                    .await;
+            }
             if added && res.as_ref().is_err_and(|e| !e.is_stalled()) {
                 // Back to what was recorded: nothing, or an unpublish still
                 // to finish.
@@ -531,6 +537,12 @@ impl Volumes {
                 }
             }
             node::unpublish(&d.tools, lv, &id, &target, recorded).await?;
+            // The pod's cgroup keeps no limit for a device it no longer has.
+            if let (Some(r), Some(lv)) = (record.as_ref().filter(|_| recorded), lv) {
+                if !r.io_limits.is_unlimited() {
+                    d.enforce_io(&id, IoLimits::default(), &target, lv, true).await;
+                }
+            }
             d.forget_publish(&id, record, recorded, &target, lv).await
         })
         .await

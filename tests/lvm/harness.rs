@@ -114,7 +114,12 @@ impl TestDriver {
             "driver_name = \"{DRIVER_NAME}\"\nnode_id = \"{NODE_ID}\"\nvolume_group = \"{vg}\"\n\
              thin_pool = \"pool\"\nudev = \"off\"\n\
              csi_addons_endpoint = \"unix://{dir}/addons.sock\"\nstate_dir = \"{dir}/state\"\n{extra}\n\
-             [loop_pool]\nbacking_file = \"{dir}/pool.img\"\nsize = {size}\npool_percent = 80\n{loop_keys}\n",
+             [loop_pool]\nbacking_file = \"{dir}/pool.img\"\nsize = {size}\n{percent}{loop_keys}\n",
+            percent = if loop_keys.contains("pool_percent") {
+                ""
+            } else {
+                "pool_percent = 80\n"
+            },
             dir = dir.path().display()
         );
         // Tests read LVM behind the driver's back: no cached reports

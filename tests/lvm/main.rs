@@ -14,6 +14,7 @@ mod controller;
 mod formatting;
 mod full_pool;
 mod group;
+mod iolimits;
 mod kubelet;
 mod metadata;
 mod metrics;

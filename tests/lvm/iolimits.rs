@@ -1,0 +1,228 @@
+//! Per-volume I/O limits (issue 24, part 2): set with cgroup v2's
+//! `io.max` in the cgroup of the pod that has the volume published, from
+//! the StorageClass's parameters, changed live by ControllerModifyVolume,
+//! set again after a restart, taken away at unpublish; not enforced (and
+//! said so) where the pod has no cgroup.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use thinpool_csi::proto::csi::v1::*;
+
+use crate::fixtures::{block_cap, create_req, publish_req, s, stage_req, unpublish_req, Kubelet};
+use crate::harness::{TestDriver, MIB};
+
+const CGROUP: &str = "/sys/fs/cgroup";
+
+/// A cgroup shaped like a Burstable pod's under kubelet's systemd driver,
+/// with the io controller enabled down to it; removed when dropped.
+struct PodCgroup {
+    dirs: Vec<PathBuf>,
+}
+
+impl PodCgroup {
+    fn new(uid: &str) -> PodCgroup {
+        let root = Path::new(CGROUP);
+        if !root.join("cgroup.controllers").exists() {
+            std::fs::create_dir_all(root).unwrap();
+            let out = std::process::Command::new("mount")
+                .args(["-t", "cgroup2", "none", CGROUP])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "mount cgroup2: {out:?}");
+        }
+        let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap();
+        assert!(
+            controllers.split_whitespace().any(|c| c == "io"),
+            "this kernel's cgroup v2 has no io controller: {controllers}"
+        );
+        let mut dirs = Vec::new();
+        let mut at = root.to_path_buf();
+        for part in [
+            "kubepods.slice".to_string(),
+            "kubepods-burstable.slice".to_string(),
+            format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
+        ] {
+            std::fs::write(at.join("cgroup.subtree_control"), "+io").unwrap();
+            at = at.join(part);
+            if !at.exists() {
+                std::fs::create_dir(&at).unwrap();
+                dirs.push(at.clone());
+            }
+        }
+        PodCgroup { dirs }
+    }
+
+    fn path(&self) -> &Path {
+        self.dirs.last().unwrap()
+    }
+
+    fn io_max(&self) -> String {
+        std::fs::read_to_string(self.path().join("io.max")).unwrap()
+    }
+
+    /// Seconds `dd` takes to write `mib` MiB to `dev` with direct I/O from
+    /// inside this cgroup.
+    fn write_secs(&self, dev: &Path, mib: u64) -> f64 {
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec dd if=/dev/zero of={} bs=256k count={} oflag=direct",
+            self.path().display(),
+            dev.display(),
+            mib * 4
+        );
+        let t = Instant::now();
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        t.elapsed().as_secs_f64()
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        for d in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+fn within(secs: f64, want: f64) -> bool {
+    (secs - want).abs() <= want * 0.2
+}
+
+fn numbers(dev: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(dev).unwrap().rdev();
+    format!("{}:{}", libc::major(rdev), libc::minor(rdev))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_are_set_in_the_pods_cgroup_changed_live_and_taken_away() {
+    let k = Kubelet::new("iolim");
+    let uid = "7a1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    let pod = PodCgroup::new(uid);
+    let extra = format!("{}cgroup_root = \"{CGROUP}\"\n", k.extra());
+    let mut d = TestDriver::start("iolim", 96 * MIB, &extra).await;
+    let mut req = create_req("pvc-limited", 32 * MIB, block_cap());
+    req.parameters
+        .insert("writeBytesPerSecond".into(), (4 * MIB).to_string());
+    let mut c = d.controller().await;
+    let id = c
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let (staging, target) = (k.staging("pvc-limited"), k.target(uid));
+    let mut n = d.node().await;
+    n.node_stage_volume(stage_req(&id, &staging, block_cap()))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(&id, &staging, &target, block_cap(), false))
+        .await
+        .unwrap();
+    let dev_nr = numbers(&target);
+    let line = pod.io_max();
+    assert!(
+        line.contains(&format!("{dev_nr} rbps=max wbps={}", 4 * MIB)),
+        "{line:?}"
+    );
+
+    // 12 MiB at 4 MiB/s: about 3 s, within 20 %.
+    let limited = pod.write_secs(&target, 12);
+    eprintln!("MEASURE io.max: 12 MiB at 4 MiB/s took {limited:.2} s");
+    assert!(within(limited, 3.0), "{limited} s");
+
+    // ModifyVolume changes it live: 8 MiB/s, about 1.5 s.
+    c.controller_modify_volume(ControllerModifyVolumeRequest {
+        volume_id: id.clone(),
+        mutable_parameters: [("writeBytesPerSecond".to_string(), (8 * MIB).to_string())].into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(
+        pod.io_max().contains(&format!("wbps={}", 8 * MIB)),
+        "{}",
+        pod.io_max()
+    );
+    let faster = pod.write_secs(&target, 12);
+    eprintln!("MEASURE io.max: 12 MiB at 8 MiB/s took {faster:.2} s");
+    assert!(within(faster, 1.5), "{faster} s");
+
+    // A restart sets them again (here: after someone cleared them).
+    std::fs::write(pod.path().join("io.max"), format!("{dev_nr} wbps=max")).unwrap();
+    assert!(!pod.io_max().contains(&dev_nr));
+    d.stop();
+    d.spawn_and_heal().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !pod.io_max().contains(&format!("wbps={}", 8 * MIB)) {
+        assert!(Instant::now() < deadline, "{}", d.log_tail(20));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // Unpublish takes them away.
+    let mut n = d.node().await;
+    n.node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    assert!(!pod.io_max().contains(&dev_nr), "{}", pod.io_max());
+    drop(pod);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_that_cannot_be_set_is_said_and_the_volume_still_served() {
+    let k = Kubelet::new("iolimnone");
+    // No cgroup of this pod anywhere.
+    let uid = "9b1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    let extra = format!("{}cgroup_root = \"{CGROUP}\"\n", k.extra());
+    let d = TestDriver::start("iolimnone", 96 * MIB, &extra).await;
+    let mut req = create_req("pvc-unenforced", 16 * MIB, block_cap());
+    req.parameters.insert("readIOPS".into(), "100".into());
+    let id = d
+        .controller()
+        .await
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let (staging, target) = (k.staging("pvc-unenforced"), k.target(uid));
+    let mut n = d.node().await;
+    n.node_stage_volume(stage_req(&id, &staging, block_cap()))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(&id, &staging, &target, block_cap(), false))
+        .await
+        .expect("published although the limit cannot be set");
+    let stats = n
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: s(&target),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cond = stats.volume_condition.unwrap();
+    assert!(
+        cond.abnormal && cond.message.contains("I/O limits are not enforced"),
+        "{cond:?}"
+    );
+    assert!(cond.message.contains("no cgroup of pod"), "{cond:?}");
+    // A bad limit is refused by name.
+    let mut bad = create_req("pvc-bad-limit", 16 * MIB, block_cap());
+    bad.parameters.insert("writeIOPS".into(), "-5".into());
+    let e = d.controller().await.create_volume(bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("writeIOPS"), "{}", e.message());
+    n.node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+}
