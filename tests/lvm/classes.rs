@@ -85,8 +85,16 @@ fn fs_of(target: &Path) -> String {
         .unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
+/// Two loop-backed classes on one node: the top-level pool (`default`)
+/// and `fast` (xfs by default, a larger pool).
+struct TwoClasses {
+    k: Kubelet,
+    d: TestDriver,
+    fast_vg: String,
+    _fast: SecondPool,
+}
+
+async fn two_classes() -> TwoClasses {
     let k = Kubelet::new("cls");
     let fast = SecondPool::new("clsfast");
     let (fast_vg, fast_file) = (fast.vg.clone(), fast.file.clone());
@@ -97,9 +105,36 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         fast_file.display(),
         160 * MIB
     );
-    let mut d = TestDriver::start("cls", 96 * MIB, &extra).await;
-    let mut c = d.controller().await;
+    let d = TestDriver::start("cls", 96 * MIB, &extra).await;
+    TwoClasses {
+        k,
+        d,
+        fast_vg,
+        _fast: fast,
+    }
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
+    let mut t = two_classes().await;
+    let (fast_id, plain_id) = creates_go_to_the_class_named(&t).await;
+    capacity_conditions_and_tpcsi_per_class(&t, &fast_id).await;
+    let (snap_id, size) = a_volume_lives_in_its_class(&t, &fast_id).await;
+    let (restored, clone) = copies_stay_in_their_class(&t, &fast_id, &snap_id, size).await;
+    listed_across_a_restart_and_deleted_in_their_class(
+        &mut t,
+        &[&fast_id, &plain_id, &restored, &clone],
+        &plain_id,
+        &[&restored, &clone],
+    )
+    .await;
+    a_lost_class_leaves_the_other_serving(&t).await;
+}
+
+/// CreateVolume picks the class by deviceClass; an unknown one is refused.
+async fn creates_go_to_the_class_named(t: &TwoClasses) -> (String, String) {
+    let (d, fast_vg) = (&t.d, &t.fast_vg);
+    let mut c = d.controller().await;
     // CreateVolume picks the class by deviceClass; its id says so, and its
     // LV is in that class's pool under the same name.
     let fast_id = create_volume(
@@ -109,9 +144,9 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
     .await
     .volume_id;
     assert!(fast_id.starts_with("fast.csi-"), "{fast_id}");
-    let plain_id = create(&d, "pvc-plain", 16 * MIB, mount_cap("")).await;
+    let plain_id = create(d, "pvc-plain", 16 * MIB, mount_cap("")).await;
     assert!(plain_id.starts_with("csi-"), "{plain_id}");
-    assert!(lvs(&fast_vg)
+    assert!(lvs(fast_vg)
         .find(&fast_id)
         .is_some_and(|lv| lv.pool == "pool"));
     assert!(lvs(&d.vg).find(&fast_id).is_none());
@@ -130,6 +165,13 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
     let e = c.get_capacity(capacity_req(Some("ssd"))).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
 
+    (fast_id, plain_id)
+}
+
+/// GetCapacity per class, the volume's condition and tpcsi name the class.
+async fn capacity_conditions_and_tpcsi_per_class(t: &TwoClasses, fast_id: &str) {
+    let (d, fast_vg) = (&t.d, &t.fast_vg);
+    let mut c = d.controller().await;
     // GetCapacity per class, each as that class's `lvs` shows it: the
     // larger loop file gives the fast class the larger pool.
     let fast_cap = c
@@ -142,7 +184,7 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         .await
         .unwrap()
         .into_inner();
-    let fast_pool = lvs(&fast_vg).find("pool").unwrap().size;
+    let fast_pool = lvs(fast_vg).find("pool").unwrap().size;
     let plain_pool = lvs(&d.vg).find("pool").unwrap().size;
     assert!(fast_pool > plain_pool, "{fast_pool} vs {plain_pool}");
     assert!(
@@ -153,7 +195,7 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
 
     // tpcsi shows the class: capacity of the one asked about, and a
     // class column in the list.
-    let out = tpcsi(&d, &["--json", "capacity", "--param", "deviceClass=fast"]);
+    let out = tpcsi(d, &["--json", "capacity", "--param", "deviceClass=fast"]);
     assert!(out.status.success(), "{out:?}");
     let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(cap["device_class"], "fast", "{cap}");
@@ -163,28 +205,34 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         "{cap}"
     );
     // Conditions name the class.
-    let cond = d.condition(&fast_id).await;
+    let cond = d.condition(fast_id).await;
     assert!(
         !cond.abnormal && cond.message.contains("device class fast"),
         "{cond:?}"
     );
-    let out = tpcsi(&d, &["list"]);
+    let out = tpcsi(d, &["list"]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         table
             .lines()
-            .any(|l| l.starts_with(&fast_id) && l.contains(" fast ")),
+            .any(|l| l.starts_with(fast_id) && l.contains(" fast ")),
         "{table}"
     );
+}
 
+/// Stage, expand, reclaim and snapshot in the fast class; the snapshot's
+/// id and the grown size.
+async fn a_volume_lives_in_its_class(t: &TwoClasses, fast_id: &str) -> (String, u64) {
+    let (d, k, fast_vg) = (&t.d, &t.k, &t.fast_vg);
+    let mut c = d.controller().await;
     // Stage takes the class's default filesystem (xfs for fast); data
     // written there survives expand, snapshot and restore in the class.
-    let (staging, target) = stage_publish(&d, &k, &fast_id, "fast").await;
+    let (staging, target) = stage_publish(d, k, fast_id, "fast").await;
     assert_eq!(fs_of(&target), "xfs");
     std::fs::write(target.join("data"), b"in the fast class").unwrap();
     let grown = c
         .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: fast_id.clone(),
+            volume_id: fast_id.to_string(),
             capacity_range: Some(CapacityRange {
                 required_bytes: (48 * MIB) as i64,
                 limit_bytes: 0,
@@ -196,14 +244,14 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         .into_inner();
     assert!(grown.capacity_bytes as u64 >= 48 * MIB);
     assert_eq!(
-        lvs(&fast_vg).find(&fast_id).unwrap().size,
+        lvs(fast_vg).find(fast_id).unwrap().size,
         grown.capacity_bytes as u64
     );
     let mut r = ReclaimSpaceNodeClient::connect(d.addons_uri())
         .await
         .unwrap();
     r.node_reclaim_space(NodeReclaimSpaceRequest {
-        volume_id: fast_id.clone(),
+        volume_id: fast_id.to_string(),
         volume_path: target.display().to_string(),
         ..Default::default()
     })
@@ -212,7 +260,7 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
     nix::unistd::sync();
     let snap = c
         .create_snapshot(CreateSnapshotRequest {
-            source_volume_id: fast_id.clone(),
+            source_volume_id: fast_id.to_string(),
             name: "snap-fast".into(),
             ..Default::default()
         })
@@ -222,19 +270,32 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         .snapshot
         .unwrap();
     assert!(snap.snapshot_id.starts_with("fast.snap-"), "{snap:?}");
-    assert!(lvs(&fast_vg).find(&snap.snapshot_id).is_some());
-    unpublish_unstage(&d, &fast_id, &staging, &target).await;
+    assert!(lvs(fast_vg).find(&snap.snapshot_id).is_some());
+    unpublish_unstage(d, fast_id, &staging, &target).await;
 
+    (snap.snapshot_id, grown.capacity_bytes as u64)
+}
+
+/// A restore and a clone stay in their class; across classes they are
+/// refused.
+async fn copies_stay_in_their_class(
+    t: &TwoClasses,
+    fast_id: &str,
+    snap_id: &str,
+    size: u64,
+) -> (String, String) {
+    let (d, k) = (&t.d, &t.k);
+    let mut c = d.controller().await;
     // A copy stays in its class: into another one it is refused.
     let from_snap = |class: Option<&str>, name: &str| {
-        let mut req = create_req(name, grown.capacity_bytes as u64, mount_cap(""));
+        let mut req = create_req(name, size, mount_cap(""));
         if let Some(cl) = class {
             req = in_class(cl, req);
         }
         req.volume_content_source = Some(VolumeContentSource {
             r#type: Some(volume_content_source::Type::Snapshot(
                 volume_content_source::SnapshotSource {
-                    snapshot_id: snap.snapshot_id.clone(),
+                    snapshot_id: snap_id.to_string(),
                 },
             )),
         });
@@ -250,24 +311,65 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         .await
         .volume_id;
     assert!(restored.starts_with("fast.csi-"), "{restored}");
-    let (st2, t2) = stage_publish(&d, &k, &restored, "restored").await;
+    let (st2, t2) = stage_publish(d, k, &restored, "restored").await;
     assert_eq!(
         std::fs::read(t2.join("data")).unwrap(),
         b"in the fast class"
     );
-    unpublish_unstage(&d, &restored, &st2, &t2).await;
+    unpublish_unstage(d, &restored, &st2, &t2).await;
 
+    // A clone of a volume stays in its class too.
+    let clone_of = |class: Option<&str>, name: &str| {
+        let mut req = create_req(name, size, mount_cap(""));
+        if let Some(cl) = class {
+            req = in_class(cl, req);
+        }
+        req.volume_content_source = Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: fast_id.to_string(),
+                },
+            )),
+        });
+        req
+    };
+    let e = c
+        .create_volume(clone_of(None, "pvc-cross-clone"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let clone = create_volume(&mut c, clone_of(Some("fast"), "pvc-clone"))
+        .await
+        .volume_id;
+    assert!(clone.starts_with("fast.csi-"), "{clone}");
+    let (st3, t3) = stage_publish(d, k, &clone, "clone").await;
+    assert_eq!(
+        std::fs::read(t3.join("data")).unwrap(),
+        b"in the fast class"
+    );
+    unpublish_unstage(d, &clone, &st3, &t3).await;
+
+    (restored, clone)
+}
+
+/// ListVolumes pages through both classes, each volume once, and so after
+/// a restart; deletes go to the class, an unknown class is refused.
+async fn listed_across_a_restart_and_deleted_in_their_class(
+    t: &mut TwoClasses,
+    all: &[&String],
+    plain_id: &str,
+    fast_copies: &[&String],
+) {
     // ListVolumes pages through both classes, each volume once, and so
     // after a restart.
-    let want: BTreeSet<String> = [&fast_id, &plain_id, &restored]
-        .into_iter()
-        .cloned()
-        .collect();
-    let listed = list_all(&d).await;
-    assert_eq!(listed.len(), 3, "{listed:?}");
+    let fast_vg = t.fast_vg.clone();
+    let d = &mut t.d;
+    let want: BTreeSet<String> = all.iter().map(|s| s.to_string()).collect();
+    let listed = list_all(d).await;
+    assert_eq!(listed.len(), all.len(), "{listed:?}");
     assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), want);
     d.restart().await;
-    let listed = list_all(&d).await;
+    let listed = list_all(d).await;
     assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), want);
     let mut c = d.controller().await;
 
@@ -280,7 +382,7 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    for id in [&restored] {
+    for id in fast_copies {
         c.delete_volume(DeleteVolumeRequest {
             volume_id: id.to_string(),
             ..Default::default()
@@ -289,12 +391,17 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         .unwrap();
         assert!(lvs(&fast_vg).find(id).is_none());
     }
+}
 
+/// The fast class's VG vanishes: UNAVAILABLE there, the default serves.
+async fn a_lost_class_leaves_the_other_serving(t: &TwoClasses) {
+    let (d, fast_vg) = (&t.d, &t.fast_vg);
+    let mut c = d.controller().await;
     // The fast class's VG vanishes behind the driver's back: its calls
     // answer UNAVAILABLE, the default class serves on, and Probe's log
     // names the broken class.
-    try_lvm(&["vgchange", "--activate", "n", &fast_vg]).unwrap();
-    try_lvm(&["vgremove", "--yes", "--force", &fast_vg]).unwrap();
+    try_lvm(&["vgchange", "--activate", "n", fast_vg]).unwrap();
+    try_lvm(&["vgremove", "--yes", "--force", fast_vg]).unwrap();
     let e = c
         .get_capacity(capacity_req(Some("fast")))
         .await
@@ -330,7 +437,7 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
     );
     // tpcsi's capacity of every class shows the broken one's error and
     // the other's figures.
-    let out = tpcsi(&d, &["--json", "capacity"]);
+    let out = tpcsi(d, &["--json", "capacity"]);
     assert!(out.status.success(), "{out:?}");
     let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let by_class = |name: &str| {
@@ -352,7 +459,7 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
         by_class("default")["available_capacity"].as_u64() > Some(0),
         "{all}"
     );
-    let listed = list_all(&d).await;
+    let listed = list_all(d).await;
     assert_eq!(
         listed.len(),
         2,
