@@ -135,6 +135,11 @@ impl Volumes {
         let Some((_, st)) = self.pool_status().await? else {
             return Ok(());
         };
+        // A failed or read-only pool needs a repair, not more room: its
+        // condition says so already (`lvm::report::Problem`).
+        if st.mode == "Fail" || st.mode == "ro" {
+            return Ok(());
+        }
         let a = &self.cfg.autopilot;
         let mut due = Vec::new();
         if st.data_percent() >= f64::from(a.data_threshold_percent) {

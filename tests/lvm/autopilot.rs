@@ -198,3 +198,51 @@ async fn with_no_room_left_the_condition_says_so_and_creates_are_refused() {
     unpublish_block(&d, &k, &id).await;
     assert!(!dev.exists());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metadata_pressure_grows_the_metadata_before_it_fills() {
+    let k = Kubelet::new("automd");
+    // The smallest metadata LV the driver builds (sized for one LV and the
+    // reserve: one 4 MiB extent), a threshold a few dozen snapshots pass,
+    // and a file that may grow for the metadata and its spare copy.
+    let extra = format!(
+        "{}overprovision_ratio = 10\n\
+         autopilot = {{ enabled = true, metadata_threshold_percent = 15, \
+         backing_file_limit = \"128MiB\", host_reserve = 0, poll_secs = 1 }}\n",
+        k.extra()
+    );
+    let d =
+        TestDriver::start_with_loop_keys("automd", 64 * MIB, &extra, "max_lvs = 1\n", &[]).await;
+    let meta = || {
+        let r = lvs(&d.vg);
+        let p = r.find("pool").unwrap();
+        (p.metadata_size, p.metadata_percent.unwrap_or(0.0))
+    };
+    let (start_size, start_pct) = meta();
+    let id = create(&d, "pvc-md", 8 * MIB, block_cap()).await;
+    let mut c = d.controller().await;
+    let mut made = 0;
+    let grew = |d: &TestDriver| d.log().contains("store=\"metadata\"");
+    while !grew(&d) && made < 120 {
+        crate::fixtures::snapshot(&mut c, &format!("snap-md-{made}"), &id).await;
+        made += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !grew(&d) {
+        assert!(
+            Instant::now() < deadline,
+            "no metadata growth after {made} snapshots (metadata {start_pct:.1}% of {start_size} at the start, now {:?})\n{}",
+            meta(),
+            d.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (end_size, end_pct) = meta();
+    eprintln!(
+        "MEASURE autopilot metadata: {made} snapshots took it from {start_pct:.1}% of {} KiB to a growth; now {end_pct:.1}% of {} KiB",
+        start_size >> 10,
+        end_size >> 10
+    );
+    assert!(end_size > start_size, "{start_size} -> {end_size}");
+    assert!(end_pct < 15.0, "{end_pct}");
+}

@@ -14,14 +14,22 @@ use crate::harness::{TestDriver, MIB};
 
 const CGROUP: &str = "/sys/fs/cgroup";
 
-/// A cgroup shaped like a Burstable pod's under kubelet's systemd driver,
-/// with the io controller enabled down to it; removed when dropped.
+/// A pod's cgroup as kubelet's cgroup driver lays it out.
+enum Layout {
+    /// systemd, a Burstable pod.
+    Systemd,
+    /// cgroupfs, a BestEffort pod.
+    Cgroupfs,
+}
+
+/// A cgroup shaped like a pod's, with the io controller enabled down to
+/// it; removed when dropped.
 struct PodCgroup {
     dirs: Vec<PathBuf>,
 }
 
 impl PodCgroup {
-    fn new(uid: &str) -> PodCgroup {
+    fn new(uid: &str, layout: Layout) -> PodCgroup {
         let root = Path::new(CGROUP);
         if !root.join("cgroup.controllers").exists() {
             std::fs::create_dir_all(root).unwrap();
@@ -38,11 +46,19 @@ impl PodCgroup {
         );
         let mut dirs = Vec::new();
         let mut at = root.to_path_buf();
-        for part in [
-            "kubepods.slice".to_string(),
-            "kubepods-burstable.slice".to_string(),
-            format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
-        ] {
+        let parts = match layout {
+            Layout::Systemd => [
+                "kubepods.slice".to_string(),
+                "kubepods-burstable.slice".to_string(),
+                format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
+            ],
+            Layout::Cgroupfs => [
+                "kubepods".to_string(),
+                "besteffort".to_string(),
+                format!("pod{uid}"),
+            ],
+        };
+        for part in parts {
             std::fs::write(at.join("cgroup.subtree_control"), "+io").unwrap();
             at = at.join(part);
             if !at.exists() {
@@ -61,11 +77,11 @@ impl PodCgroup {
         std::fs::read_to_string(self.path().join("io.max")).unwrap()
     }
 
-    /// Seconds `dd` takes to write `mib` MiB to `dev` with direct I/O from
-    /// inside this cgroup.
+    /// Seconds `dd` takes to write `mib` MiB to `dev` (a device or a file)
+    /// with direct I/O from inside this cgroup.
     fn write_secs(&self, dev: &Path, mib: u64) -> f64 {
         let script = format!(
-            "echo $$ > {}/cgroup.procs && exec dd if=/dev/zero of={} bs=256k count={} oflag=direct",
+            "echo $$ > {}/cgroup.procs && exec dd if=/dev/zero of={} bs=256k count={} oflag=direct conv=notrunc",
             self.path().display(),
             dev.display(),
             mib * 4
@@ -102,7 +118,7 @@ fn numbers(dev: &Path) -> String {
 async fn limits_are_set_in_the_pods_cgroup_changed_live_and_taken_away() {
     let k = Kubelet::new("iolim");
     let uid = "7a1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
-    let pod = PodCgroup::new(uid);
+    let pod = PodCgroup::new(uid, Layout::Systemd);
     let extra = format!("{}cgroup_root = \"{CGROUP}\"\n", k.extra());
     let mut d = TestDriver::start("iolim", 96 * MIB, &extra).await;
     let mut req = create_req("pvc-limited", 32 * MIB, block_cap());
@@ -172,6 +188,56 @@ async fn limits_are_set_in_the_pods_cgroup_changed_live_and_taken_away() {
         .unwrap();
     assert!(!pod.io_max().contains(&dev_nr), "{}", pod.io_max());
     drop(pod);
+}
+
+/// A filesystem volume in a pod of kubelet's cgroupfs layout: the limit
+/// is on the LV's device, which the filesystem's writes reach.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filesystem_volume_is_limited_in_a_cgroupfs_pod() {
+    let k = Kubelet::new("iolimfs");
+    let uid = "5c1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    let pod = PodCgroup::new(uid, Layout::Cgroupfs);
+    let extra = format!("{}cgroup_root = \"{CGROUP}\"\n", k.extra());
+    let d = TestDriver::start("iolimfs", 128 * MIB, &extra).await;
+    let mut req = create_req(
+        "pvc-fs-limited",
+        48 * MIB,
+        crate::fixtures::mount_cap("ext4"),
+    );
+    req.parameters
+        .insert("writeBytesPerSecond".into(), (4 * MIB).to_string());
+    let id = d
+        .controller()
+        .await
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let (staging, target) = (k.staging("pvc-fs-limited"), k.target(uid));
+    let cap = crate::fixtures::mount_cap("ext4");
+    let mut n = d.node().await;
+    n.node_stage_volume(stage_req(&id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+        .await
+        .unwrap();
+    assert!(
+        pod.io_max().contains(&format!("wbps={}", 4 * MIB)),
+        "{}",
+        pod.io_max()
+    );
+    let file = target.join("f");
+    let secs = pod.write_secs(&file, 12);
+    eprintln!("MEASURE io.max (ext4, cgroupfs): 12 MiB at 4 MiB/s took {secs:.2} s");
+    assert!(within(secs, 3.0), "{secs} s");
+    n.node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    assert!(!pod.io_max().contains("wbps="), "{}", pod.io_max());
 }
 
 #[tokio::test(flavor = "multi_thread")]
