@@ -290,34 +290,32 @@ fn names(list: &[(&str, Option<Shape>)]) -> String {
     list.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" ")
 }
 
-/// mkfs options as checked: the words, in the order given.
+/// mkfs options as checked: each option with its value (`None` for a
+/// flag), in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MkfsOptions(Vec<String>);
+pub struct MkfsOptions(Vec<(String, Option<String>)>);
 
 impl MkfsOptions {
     /// The words as written back (one space between), for a tag or a log.
     pub fn text(&self) -> String {
-        self.0.join(" ")
+        let mut words: Vec<&str> = Vec::new();
+        for (opt, value) in &self.0 {
+            words.push(opt);
+            words.extend(value.as_deref());
+        }
+        words.join(" ")
     }
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
-    /// Each option with its value (`None` for a bare flag).
+    /// Each option with its value (`None` for a flag).
     pub fn pairs(&self) -> Vec<(&str, Option<&str>)> {
-        let mut out = Vec::new();
-        let mut words = self.0.iter();
-        while let Some(opt) = words.next() {
-            let takes_value = opt != "-j";
-            out.push((
-                opt.as_str(),
-                takes_value
-                    .then(|| words.next().map(String::as_str))
-                    .flatten(),
-            ));
-        }
-        out
+        self.0
+            .iter()
+            .map(|(o, v)| (o.as_str(), v.as_deref()))
+            .collect()
     }
 }
 
@@ -338,14 +336,18 @@ pub fn mkfs_options(fs: &str, text: &str) -> Result<MkfsOptions, String> {
         if !seen.insert(opt) {
             return Err(format!("mkfs option {opt:?} is given twice"));
         }
-        out.push(opt.to_string());
-        if let Some(shape) = shape {
-            let value = words
-                .next()
-                .ok_or_else(|| format!("mkfs option {opt:?} needs a value"))?;
-            check(shape, value).map_err(|why| format!("mkfs option {opt} {value:?}: {why}"))?;
-            out.push(value.to_string());
-        }
+        let value = match shape {
+            None => None,
+            Some(shape) => {
+                let value = words
+                    .next()
+                    .ok_or_else(|| format!("mkfs option {opt:?} needs a value"))?;
+                check(shape, value)
+                    .map_err(|why| format!("mkfs option {opt} {value:?}: {why}"))?;
+                Some(value.to_string())
+            }
+        };
+        out.push((opt.to_string(), value));
     }
     Ok(MkfsOptions(out))
 }

@@ -31,7 +31,6 @@ fn access_fits(vol: &Owned, wanted: &Access) -> std::result::Result<(), String> 
     naming::fits(&vol.lv.name, vol.tags.access.as_ref(), wanted)
 }
 
-/// The record's kind for an access type.
 /// The mkfs options and the mount options a stage of `vol` as `fs_type`
 /// uses: the ones recorded with the volume at creation, checked against
 /// `fs_options`' lists again (tags are only text), then the CO's mount
@@ -58,6 +57,7 @@ pub(super) fn formatting(
     Ok((mkfs, MountOptions::parse(fs_type, &words)?))
 }
 
+/// The record's kind for an access type.
 pub fn kind_of(access: &Access) -> Kind {
     match access {
         Access::Mount { fs_type } => Kind::Filesystem {
@@ -156,6 +156,12 @@ impl Volumes {
         let report = self.lvm.known().await?;
         let vol = self.must_own(&report, id)?;
         access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
+        // Checked before anything is recorded: options the volume carries
+        // that the lists no longer take refuse the stage, touching nothing.
+        let formats = match &cap.access {
+            Access::Mount { fs_type } => Some(formatting(&vol, fs_type, &cap.mount_flags)?),
+            Access::Block => None,
+        };
         let staging = self
             .resolve_existing_parent("staging_target_path", staging)
             .await?;
@@ -214,14 +220,10 @@ impl Volumes {
             let fresh = self.lvm.fresh_report().await?;
             pool = self.stage_facts(&fresh, &self.must_own(&fresh, id)?);
         }
-        let mount = match &cap.access {
-            Access::Mount { fs_type } => {
-                let (mkfs, opts) = formatting(&vol, fs_type, &cap.mount_flags)?;
-                pool.mkfs = mkfs;
-                Some(opts)
-            }
-            Access::Block => None,
-        };
+        let mount = formats.map(|(mkfs, opts)| {
+            pool.mkfs = mkfs;
+            opts
+        });
         let res = async {
             let (dev, activated) = self.activate(vol.lv).await?;
             let res = match (&cap.access, &mount) {
