@@ -480,10 +480,10 @@ impl Config {
                 format!("must be between 1 and 100, got {}", a.step_percent),
             ));
         }
-        if !(1..=3600).contains(&a.poll_secs) {
+        if !(1..=60).contains(&a.poll_secs) {
             return Err(invalid(
                 "autopilot.poll_secs",
-                format!("must be between 1 and 3600, got {}", a.poll_secs),
+                format!("must be between 1 and 60, got {}", a.poll_secs),
             ));
         }
         if a.metadata_limit < (2 << 20) {
@@ -546,10 +546,12 @@ impl Config {
                 loop_pool: c.loop_pool.clone(),
                 allow_unzeroed_pool: c.allow_unzeroed_pool.unwrap_or(base.allow_unzeroed_pool),
                 metadata_reserve_lvs: c.metadata_reserve_lvs.unwrap_or(base.metadata_reserve_lvs),
-                autopilot: c
-                    .autopilot
-                    .clone()
-                    .unwrap_or_else(|| base.autopilot.clone()),
+                // The top-level table, but its backing_file_limit is the
+                // top-level loop file's, as loop_pool is not inherited.
+                autopilot: c.autopilot.clone().unwrap_or_else(|| Autopilot {
+                    backing_file_limit: 0,
+                    ..base.autopilot.clone()
+                }),
                 error_when_full: c.error_when_full.or(base.error_when_full),
                 ..base.clone()
             };
@@ -973,6 +975,17 @@ volume_group = "hdd"
             "a class's table replaces the top level's whole"
         );
         assert_eq!(fast.error_when_full, Some(true));
+        // A class that sets no autopilot takes the top level's, but not its
+        // loop file's limit.
+        let c = Config::parse(
+            "[autopilot]\nenabled = true\nbacking_file_limit = \"2GiB\"\n\
+             [loop_pool]\nbacking_file = \"/x.img\"\nsize = \"1GiB\"\n\
+             [[device_classes]]\nname = \"fast\"\nvolume_group = \"nvme\"\n",
+        )
+        .unwrap();
+        let (_, fast) = &c.classes()[1];
+        assert!(fast.autopilot.enabled);
+        assert_eq!(fast.autopilot.backing_file_limit, 0);
         assert_eq!(Config::parse("").unwrap().error_when_full, None);
         for (text, key) in [
             ("[autopilot]\ndata_threshold_percent = 99", "autopilot.data_threshold_percent"),

@@ -342,8 +342,7 @@ pub fn mkfs_options(fs: &str, text: &str) -> Result<MkfsOptions, String> {
                 let value = words
                     .next()
                     .ok_or_else(|| format!("mkfs option {opt:?} needs a value"))?;
-                check(shape, value)
-                    .map_err(|why| format!("mkfs option {opt} {value:?}: {why}"))?;
+                check(shape, value).map_err(|why| format!("mkfs option {opt} {value:?}: {why}"))?;
                 Some(value.to_string())
             }
         };
@@ -409,6 +408,12 @@ pub enum MountWord {
     Generic(MsFlags, bool),
     /// The filesystem's own option, passed in mount(2)'s data.
     Own,
+}
+
+/// Whether `word` would change how a mount is made (`bind`, `remount`,
+/// propagation): never a mount option.
+pub fn is_operation(word: &str) -> bool {
+    OPERATIONS.contains(&word)
 }
 
 /// Checks one mount option word for `fs`: a generic word, or one of the

@@ -3,7 +3,7 @@
 //! a bind mount carries.
 
 use crate::error::{Error, Result};
-use crate::fs_options::{mount_option_key, mount_word, MountWord};
+use crate::fs_options::{is_operation, mount_option_key, mount_word, MountWord};
 use crate::mountinfo;
 use crate::sys::MsFlags;
 
@@ -21,10 +21,26 @@ impl MountOptions {
     /// `nouuid`: snapshots and clones of a volume share its UUID, and xfs
     /// refuses to mount a second filesystem with a UUID it already has.
     pub fn parse(fs_type: &str, words: &[String]) -> Result<MountOptions> {
+        Self::parse_words(fs_type, words, false)
+    }
+
+    /// [`MountOptions::parse`] of the mount flags a node record kept: a
+    /// word an earlier version took (any single word) is passed on as it
+    /// was then, so a restart does not fail to bring back what it staged.
+    /// Operations (`bind`, ...) are refused all the same.
+    pub fn parse_recorded(fs_type: &str, words: &[String]) -> Result<MountOptions> {
+        Self::parse_words(fs_type, words, true)
+    }
+
+    fn parse_words(fs_type: &str, words: &[String], recorded: bool) -> Result<MountOptions> {
         let mut flags = MsFlags::empty();
         let mut data: Vec<String> = Vec::new();
         for w in words {
-            match mount_word(fs_type, w).map_err(Error::InvalidArgument)? {
+            let word = match mount_word(fs_type, w) {
+                Err(_) if recorded && !is_operation(w) && !w.contains([',', '=']) => MountWord::Own,
+                other => other.map_err(Error::InvalidArgument)?,
+            };
+            match word {
                 MountWord::Ignored => {}
                 MountWord::Generic(bit, set) => flags.set(bit, set),
                 MountWord::Own => {
@@ -94,6 +110,12 @@ mod tests {
         assert_eq!(o.data(), Some("nouuid".into()));
         let o = MountOptions::parse("xfs", &words(&["nouuid", "noquota"])).unwrap();
         assert_eq!(o.data(), Some("nouuid,noquota".into()));
+        // A recorded word an earlier version took is passed on; a new one
+        // is refused.
+        assert!(MountOptions::parse("ext4", &words(&["nouser_xattr"])).is_err());
+        let o = MountOptions::parse_recorded("ext4", &words(&["nouser_xattr", "noatime"])).unwrap();
+        assert_eq!(o.data(), Some("nouser_xattr".into()));
+        assert!(MountOptions::parse_recorded("ext4", &words(&["bind"])).is_err());
         for op in ["bind", "remount", "rshared", "move"] {
             assert!(matches!(
                 MountOptions::parse("ext4", &words(&[op])),

@@ -15,7 +15,7 @@ pub struct PoolStatus {
     pub metadata_total: u64,
     pub data_used: u64,
     pub data_total: u64,
-    /// `rw`, `ro`, `out_of_data_space`, or `Fail`.
+    /// `rw`, `ro`, `out_of_data_space`, `Fail` or `Error`.
     pub mode: String,
     /// `error_if_no_space`: a full pool fails writes at once rather than
     /// queueing them (LVM's `--errorwhenfull y`).
@@ -48,13 +48,15 @@ fn percent(used: u64, total: u64) -> f64 {
 pub fn parse(line: &str) -> Result<PoolStatus> {
     let bad = || Error::Internal(format!("unexpected thin-pool status {line:?}"));
     let words: Vec<&str> = line.split_whitespace().collect();
-    if words.first() == Some(&"Fail") {
+    // A pool that failed, or whose status cannot be read (`Error`), has
+    // no counts to give.
+    if let Some(&mode @ ("Fail" | "Error")) = words.first() {
         return Ok(PoolStatus {
             metadata_used: 0,
             metadata_total: 0,
             data_used: 0,
             data_total: 0,
-            mode: "Fail".into(),
+            mode: mode.into(),
             error_if_no_space: false,
         });
     }
@@ -110,6 +112,7 @@ mod tests {
         assert!(s.error_if_no_space);
         assert_eq!(s.metadata_percent(), 100.0);
         assert_eq!(parse("Fail").unwrap().mode, "Fail");
+        assert_eq!(parse("Error").unwrap().mode, "Error");
         for bad in ["", "0 x/1 1/2 - rw", "0 1/1 12 - rw", "0 1/1"] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

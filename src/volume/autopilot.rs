@@ -25,16 +25,19 @@ use crate::pool::{grow, status};
 use crate::volume::Volumes;
 
 /// How long a pool that could not grow waits before the autopilot asks
-/// LVM again (a blocked pool above its threshold would otherwise cost an
-/// LVM command at every poll).
+/// LVM again, at first (a blocked pool above its threshold would otherwise
+/// cost an LVM command at every poll); each further refusal doubles it, up
+/// to [`BLOCKED_RETRY_MAX`]. A device-mapper event (the pool or its VG
+/// changed) asks again at once.
 const BLOCKED_RETRY: Duration = Duration::from_secs(60);
+const BLOCKED_RETRY_MAX: Duration = Duration::from_secs(16 * 60);
 
 /// What the autopilot did and why it last could not.
 #[derive(Default)]
 pub struct AutopilotState {
-    /// Why the pool could not grow when it last had to; cleared once it
-    /// grew or fell below its thresholds.
-    blocked: Mutex<Option<String>>,
+    /// Per store, why the pool could not grow when it last had to; cleared
+    /// once that store grew or fell below its threshold.
+    blocked: Mutex<std::collections::BTreeMap<&'static str, String>>,
     pub data_growths: AtomicU64,
     pub metadata_growths: AtomicU64,
     pub backing_growths: AtomicU64,
@@ -43,7 +46,29 @@ pub struct AutopilotState {
 
 impl AutopilotState {
     pub fn blocked(&self) -> Option<String> {
-        self.blocked.lock().unwrap().clone()
+        let b = self.blocked.lock().unwrap();
+        (!b.is_empty()).then(|| b.values().cloned().collect::<Vec<_>>().join("; "))
+    }
+}
+
+/// When a store that could not grow is tried again.
+#[derive(Default)]
+struct Hold {
+    until: Option<Instant>,
+    wait: Option<Duration>,
+}
+
+impl Hold {
+    fn refused(&mut self) {
+        let wait = self
+            .wait
+            .map_or(BLOCKED_RETRY, |w| (w * 2).min(BLOCKED_RETRY_MAX));
+        self.wait = Some(wait);
+        self.until = Some(Instant::now() + wait);
+    }
+
+    fn holds(&self) -> bool {
+        self.until.is_some_and(|t| Instant::now() < t)
     }
 }
 
@@ -117,69 +142,89 @@ impl Volumes {
             step_percent = a.step_percent,
             "autopilot: watching the thin pool"
         );
-        let mut hold_until = None;
+        let mut holds = [Hold::default(), Hold::default()];
+        let mut unreadable = None;
         loop {
-            if let Err(e) = self.autopilot_pass(&mut hold_until).await {
-                tracing::warn!(class = self.class_name(), error = %e.message(), "autopilot: cannot read the thin pool");
+            match self.autopilot_pass(&mut holds).await {
+                Ok(()) => unreadable = None,
+                // Said once per kind of failure, not at every poll.
+                Err(e) if unreadable.as_ref() != Some(&e.message()) => {
+                    tracing::warn!(class = self.class_name(), error = %e.message(), "autopilot: cannot read the thin pool");
+                    unreadable = Some(e.message());
+                }
+                Err(_) => {}
             }
             tokio::select! {
-                _ = wake.notified() => {}
+                _ = wake.notified() => {
+                    // The pool or its VG changed: a refusal may not hold.
+                    for h in &mut holds {
+                        h.until = None;
+                    }
+                }
                 _ = tokio::time::sleep(poll) => {}
             }
         }
     }
 
     /// One look at the pool: grows each store past its threshold, unless
-    /// an earlier attempt was refused less than [`BLOCKED_RETRY`] ago.
-    async fn autopilot_pass(&self, hold_until: &mut Option<Instant>) -> Result<()> {
+    /// that store's last attempt was refused and its hold has not passed.
+    async fn autopilot_pass(&self, holds: &mut [Hold; 2]) -> Result<()> {
         let Some((_, st)) = self.pool_status().await? else {
             return Ok(());
         };
         // A failed or read-only pool needs a repair, not more room: its
         // condition says so already (`lvm::report::Problem`).
-        if st.mode == "Fail" || st.mode == "ro" {
+        if st.mode != "rw" && st.mode != "out_of_data_space" {
             return Ok(());
         }
         let a = &self.cfg.autopilot;
-        let mut due = Vec::new();
-        if st.data_percent() >= f64::from(a.data_threshold_percent) {
-            due.push((Store::Data, st.data_percent()));
-        }
-        if st.metadata_percent() >= f64::from(a.metadata_threshold_percent) {
-            due.push((Store::Metadata, st.metadata_percent()));
-        }
-        if due.is_empty() {
-            if self.autopilot.blocked.lock().unwrap().take().is_some() {
-                tracing::info!(
-                    class = self.class_name(),
-                    "autopilot: the thin pool is below its thresholds again"
-                );
+        for (i, store) in [Store::Data, Store::Metadata].into_iter().enumerate() {
+            let (used, threshold) = match store {
+                Store::Data => (st.data_percent(), a.data_threshold_percent),
+                Store::Metadata => (st.metadata_percent(), a.metadata_threshold_percent),
+            };
+            let hold = &mut holds[i];
+            if used < f64::from(threshold) {
+                if self
+                    .autopilot
+                    .blocked
+                    .lock()
+                    .unwrap()
+                    .remove(store.name())
+                    .is_some()
+                {
+                    tracing::info!(
+                        class = self.class_name(),
+                        store = store.name(),
+                        "autopilot: the thin pool is below its threshold again"
+                    );
+                }
+                *hold = Hold::default();
+                continue;
             }
-            *hold_until = None;
-            return Ok(());
-        }
-        if hold_until.is_some_and(|t| Instant::now() < t) {
-            return Ok(());
-        }
-        for (store, used) in due {
+            if hold.holds() {
+                continue;
+            }
             match self.grow_store(store).await {
                 Ok(()) => {
-                    *hold_until = None;
-                    *self.autopilot.blocked.lock().unwrap() = None;
+                    *hold = Hold::default();
+                    self.autopilot.blocked.lock().unwrap().remove(store.name());
                 }
                 Err(why) => {
                     self.autopilot.refusals.fetch_add(1, Ordering::Relaxed);
+                    hold.refused();
                     let msg = format!(
                         "thin pool {} {} is {used:.1}% used and the autopilot cannot grow it: {why}",
                         self.lvm.lv_path(&self.lvm.pool),
                         store.name()
                     );
-                    let mut b = self.autopilot.blocked.lock().unwrap();
-                    if b.as_deref() != Some(msg.as_str()) {
-                        tracing::warn!(class = self.class_name(), "autopilot: {msg}");
-                    }
-                    *b = Some(msg);
-                    *hold_until = Some(Instant::now() + BLOCKED_RETRY);
+                    // Once per hold (a minute, then longer), not per poll.
+                    tracing::warn!(class = self.class_name(), "autopilot: {msg}");
+                    self.autopilot
+                        .blocked
+                        .lock()
+                        .unwrap()
+                        .insert(store.name(), msg);
                 }
             }
         }
@@ -231,8 +276,8 @@ impl Volumes {
             ));
         }
         let done = match store {
-            Store::Data => grow::grow_data(&self.lvm, step).await,
-            Store::Metadata => grow::grow_metadata(&self.lvm, step).await,
+            Store::Data => grow::grow_data(&self.lvm, size + step).await,
+            Store::Metadata => grow::grow_metadata(&self.lvm, size + step).await,
         };
         done.map_err(|e| e.message())?;
         let counter = match store {
@@ -264,6 +309,17 @@ impl Volumes {
         else {
             return Ok(None);
         };
+        // A growth of the file whose later steps did not run is finished
+        // first: the VG may have the room already.
+        if grow::finish_backing(&self.lvm, &lp.backing_file).await? {
+            tracing::info!(class = self.class_name(), file = %lp.backing_file.display(),
+                "autopilot: finished an earlier growth of the backing file");
+            let report = self.lvm.fresh_report().await?;
+            let free = self.pool(&report)?.vg_free;
+            if free >= need {
+                return Ok(Some(free));
+            }
+        }
         let (file, reserve) = (lp.backing_file.clone(), a.host_reserve);
         let (host, size) = self
             .tools
@@ -345,27 +401,25 @@ impl Volumes {
     }
 }
 
-/// A thread that waits in DM_DEV_WAIT on the pool's device and wakes the
-/// autopilot each time its event counter moves; while the pool is not
-/// active it looks again every `poll`.
+/// A thread that waits in DM_DEV_WAIT on the pool's thin-pool device and
+/// wakes the autopilot each time its event counter moves. That device is
+/// `<vg>-<pool>-tpool`, which exists while thin volumes of the pool are
+/// active; while it does not (no volume active, so nothing writes), the
+/// thread looks again every `poll`.
 fn wait_for_events(vg: String, pool: String, wake: Arc<tokio::sync::Notify>, poll: Duration) {
+    let dev = format!("{}-tpool", crate::lvm::lv_dm_name(&vg, &pool));
     let spawned = std::thread::Builder::new()
         .name("autopilot-events".into())
         .spawn(move || loop {
-            let waited = status::read(&vg, &pool).and_then(|found| {
-                let Some((dev, _)) = found else {
-                    return Ok(false);
-                };
-                let Some(nr) = crate::sys::dm_event_nr(&dev)? else {
-                    return Ok(false);
-                };
-                Ok(crate::sys::dm_wait_event(&dev, nr)?)
+            let waited = crate::sys::dm_event_nr(&dev).and_then(|nr| match nr {
+                Some(nr) => crate::sys::dm_wait_event(&dev, nr),
+                None => Ok(false),
             });
             match waited {
                 Ok(true) => wake.notify_one(),
                 Ok(false) => std::thread::sleep(poll),
                 Err(e) => {
-                    tracing::debug!(error = %e.message(), "autopilot: cannot wait for the pool's events");
+                    tracing::debug!(error = %e, "autopilot: cannot wait for the pool's events");
                     std::thread::sleep(poll);
                 }
             }

@@ -168,7 +168,8 @@ impl Volumes {
         let mut staged_flags = MsFlags::empty();
         match &record.kind {
             Kind::Filesystem { fs_type } => {
-                let (mkfs, opts) = super::node::formatting(&vol, fs_type, &record.mount_flags)?;
+                let (mkfs, opts) =
+                    super::node::formatting(&vol, fs_type, &record.mount_flags, true)?;
                 staged_flags = mount_options::per_mount(opts.flags);
                 if !self.mounted_from(&staging, &dev).await? {
                     let pool = mounts::StageFacts {

@@ -8,26 +8,42 @@
 //! not enforced, and a metric counts it.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 use crate::node::cgroup::{self, IoLimits, NotEnforced};
 use crate::volume::Volumes;
 
-/// Volume id -> why its limits are not enforced.
+/// (Volume id, target) -> why its limits are not enforced there.
 #[derive(Default)]
-pub struct Unenforced(std::sync::Mutex<BTreeMap<String, String>>);
+pub struct Unenforced(std::sync::Mutex<BTreeMap<(String, PathBuf), String>>);
 
 impl Unenforced {
+    /// Why the volume's limits are not enforced, at each target where
+    /// they are not.
     pub fn get(&self, id: &str) -> Option<String> {
-        self.0.lock().unwrap().get(id).cloned()
+        let m = self.0.lock().unwrap();
+        let why: Vec<&str> = m
+            .iter()
+            .filter(|((v, _), _)| v == id)
+            .map(|(_, w)| w.as_str())
+            .collect();
+        (!why.is_empty()).then(|| why.join("; "))
     }
 
-    fn set(&self, id: &str, why: Option<String>) {
+    fn at(&self, id: &str, target: &Path) -> bool {
+        self.0
+            .lock()
+            .unwrap()
+            .contains_key(&(id.to_string(), target.to_path_buf()))
+    }
+
+    fn set(&self, id: &str, target: &Path, why: Option<String>) {
+        let key = (id.to_string(), target.to_path_buf());
         let mut m = self.0.lock().unwrap();
         match why {
-            Some(w) => m.insert(id.to_string(), w),
-            None => m.remove(id),
+            Some(w) => m.insert(key, w),
+            None => m.remove(&key),
         };
     }
 }
@@ -45,7 +61,7 @@ impl Volumes {
         was_limited: bool,
     ) {
         if limits.is_unlimited() && !was_limited {
-            self.io_unenforced.set(id, None);
+            self.io_unenforced.set(id, target, None);
             return;
         }
         let (root, target_path) = (self.cfg.cgroup_root.clone(), target.to_path_buf());
@@ -66,13 +82,14 @@ impl Volumes {
                 self.metrics.io_limits_unenforced();
                 self.io_unenforced.set(
                     id,
+                    target,
                     Some(format!(
                         "I/O limits are not enforced at {}: {why}",
                         target.display()
                     )),
                 );
             }
-            _ => self.io_unenforced.set(id, None),
+            _ => self.io_unenforced.set(id, target, None),
         }
     }
 
@@ -88,16 +105,38 @@ impl Volumes {
         };
         let limits = IoLimits::from_params(mutable);
         let was_limited = !record.io_limits.is_unlimited();
-        if record.io_limits == limits {
-            return Ok(());
+        if record.io_limits != limits {
+            record.io_limits = limits;
+            self.save_record(&record).await?;
         }
-        record.io_limits = limits;
-        self.save_record(&record).await?;
+        // Set again even when unchanged: a pod cgroup may exist now that
+        // did not at publish.
         let Some(dev) = self.live_device(id).await? else {
             return Ok(());
         };
         for p in record.publishes.iter().filter(|p| !p.removing) {
             self.enforce_io(id, limits, &p.target, dev.numbers(), was_limited)
+                .await;
+        }
+        Ok(())
+    }
+}
+
+impl Volumes {
+    /// Tries again to set the limits of volume `id` at `target` where they
+    /// could not be set before (kubelet may publish before it makes the
+    /// pod's cgroup): NodeGetVolumeStats, which kubelet calls every
+    /// minute or so, comes here first. Nothing to do, no I/O, otherwise.
+    pub(super) async fn retry_io(&self, id: &str, target: &Path) -> Result<()> {
+        if !self.io_unenforced.at(id, target) {
+            return Ok(());
+        }
+        let (Some(record), Some(dev)) = (self.load_record(id).await?, self.live_device(id).await?)
+        else {
+            return Ok(());
+        };
+        if record.publish(target).is_some_and(|p| !p.removing) {
+            self.enforce_io(id, record.io_limits, target, dev.numbers(), false)
                 .await;
         }
         Ok(())

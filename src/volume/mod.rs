@@ -379,11 +379,18 @@ impl Volumes {
             self.cfg.overprovision_ratio,
             virtual_sum,
         );
-        // What the autopilot may still add counts as the pool's.
+        // What the autopilot may still add counts as the pool's: the
+        // headroom is that of the pool as large as it may grow.
         let room = self.autopilot_room(pool);
         if room > 0 {
             cap.physical_free += room;
-            cap.virtual_headroom += (room as f64 * self.cfg.overprovision_ratio) as u64;
+            cap.virtual_headroom = Capacity::compute(
+                pool.size + room,
+                0.0,
+                self.cfg.overprovision_ratio,
+                virtual_sum,
+            )
+            .virtual_headroom;
         }
         Ok((cap, pool.vg_extent_size))
     }

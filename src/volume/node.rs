@@ -35,10 +35,15 @@ fn access_fits(vol: &Owned, wanted: &Access) -> std::result::Result<(), String> 
 /// uses: the ones recorded with the volume at creation, checked against
 /// `fs_options`' lists again (tags are only text), then the CO's mount
 /// flags, which win where both set one.
+///
+/// `recorded`: the flags come from a node record, and a word an earlier
+/// version accepted is taken as it was then
+/// (`MountOptions::parse_recorded`).
 pub(super) fn formatting(
     vol: &Owned,
     fs_type: &str,
     mount_flags: &[String],
+    recorded: bool,
 ) -> Result<(MkfsOptions, MountOptions)> {
     let refused = |what: &str, why: String| {
         Error::FailedPrecondition(format!(
@@ -54,7 +59,12 @@ pub(super) fn formatting(
         fs_options::mount_word(fs_type, w).map_err(|why| refused("mount options", why))?;
     }
     words.extend(mount_flags.iter().cloned());
-    Ok((mkfs, MountOptions::parse(fs_type, &words)?))
+    let opts = if recorded {
+        MountOptions::parse_recorded(fs_type, &words)?
+    } else {
+        MountOptions::parse(fs_type, &words)?
+    };
+    Ok((mkfs, opts))
 }
 
 /// The record's kind for an access type.
@@ -159,13 +169,21 @@ impl Volumes {
         // Checked before anything is recorded: options the volume carries
         // that the lists no longer take refuse the stage, touching nothing.
         let formats = match &cap.access {
-            Access::Mount { fs_type } => Some(formatting(&vol, fs_type, &cap.mount_flags)?),
+            Access::Mount { fs_type } => Some(formatting(&vol, fs_type, &cap.mount_flags, false)?),
             Access::Block => None,
         };
+        let mut pool = self.stage_facts(&report, &vol);
+        if pool.problem.is_some() {
+            // A refusal to format rests on a fresh view, not the cache.
+            let fresh = self.lvm.fresh_report().await?;
+            pool = self.stage_facts(&fresh, &self.must_own(&fresh, id)?);
+        }
         let staging = self
             .resolve_existing_parent("staging_target_path", staging)
             .await?;
         let kind = kind_of(&cap.access);
+        // From here on, an error that is not a stall drops a record this
+        // call created: nothing before it may fail after the record is saved.
         let created = match self.load_record(id).await? {
             Some(r) if !r.unstaging => {
                 if r.staging != staging {
@@ -214,12 +232,6 @@ impl Volumes {
                 true
             }
         };
-        let mut pool = self.stage_facts(&report, &vol);
-        if pool.problem.is_some() {
-            // A refusal to format rests on a fresh view, not the cache.
-            let fresh = self.lvm.fresh_report().await?;
-            pool = self.stage_facts(&fresh, &self.must_own(&fresh, id)?);
-        }
         let mount = formats.map(|(mkfs, opts)| {
             pool.mkfs = mkfs;
             opts
@@ -573,6 +585,7 @@ impl Volumes {
 
     /// NodeGetVolumeStats: usage and condition of the volume at `path`.
     pub async fn volume_stats(&self, id: &VolumeId, path: &NodePath) -> Result<VolumeStats> {
+        self.retry_io(id, path).await?;
         let report = self.lvm.report().await?;
         let vol = self.must_own(&report, id)?;
         let missing = || {

@@ -1,7 +1,9 @@
 //! `capacity`: GetCapacity of one device class (`--param deviceClass=NAME`)
 //! or, without one, of every class the driver's GetPluginInfo manifest
 //! names, each with both metadata stores of that class scraped from the
-//! driver's metrics (one scrape for all).
+//! driver's metrics (one scrape for all). A class that is down shows its
+//! error among the others; when every class is down the command fails
+//! with the first one's code.
 
 use std::collections::BTreeMap;
 
@@ -43,6 +45,7 @@ pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
         .unwrap_or_else(|| default.clone());
     let samples = samples(&c.ends).await;
     let mut classes = Vec::new();
+    let mut first_error = None;
     for class in names.split(',').filter(|n| !n.is_empty()) {
         let mut one = req.clone();
         one.parameters
@@ -50,11 +53,23 @@ pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
         // A class that is down answers UNAVAILABLE; the others still show.
         classes.push(match c.controller().await?.get_capacity(one).await {
             Ok(r) => ClassCapacity::Answered(answered(&r.into_inner(), class, samples.as_ref())),
-            Err(s) => ClassCapacity::Failed {
-                device_class: class.to_string(),
-                error: format!("{:?}: {}", s.code(), s.message()),
-            },
+            Err(s) => {
+                let failed = ClassCapacity::Failed {
+                    device_class: class.to_string(),
+                    error: format!("{:?}: {}", s.code(), s.message()),
+                };
+                first_error.get_or_insert(s);
+                failed
+            }
         });
+    }
+    // Every class down: the command fails as a single call would.
+    if let Some(e) = first_error.filter(|_| {
+        classes
+            .iter()
+            .all(|c| matches!(c, ClassCapacity::Failed { .. }))
+    }) {
+        return Err(e.into());
     }
     c.show(&CapacitiesOut {
         default_device_class: default,

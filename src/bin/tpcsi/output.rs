@@ -487,8 +487,15 @@ impl From<&csi::GetCapacityResponse> for CapacityOut {
 
 impl Render for CapacityOut {
     fn table(&self) -> String {
+        self.rows(&self.device_class)
+    }
+}
+
+impl CapacityOut {
+    /// The table, with `class` shown as the device class.
+    fn rows(&self, class: &str) -> String {
         let mut rows = vec![
-            ("device class", self.device_class.clone()),
+            ("device class", class.to_string()),
             ("available", human(self.available_capacity)),
             ("maximum volume size", human_opt(self.maximum_volume_size)),
             ("minimum volume size", human_opt(self.minimum_volume_size)),
@@ -558,17 +565,10 @@ impl Render for CapacitiesOut {
             .device_classes
             .iter()
             .map(|c| match c {
-                ClassCapacity::Answered(out) => {
-                    let mut t = out.table();
-                    if out.device_class == self.default_device_class {
-                        t = t.replacen(
-                            &out.device_class,
-                            &format!("{} (default)", out.device_class),
-                            1,
-                        );
-                    }
-                    t
+                ClassCapacity::Answered(out) if out.device_class == self.default_device_class => {
+                    out.rows(&format!("{} (default)", out.device_class))
                 }
+                ClassCapacity::Answered(out) => out.table(),
                 ClassCapacity::Failed {
                     device_class,
                     error,
@@ -1015,7 +1015,14 @@ mod tests {
         assert_eq!(json["device_classes"][1]["device_class"], "fast");
         assert_eq!(json["device_classes"][1]["available_capacity"], 1u64 << 30);
         let t = all.table();
-        assert!(t.contains("fast (default)"), "{t}");
+        assert!(
+            t.contains("device class:  fast (default)") || t.contains("fast (default)"),
+            "{t}"
+        );
+        assert!(
+            t.lines().next().unwrap().starts_with("device class:"),
+            "{t}"
+        );
         assert!(t.contains("grew data 2x") && t.contains("BLOCKED"), "{t}");
         assert!(
             t.contains("error:") && t.contains("volume group gone"),
