@@ -229,7 +229,10 @@ fn assert_tpcsi_capacity_shows_metadata(
 ) {
     let out = crate::fixtures::tpcsi(d, &["--json", "--metrics-address", addr, "capacity"]);
     assert!(out.status.success(), "tpcsi capacity: {out:?}");
-    let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Every class the driver serves; this one has only the default.
+    let cap = &all["device_classes"][0];
+    assert_eq!(cap["device_class"], "default", "{all}");
     let md = &cap["metadata"];
     assert_eq!(md["pool_metadata_size"], pool.metadata_size, "{cap}");
     assert_eq!(md["vg_metadata_area_size"], pool.vg_mda_size, "{cap}");
