@@ -1419,6 +1419,18 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             }
         }
     }
+    // The host's cgroup hierarchy, where cgroup_root says, for I/O limits.
+    let cgroup_root = cfg.cgroup_root.display().to_string();
+    match mount_at(ds, driver, &cgroup_root) {
+        None => p.push(format!(
+            "{at}: the driver does not mount the host's /sys/fs/cgroup at cgroup_root {cgroup_root}"
+        )),
+        Some((_, host)) => p.check(host == Some("/sys/fs/cgroup"), || {
+            format!(
+                "{at}: cgroup_root {cgroup_root} must be the host's /sys/fs/cgroup, is {host:?}"
+            )
+        }),
+    }
     for c in containers(ds) {
         for m in c.seq(&["volumeMounts"]) {
             let bidi = m.s(&["mountPropagation"]) == Some("Bidirectional");
