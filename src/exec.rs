@@ -185,10 +185,19 @@ fn command(program: &str, args: &[String], env: &[(&str, &str)], stop: Stop) -> 
     // the child sees another parent then, and does not run the program.
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the child between fork and exec and only
-    // makes the prctl and getppid system calls, which are
+    // makes the sigaction, prctl and getppid system calls, which are
     // async-signal-safe, and builds an error without allocating.
     unsafe {
         cmd.pre_exec(move || {
+            // SIGINT is how a command past its timeout is stopped. A driver
+            // started with SIGINT ignored (`nohup`, a background job of a
+            // script) would pass that on through exec, and LVM would never
+            // stop: the child starts with the default disposition.
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGINT,
+                nix::sys::signal::SigHandler::SigDfl,
+            )
+            .map_err(std::io::Error::from)?;
             nix::sys::prctl::set_pdeathsig(on_parent_death).map_err(std::io::Error::from)?;
             if nix::unistd::getppid() != parent {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
@@ -469,6 +478,31 @@ mod tests {
         .unwrap_err();
         assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
         assert_eq!(std::fs::read_to_string(&done).unwrap().trim(), "clean");
+    }
+
+    /// A driver started with SIGINT ignored does not pass that on: the
+    /// child can be stopped with SIGINT (its trap runs).
+    #[tokio::test]
+    async fn children_start_with_sigint_at_its_default() {
+        use nix::sys::signal::{signal, SigHandler, Signal};
+        // SAFETY: only the disposition changes; no handler runs.
+        let before = unsafe { signal(Signal::SIGINT, SigHandler::SigIgn) }.unwrap();
+        let res = run(
+            "sh",
+            &[
+                "-c".into(),
+                "trap 'exit 3' INT; kill -INT $$; sleep 2; exit 0".into(),
+            ],
+            &[],
+            Duration::from_secs(20),
+        )
+        .await;
+        // SAFETY: as above, back to what it was.
+        unsafe { signal(Signal::SIGINT, before) }.unwrap();
+        match res {
+            Err(Error::Command { code, .. }) => assert_eq!(code, Some(3)),
+            other => panic!("the child's SIGINT trap did not run: {other:?}"),
+        }
     }
 
     /// A caller that goes away does not stop the command.
