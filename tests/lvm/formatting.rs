@@ -9,8 +9,8 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
 use crate::fixtures::{
-    block_cap, create_req, mkfs_runs, mount_cap, mount_flags, mounts_under, stage_req, unstage_req,
-    Kubelet,
+    block_cap, create_req, create_volume, mkfs_runs, mount_cap, mount_flags, mounts_under,
+    stage_req, unstage_req, Kubelet,
 };
 use crate::harness::{lvs, sh, TestDriver, MIB};
 
@@ -22,13 +22,8 @@ fn with_mkfs(mut req: CreateVolumeRequest, opts: &str) -> CreateVolumeRequest {
 }
 
 async fn create_id(d: &TestDriver, req: CreateVolumeRequest) -> String {
-    let mut c = d.controller().await;
-    c.create_volume(req)
+    create_volume(&mut d.controller().await, req)
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id
 }
 

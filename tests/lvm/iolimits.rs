@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use thinpool_csi::proto::csi::v1::*;
 
-use crate::fixtures::{block_cap, create_req, publish_req, s, stage_req, unpublish_req, Kubelet};
-use crate::harness::{TestDriver, MIB};
+use crate::fixtures::{
+    block_cap, create_req, create_volume, publish_req, s, stage_req, unpublish_req, Kubelet,
+};
+use crate::harness::{rdev_of, TestDriver, MIB};
 
 const CGROUP: &str = "/sys/fs/cgroup";
 
@@ -109,9 +111,8 @@ fn within(secs: f64, want: f64) -> bool {
 }
 
 fn numbers(dev: &Path) -> String {
-    use std::os::unix::fs::MetadataExt;
-    let rdev = std::fs::metadata(dev).unwrap().rdev();
-    format!("{}:{}", libc::major(rdev), libc::minor(rdev))
+    let (major, minor) = rdev_of(dev).expect("a block device node");
+    format!("{major}:{minor}")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -127,14 +128,7 @@ async fn limits_are_set_in_the_pods_cgroup_changed_live_and_taken_away() {
     req.parameters
         .insert("writeBytesPerSecond".into(), (2 * MIB).to_string());
     let mut c = d.controller().await;
-    let id = c
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = create_volume(&mut c, req).await.volume_id;
     let (staging, target) = (k.staging("pvc-limited"), k.target(uid));
     let mut n = d.node().await;
     n.node_stage_volume(stage_req(&id, &staging, block_cap()))
@@ -208,15 +202,8 @@ async fn a_filesystem_volume_is_limited_in_a_cgroupfs_pod() {
     );
     req.parameters
         .insert("writeBytesPerSecond".into(), (2 * MIB).to_string());
-    let id = d
-        .controller()
+    let id = create_volume(&mut d.controller().await, req)
         .await
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     let (staging, target) = (k.staging("pvc-fs-limited"), k.target(uid));
     let cap = crate::fixtures::mount_cap("ext4");
@@ -251,15 +238,8 @@ async fn a_limit_that_cannot_be_set_is_said_and_the_volume_still_served() {
     let d = TestDriver::start("iolimnone", 96 * MIB, &extra).await;
     let mut req = create_req("pvc-unenforced", 16 * MIB, block_cap());
     req.parameters.insert("readIOPS".into(), "100".into());
-    let id = d
-        .controller()
+    let id = create_volume(&mut d.controller().await, req)
         .await
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     let (staging, target) = (k.staging("pvc-unenforced"), k.target(uid));
     let mut n = d.node().await;
