@@ -1,6 +1,6 @@
 # thinpool-csi node image: the driver, its CLI client (tpcsi), plus the tools it runs (lvm2 with
 # dmsetup, thin_dump/thin_delta, mkfs.ext4/resize2fs, mkfs.xfs,
-# blkid/losetup), under tini. It runs privileged, with the host's /dev, the
+# blkid/losetup, cryptsetup for LUKS2 volumes), under tini. It runs privileged, with the host's /dev, the
 # kubelet directory and the host's LVM run/lock/configuration directories
 # mounted (see deploy/kubernetes/). Build: docker build -t thinpool-csi:0.1.0 .
 
@@ -31,7 +31,7 @@ FROM debian:bookworm-slim
 ENV LVM_SYSTEM_DIR=/usr/local/share/thinpool-csi/lvm
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux kmod tini \
+      lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux cryptsetup-bin kmod tini \
  && rm -rf /var/lib/apt/lists/* \
  && mkdir -p "$LVM_SYSTEM_DIR" \
  && cp -a /etc/lvm/profile "$LVM_SYSTEM_DIR/profile" \

@@ -7,6 +7,7 @@ const FILES: &[&str] = &[
     "identity/identity.proto",
     "reclaimspace/reclaimspace.proto",
     "healer/healer.proto",
+    "encryptionkeyrotation/encryptionkeyrotation.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -227,6 +227,7 @@ fn volume_lv(vg: &str, i: usize) -> (String, Vec<String>) {
         .unwrap(),
         class_options: Default::default(),
         from: None,
+        encrypted: false,
     };
     (naming::lv_name_for(&req.name), tags.encode())
 }
@@ -240,6 +241,7 @@ fn snapshot_lv(vg: &str, i: usize) -> (String, Vec<String>) {
         source: volume_lv(vg, i).0,
         access: Some(Access::Block),
         group: None,
+        encrypted: false,
     };
     (naming::snapshot_lv_name_for(&name), tags.encode())
 }

@@ -63,7 +63,7 @@ DEPLOY = ROOT / "deploy" / "kubernetes"
 MIN_KUBERNETES = "1.34.0"
 KUBERNETES_VERSIONS = [MIN_KUBERNETES, kubernetes_validate.latest_version()]
 
-RUNTIME_PACKAGES = ["lvm2", "thin-provisioning-tools", "e2fsprogs", "xfsprogs", "util-linux", "tini"]
+RUNTIME_PACKAGES = ["lvm2", "thin-provisioning-tools", "e2fsprogs", "xfsprogs", "util-linux", "cryptsetup-bin", "tini"]
 
 # Flags each sidecar release accepts, as far as the manifests may use them.
 # A flag not listed here fails the check: read the pinned release's docs,

@@ -16,7 +16,7 @@ set -euo pipefail
 
 # command:package pairs per group.
 run_pkgs=(mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:util-linux blkid:util-linux
-    lvm:lvm2 thin_check:thin-provisioning-tools)
+    lvm:lvm2 thin_check:thin-provisioning-tools cryptsetup:cryptsetup-bin)
 # ruby: `ruby -c` checks vagrant/Vagrantfile (scripts/check_packaging.py).
 test_pkgs=("${run_pkgs[@]}" ruby:ruby)
 lint_pkgs=(shellcheck:shellcheck)

@@ -83,6 +83,8 @@ pub struct Config {
     /// (LVM's default, which gives the autopilot time to grow the pool).
     /// Unset: the pool is left as it is.
     pub error_when_full: Option<bool>,
+    /// LUKS2 encryption of the class's volumes (see [`Encryption`]).
+    pub encryption: Encryption,
     /// LVs (volumes and snapshots) kept spare in the pool's metadata and
     /// the VG's metadata area: creates are refused this many short of
     /// LVM's own refusal (`lvm::room`).
@@ -119,6 +121,7 @@ pub struct DeviceClass {
     pub metadata_reserve_lvs: Option<u64>,
     pub autopilot: Option<Autopilot>,
     pub error_when_full: Option<bool>,
+    pub encryption: Option<Encryption>,
 }
 
 /// One value per filesystem this driver makes.
@@ -186,6 +189,64 @@ impl Default for Autopilot {
             backing_file_limit: 0,
             host_reserve: 1 << 30,
             poll_secs: 2,
+        }
+    }
+}
+
+/// LUKS2 encryption (dm-crypt, `cryptsetup`) of a class's volumes. The
+/// passphrase comes with each NodeStageVolume, in its secrets
+/// (`node::crypt::PASSPHRASE_KEY`); the driver keeps no key.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Encryption {
+    /// New volumes of the class are encrypted unless their StorageClass
+    /// says `encrypted: "false"` (a StorageClass's `encrypted: "true"`
+    /// encrypts in any class).
+    pub enabled: bool,
+    /// Let discards through the open mapping (`--allow-discards`), so
+    /// ReclaimSpace gives freed blocks back: an observer of the LV then
+    /// sees which blocks are free. Off: ReclaimSpace trims nothing.
+    pub allow_discards: bool,
+    /// Key derivation of new key slots.
+    pub pbkdf: Pbkdf,
+    /// Memory cost of argon2 (KiB); 0: cryptsetup's choice (up to 1 GiB,
+    /// needed again at each open).
+    pub pbkdf_memory_kib: u32,
+    /// Time cryptsetup aims an unlock at (ms); 0: its default (2000).
+    pub iter_time_ms: u32,
+    /// Fixed iterations instead of timing them (argon2: at least 4,
+    /// pbkdf2: at least 1000); 0: timed (`iter_time_ms`).
+    pub pbkdf_iterations: u32,
+}
+
+impl Default for Encryption {
+    fn default() -> Self {
+        Encryption {
+            enabled: false,
+            allow_discards: false,
+            pbkdf: Pbkdf::Argon2id,
+            pbkdf_memory_kib: 256 << 10,
+            iter_time_ms: 0,
+            pbkdf_iterations: 0,
+        }
+    }
+}
+
+/// A LUKS2 key-derivation function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pbkdf {
+    Argon2id,
+    Argon2i,
+    Pbkdf2,
+}
+
+impl Pbkdf {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pbkdf::Argon2id => "argon2id",
+            Pbkdf::Argon2i => "argon2i",
+            Pbkdf::Pbkdf2 => "pbkdf2",
         }
     }
 }
@@ -284,6 +345,7 @@ impl Default for Config {
             metadata_reserve_lvs: 64,
             autopilot: Autopilot::default(),
             error_when_full: None,
+            encryption: Encryption::default(),
             metrics_address: String::new(),
             log_format: LogFormat::Text,
             device_classes: Vec::new(),
@@ -422,6 +484,7 @@ impl Config {
             }
         }
         self.validate_autopilot()?;
+        self.validate_encryption()?;
         if let Some(lp) = &self.loop_pool {
             if !lp.backing_file.is_absolute() {
                 return Err(invalid(
@@ -457,6 +520,27 @@ impl Config {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    fn validate_encryption(&self) -> Result<(), ConfigError> {
+        let e = &self.encryption;
+        let least = match e.pbkdf {
+            Pbkdf::Pbkdf2 => 1000,
+            _ => 4,
+        };
+        if e.pbkdf_iterations != 0 && e.pbkdf_iterations < least {
+            return Err(invalid(
+                "encryption.pbkdf_iterations",
+                format!("must be 0 or at least {least} for {}", e.pbkdf.as_str()),
+            ));
+        }
+        if e.pbkdf_memory_kib != 0 && !(32..=4 << 20).contains(&e.pbkdf_memory_kib) {
+            return Err(invalid(
+                "encryption.pbkdf_memory_kib",
+                "must be 0 or between 32 and 4194304 (KiB)",
+            ));
         }
         Ok(())
     }
@@ -553,6 +637,10 @@ impl Config {
                     ..base.autopilot.clone()
                 }),
                 error_when_full: c.error_when_full.or(base.error_when_full),
+                encryption: c
+                    .encryption
+                    .clone()
+                    .unwrap_or_else(|| base.encryption.clone()),
                 ..base.clone()
             };
             out.push((Some(c.name.clone()), cfg));

@@ -42,6 +42,10 @@ pub enum Error {
     OutOfRange(String),
     #[error("{0}")]
     Unimplemented(String),
+    /// A secret the call carries does not open what it must (an encrypted
+    /// volume's passphrase).
+    #[error("{0}")]
+    Unauthenticated(String),
     /// A required piece of the system (the VG, the thin pool) is not usable.
     #[error("{0}")]
     Unavailable(String),
@@ -173,6 +177,9 @@ impl Error {
             Error::Unimplemented(_) => fixed(
                 "do not call it: this driver does not offer it and does not advertise it",
             ),
+            Error::Unauthenticated(_) => fixed(
+                "pass the volume's passphrase (the one it was formatted or last rotated with) in the secret's \"passphrase\" key, then retry",
+            ),
             Error::Unavailable(_) => fixed(
                 "check the volume group and thin pool on this node (vgs, lvs) and the driver's config, then retry",
             ),
@@ -210,6 +217,7 @@ impl Error {
             Error::DeadlineExceeded(_) => Code::DeadlineExceeded,
             Error::OutOfRange(_) => Code::OutOfRange,
             Error::Unimplemented(_) => Code::Unimplemented,
+            Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Timeout { .. } | Error::Stalled { .. } => Code::DeadlineExceeded,
             // A failed command the layer that ran it did not explain
@@ -468,6 +476,7 @@ mod tests {
             Error::DeadlineExceeded("the members stayed frozen too long".into()),
             Error::OutOfRange("limit_bytes 1 is below the minimum".into()),
             Error::Unimplemented("a raw block volume in use".into()),
+            Error::Unauthenticated("the passphrase opens no key slot of /dev/vg/lv".into()),
             Error::Unavailable("thin pool vg/pool not found".into()),
             cmd("  boom"),
             Error::MissingTool {

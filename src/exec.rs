@@ -56,7 +56,94 @@ pub async fn run_with(
     timeout: Duration,
     stop: Stop,
 ) -> Result<Output> {
-    let mut cmd = command(program, args, env, stop);
+    finish(
+        command(program, args, env, stop),
+        program,
+        args,
+        timeout,
+        stop,
+    )
+    .await
+}
+
+/// The fds a program run by [`run_with_input`] reads its inputs from: the
+/// first on stdin, the second on fd 3 (`/dev/fd/3`).
+pub const INPUT_FDS: [i32; 2] = [0, COPROCESS_FD];
+
+/// [`run`] with secrets or other data for the program on pipes, never on
+/// its command line, in its environment or in a file: `inputs[0]` on its
+/// stdin, `inputs[1]` (if given) on fd 3. Each input is written whole into
+/// its pipe before the program starts (at most a pipe's buffer, 64 KiB),
+/// and the pipe is closed behind it, so the program reads it to its end.
+pub async fn run_with_input(
+    program: &str,
+    args: &[String],
+    timeout: Duration,
+    inputs: &[&[u8]],
+) -> Result<Output> {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    if inputs.len() > INPUT_FDS.len() || inputs.iter().any(|i| i.len() > MAX_INPUT) {
+        return Err(Error::Internal(format!(
+            "{program}: at most {} inputs of at most {MAX_INPUT} bytes each",
+            INPUT_FDS.len()
+        )));
+    }
+    let io = |e: nix::errno::Errno| Error::io(format!("cannot start {program}"), e.into());
+    let mut reads: Vec<OwnedFd> = Vec::new();
+    for input in inputs {
+        let (read, write): (OwnedFd, OwnedFd) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io)?;
+        let mut left: &[u8] = input;
+        while !left.is_empty() {
+            let n = nix::unistd::write(&write, left).map_err(io)?;
+            left = &left[n..];
+        }
+        // Closed: the program reads the input, then end of file.
+        drop(write);
+        reads.push(read);
+    }
+    let mut cmd = command(program, args, &[], Stop::Kill);
+    let mut reads = reads.into_iter();
+    if let Some(stdin) = reads.next() {
+        cmd.stdin(Stdio::from(stdin));
+    }
+    if let Some(extra) = reads.next() {
+        let raw = extra.as_raw_fd();
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only makes the fcntl or dup2 system call, both async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let res = if raw == COPROCESS_FD {
+                    libc::fcntl(raw, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(raw, COPROCESS_FD)
+                };
+                if res < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        // Kept open until the program has started (the parent's copy is
+        // closed when `extra` drops, after the spawn in `finish`).
+        let out = finish(cmd, program, args, timeout, Stop::Kill).await;
+        drop(extra);
+        return out;
+    }
+    finish(cmd, program, args, timeout, Stop::Kill).await
+}
+
+/// The largest input [`run_with_input`] passes (a pipe's default buffer).
+pub const MAX_INPUT: usize = 64 << 10;
+
+/// Spawns `cmd` and waits for it as [`run_with`] says.
+async fn finish(
+    mut cmd: Command,
+    program: &str,
+    args: &[String],
+    timeout: Duration,
+    stop: Stop,
+) -> Result<Output> {
     let started = Instant::now();
     let child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
     let pid = child.id();
@@ -148,6 +235,7 @@ pub fn package_of(program: &str) -> &'static str {
     match name {
         "lvm" => "lvm2",
         "dmsetup" => "dmsetup",
+        "cryptsetup" => "cryptsetup-bin",
         "blkid" | "losetup" | "wipefs" | "blkdiscard" | "fstrim" => "util-linux",
         "thin_dump" | "thin_delta" | "thin_check" | "thin_repair" | "pdata_tools" => {
             "thin-provisioning-tools"

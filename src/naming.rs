@@ -44,6 +44,9 @@ pub const CLASS_MOUNT: &str = "mnt";
 pub const TAG_FROM: &str = "tpcsi.from=";
 /// On a snapshot: the id of the volume it was taken from.
 pub const TAG_SOURCE: &str = "tpcsi.source=";
+/// On an encrypted volume, and on its snapshots: `tpcsi.crypt=luks2`
+/// (LUKS2 on the LV, the filesystem inside; `node::crypt`).
+pub const TAG_CRYPT: &str = "tpcsi.crypt=luks2";
 /// On a member of a group snapshot: `<group id>:<number of members>`.
 pub const TAG_GROUP: &str = "tpcsi.group=";
 const SNAPSHOT_PREFIX: &str = "snap-";
@@ -267,6 +270,8 @@ pub struct VolumeTags {
     pub class_options: BTreeMap<String, String>,
     /// What the volume was made from, when it was not made empty.
     pub from: Option<ContentSource>,
+    /// The LV holds LUKS2 ([`TAG_CRYPT`]).
+    pub encrypted: bool,
 }
 
 /// The content a volume was made from (its ids have a checked shape).
@@ -312,6 +317,8 @@ pub struct SnapshotTags {
     pub access: Option<Access>,
     /// The group snapshot this one belongs to.
     pub group: Option<GroupTag>,
+    /// Its volume was encrypted, and so is the snapshot's content.
+    pub encrypted: bool,
 }
 
 /// A member's group: its id and how many members it has.
@@ -332,14 +339,21 @@ impl SnapshotTags {
         if let Some(g) = &self.group {
             tags.push(format!("{TAG_GROUP}{}:{}", g.id, g.members));
         }
+        if self.encrypted {
+            tags.push(TAG_CRYPT.to_string());
+        }
         tags
     }
 
     /// `None` unless the LV carries an owner, a name and a source tag.
     pub fn decode<'a>(tags: impl IntoIterator<Item = &'a str>) -> Option<SnapshotTags> {
         let (mut owner, mut co_name, mut source, mut access) = (None, None, None, None);
-        let mut group = None;
+        let (mut group, mut encrypted) = (None, false);
         for t in tags {
+            if t == TAG_CRYPT {
+                encrypted = true;
+                continue;
+            }
             if let Some(v) = t.strip_prefix(TAG_OWNER) {
                 owner = Some(v.to_string());
             } else if let Some(v) = t.strip_prefix(TAG_NAME) {
@@ -365,6 +379,7 @@ impl SnapshotTags {
             source: source?,
             access,
             group,
+            encrypted,
         })
     }
 }
@@ -457,6 +472,9 @@ impl VolumeTags {
         if let Some(f) = &self.from {
             tags.push(format!("{TAG_FROM}{}", f.encode()));
         }
+        if self.encrypted {
+            tags.push(TAG_CRYPT.to_string());
+        }
         tags
     }
 
@@ -475,8 +493,11 @@ impl VolumeTags {
         let mut from = None;
         let mut mutable = BTreeMap::new();
         let mut class_options = BTreeMap::new();
+        let mut encrypted = false;
         for t in tags {
-            if let Some(v) = t.strip_prefix(TAG_OWNER) {
+            if t == TAG_CRYPT {
+                encrypted = true;
+            } else if let Some(v) = t.strip_prefix(TAG_OWNER) {
                 owner = Some(v.to_string());
             } else if let Some(v) = t.strip_prefix(TAG_NAME) {
                 co_name = Some(String::from_utf8(unhex(v)?).ok()?);
@@ -514,6 +535,7 @@ impl VolumeTags {
             mutable,
             class_options,
             from,
+            encrypted,
         })
     }
 }
@@ -696,6 +718,7 @@ mod tests {
             mutable: BTreeMap::new(),
             class_options: BTreeMap::new(),
             from: None,
+            encrypted: false,
         };
         let lv = in_class(Some("fast"), lv_name_for("pvc-1"));
         let tags = t.encode();
@@ -721,6 +744,7 @@ mod tests {
             mutable: [("readAheadSectors".to_string(), "256".to_string())].into(),
             class_options: [("mkfs".to_string(), "-O ^has_journal -L a.b".to_string())].into(),
             from: None,
+            encrypted: true,
         };
         let enc = t.encode();
         for tag in &enc {
@@ -764,6 +788,7 @@ mod tests {
             mutable: BTreeMap::new(),
             class_options: BTreeMap::new(),
             from: None,
+            encrypted: false,
         };
         let enc = t.encode();
         assert!(!enc.iter().any(|t| t.starts_with(TAG_NAME)), "{enc:?}");
@@ -865,6 +890,7 @@ mod tests {
                 id: group_id_for("g1"),
                 members: 3,
             }),
+            encrypted: true,
         };
         let enc = t.encode();
         assert_eq!(
@@ -899,6 +925,7 @@ mod tests {
                 mutable: BTreeMap::new(),
                 class_options: BTreeMap::new(),
                 from: Some(from),
+                encrypted: false,
             };
             let enc = t.encode();
             let lv = lv_name_for(&t.co_name);

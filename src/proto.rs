@@ -19,3 +19,7 @@ pub mod reclaimspace {
 pub mod healer {
     tonic::include_proto!("healer");
 }
+#[allow(clippy::all, clippy::pedantic)]
+pub mod encryptionkeyrotation {
+    tonic::include_proto!("encryptionkeyrotation");
+}

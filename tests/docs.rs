@@ -16,7 +16,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::de::{DeserializeOwned, Visitor};
-use thinpool_csi::config::{Autopilot, Config, DeviceClass, LoopPool};
+use thinpool_csi::config::{Autopilot, Config, DeviceClass, Encryption, LoopPool};
 
 fn read(rel: &str) -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
@@ -95,6 +95,11 @@ fn config_keys() -> Vec<String> {
             .map(|k| format!("autopilot.{k}")),
     );
     keys.extend(
+        keys_of::<Encryption>()
+            .iter()
+            .map(|k| format!("encryption.{k}")),
+    );
+    keys.extend(
         keys_of::<DeviceClass>()
             .iter()
             .map(|k| format!("device_classes.{k}")),
@@ -170,7 +175,9 @@ fn field_names_come_from_the_parser() {
     let defaults = documented_defaults();
     let top: Vec<String> = keys
         .iter()
-        .filter(|k| !k.contains('.') && *k != "loop_pool" && *k != "autopilot")
+        .filter(|k| {
+            !k.contains('.') && !["loop_pool", "autopilot", "encryption"].contains(&k.as_str())
+        })
         .map(|k| {
             let v = defaults
                 .get(k)
@@ -189,7 +196,9 @@ fn readme_configuration_reference_has_every_key_with_its_default() {
     let mut problems = Vec::new();
     for k in &keys {
         // Tables: their keys are documented one by one.
-        if k != "loop_pool" && k != "autopilot" && !defaults.contains_key(k) {
+        if !["loop_pool", "autopilot", "encryption"].contains(&k.as_str())
+            && !defaults.contains_key(k)
+        {
             problems.push(format!(
                 "config/defaults.toml does not document `{k}` (its default and what it does)"
             ));

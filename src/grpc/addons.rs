@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::{reply, validate};
 use crate::error::{Error, Result};
-use crate::proto::identity::capability::{self, reclaim_space, service};
+use crate::proto::identity::capability::{self, encryption_key_rotation, reclaim_space, service};
 use crate::proto::identity::identity_server::Identity;
 use crate::proto::identity::*;
 use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceController;
@@ -91,11 +91,19 @@ pub fn capabilities() -> Vec<Capability> {
             r#type: t as i32,
         })),
     };
+    let rotation = Capability {
+        r#type: Some(capability::Type::EncryptionKeyRotation(
+            capability::EncryptionKeyRotation {
+                r#type: encryption_key_rotation::Type::Encryptionkeyrotation as i32,
+            },
+        )),
+    };
     vec![
         svc(service::Type::ControllerService),
         svc(service::Type::NodeService),
         reclaim(reclaim_space::Type::Offline),
         reclaim(reclaim_space::Type::Online),
+        rotation,
     ]
 }
 

@@ -114,6 +114,7 @@ impl ControllerService {
             range,
             from,
             mutable,
+            encrypted: validate::encrypted(&req.parameters)?,
         };
         let v = d.create_volume(spec).await?;
         Ok(CreateVolumeResponse {

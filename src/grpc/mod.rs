@@ -8,6 +8,7 @@ pub mod controller;
 pub mod group;
 pub mod healer;
 pub mod identity;
+pub mod keyrotation;
 pub mod metadata;
 pub mod node;
 pub mod observe;
@@ -63,6 +64,7 @@ pub async fn serve_addons(
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
+    use crate::proto::encryptionkeyrotation::encryption_key_rotation_controller_server::EncryptionKeyRotationControllerServer;
     use crate::proto::healer::healer_node_server::HealerNodeServer;
     use crate::proto::identity::identity_server::IdentityServer as AddonsIdentityServer;
     use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceControllerServer;
@@ -75,6 +77,7 @@ pub async fn serve_addons(
         .add_service(AddonsIdentityServer::new(svc()))
         .add_service(ReclaimSpaceNodeServer::new(svc()))
         .add_service(ReclaimSpaceControllerServer::new(svc()))
+        .add_service(EncryptionKeyRotationControllerServer::new(svc()))
         .add_service(HealerNodeServer::new(node::NodeService::new(
             classes.clone(),
         )))

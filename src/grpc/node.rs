@@ -62,8 +62,9 @@ impl NodeService {
         let id = validate::volume_id(&req.volume_id)?;
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let cap = self.capability(id.as_ref(), req.volume_capability.as_ref())?;
+        let keys = validate::passphrases(&req.secrets)?;
         let id = validate::known_volume(id, &req.volume_id)?;
-        self.classes.of(&id)?.stage(id, staging, cap).await?;
+        self.classes.of(&id)?.stage(id, staging, cap, keys).await?;
         Ok(NodeStageVolumeResponse {})
     }
 

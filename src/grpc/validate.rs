@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::fs_options;
 use crate::naming::{self, Access, ContentSource, MAX_STRING};
 use crate::node::mount_options::MountOptions;
-use crate::node::{cgroup, paths};
+use crate::node::{cgroup, crypt, paths};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::csi::v1::volume_capability::AccessType;
 use crate::proto::csi::v1::volume_content_source::Type as SourceType;
@@ -641,6 +641,51 @@ pub fn io_limits(params: &HashMap<String, String>) -> Result<BTreeMap<String, St
     Ok(out)
 }
 
+/// The StorageClass parameter that encrypts a volume (`"true"`) or not
+/// (`"false"`) whatever its class's `encryption.enabled` says; kept as
+/// the volume's `tpcsi.crypt` tag, not as a parameter.
+pub const ENCRYPTED: &str = "encrypted";
+
+/// The `encrypted` parameter, if given: `"true"` or `"false"`.
+pub fn encrypted(params: &HashMap<String, String>) -> Result<Option<bool>> {
+    match params.get(ENCRYPTED).map(String::as_str) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(other) => invalid(format!(
+            "parameter {ENCRYPTED}={other:?} must be \"true\" or \"false\""
+        )),
+    }
+}
+
+/// The passphrases among a call's secrets (`node::crypt::PASSPHRASE_KEY`
+/// and, optionally, `PREVIOUS_PASSPHRASE_KEY`); `None` when there is no
+/// `passphrase`. An empty or over-long one is INVALID_ARGUMENT, naming
+/// the key and never the value.
+pub fn passphrases(secrets: &HashMap<String, String>) -> Result<Option<crypt::Keys>> {
+    let one = |key: &str| -> Result<Option<crypt::Secret>> {
+        match secrets.get(key) {
+            None => Ok(None),
+            Some(v) if v.is_empty() || v.len() > MAX_PASSPHRASE => invalid(format!(
+                "secret {key:?} must hold 1 to {MAX_PASSPHRASE} bytes (it holds {})",
+                v.len()
+            )),
+            Some(v) => Ok(Some(crypt::Secret::new(v.as_bytes()))),
+        }
+    };
+    let Some(current) = one(crypt::PASSPHRASE_KEY)? else {
+        return Ok(None);
+    };
+    Ok(Some(crypt::Keys {
+        current,
+        previous: one(crypt::PREVIOUS_PASSPHRASE_KEY)?,
+    }))
+}
+
+/// cryptsetup's bound on a passphrase typed or piped in (its
+/// `--keyfile-size` default for interactive input is 512 bytes).
+pub const MAX_PASSPHRASE: usize = 512;
+
 /// The StorageClass parameter that replaces the device class's mkfs
 /// options (`fs_options`), and the short name it is kept under.
 pub const MKFS_OPTIONS: &str = "mkfsOptions";
@@ -706,12 +751,21 @@ pub fn class_parameters(
             limit?;
             continue;
         }
+        if key == ENCRYPTED {
+            // Checked here; CreateVolume takes it as `encrypted`.
+            encrypted(params)?;
+            continue;
+        }
         let Some((_, short)) = PARAMETERS.iter().find(|(k, _)| k == key) else {
             if let Some(ignored) = sidecar_key_in(carrier, key) {
                 ignored?;
                 continue;
             }
-            let known: Vec<&str> = PARAMETERS.iter().map(|(k, _)| *k).collect();
+            let known: Vec<&str> = PARAMETERS
+                .iter()
+                .map(|(k, _)| *k)
+                .chain([ENCRYPTED])
+                .collect();
             return invalid(format!("unknown parameter {key:?} (known: {known:?})"));
         };
         bounded_string(&format!("parameter {key}"), value)?;

@@ -125,9 +125,13 @@ fn numbers_of(kernel_name: &str) -> Option<(u32, u32)> {
 /// name.
 pub fn overlay_on(dev: (u32, u32), lv: (u32, u32)) -> Option<String> {
     let name = dm_name(dev.0, dev.1)?;
-    let lv_kernel = kernel_name(lv.0, lv.1)?;
-    (name.starts_with(OVERLAY_PREFIX) && list(sys_dir(dev.0, dev.1).join("slaves")) == [lv_kernel])
-        .then_some(name)
+    (name.starts_with(OVERLAY_PREFIX) && stacked_on(dev, lv)).then_some(name)
+}
+
+/// True when the dm device `dev` maps the device `lower` and nothing else
+/// (its one slave in sysfs).
+pub fn stacked_on(dev: (u32, u32), lower: (u32, u32)) -> bool {
+    kernel_name(lower.0, lower.1).is_some_and(|k| list(sys_dir(dev.0, dev.1).join("slaves")) == [k])
 }
 
 /// Our overlays currently stacked on the LV `lv`: (name, numbers).
@@ -137,6 +141,14 @@ pub fn overlays_of(lv: (u32, u32)) -> Vec<(String, (u32, u32))> {
         .filter_map(|k| numbers_of(k))
         .filter_map(|n| overlay_on(n, lv).map(|name| (name, n)))
         .collect()
+}
+
+/// True when the block device `dev` takes discards (its queue's
+/// `discard_max_bytes` is not 0: a crypt mapping opened without
+/// `--allow-discards` shows 0).
+pub fn passes_discards(dev: (u32, u32)) -> bool {
+    std::fs::read_to_string(sys_dir(dev.0, dev.1).join("queue/discard_max_bytes"))
+        .is_ok_and(|s| s.trim().parse::<u64>().is_ok_and(|n| n > 0))
 }
 
 /// True when the kernel refuses writes to `major:minor`.

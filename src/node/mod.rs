@@ -22,6 +22,7 @@
 pub mod blkid;
 pub mod block;
 pub mod cgroup;
+pub mod crypt;
 pub mod dm;
 pub mod durable;
 pub mod freeze;

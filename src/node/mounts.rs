@@ -30,6 +30,11 @@ pub struct StageFacts {
     /// The options the volume is formatted with, should it be blank: the
     /// ones recorded with it at creation (`fs_options`, checked again).
     pub mkfs: MkfsOptions,
+    /// The device staged is a crypt mapping over the LV with these
+    /// numbers: the LV's thin status, not the mapping's, says whether it
+    /// was ever written (and it was: its LUKS2 header), so its filesystem
+    /// is made only under the formatting marker.
+    pub under: Option<(u32, u32)>,
 }
 
 /// NodeStageVolume for mount access: format only a never-written device
@@ -77,7 +82,8 @@ pub async fn stage(
     // A thin volume that maps no sector of its pool was never written
     // and reads zeros everywhere: it holds no signature, and blkid need
     // not read it to say so.
-    let mapped = dm::thin_mapped_sectors(tools, dev.major, dev.minor).await?;
+    let (major, minor) = pool.under.unwrap_or(dev.numbers());
+    let mapped = dm::thin_mapped_sectors(tools, major, minor).await?;
     let found = match mapped {
         0 => blkid::Signature::None,
         _ => blkid::probe(tools, &dev.path).await?,

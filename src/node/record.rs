@@ -71,6 +71,10 @@ pub struct Record {
     /// changed by ControllerModifyVolume, so a publish needs no LVM.
     #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
     pub io_limits: IoLimits,
+    /// The volume is LUKS2: what is staged and published is its open
+    /// crypt mapping (`node::crypt`), never the LV itself. No key is kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
 }
 
 impl Record {
@@ -183,6 +187,7 @@ pub fn adopt_legacy(
         unstaging: false,
         adopted: true,
         io_limits: IoLimits::default(),
+        encrypted: false,
     })
 }
 
@@ -292,6 +297,7 @@ mod tests {
             unstaging: false,
             io_limits: IoLimits::default(),
             adopted: false,
+            encrypted: false,
         }
     }
 

@@ -25,6 +25,9 @@ pub struct CreateSpec {
     pub from: Option<ContentSource>,
     /// Mutable parameters (`grpc::validate::mutable_parameters`).
     pub mutable: BTreeMap<String, String>,
+    /// The StorageClass's `encrypted` parameter; `None`: the class's
+    /// `encryption.enabled`.
+    pub encrypted: Option<bool>,
 }
 
 /// What the controller reports of a volume.
@@ -158,6 +161,7 @@ impl Volumes {
             mutable: spec.mutable.clone(),
             class_options: self.class_options(&spec.access, &spec.params),
             from: spec.from.clone(),
+            encrypted: spec.encrypted.unwrap_or(self.cfg.encryption.enabled),
         };
         let range = spec.range.as_ref();
         let report = self.lvm.known().await?;
@@ -305,16 +309,30 @@ impl Volumes {
         tags: &VolumeTags,
         range: Option<&SizeRange>,
     ) -> Result<u64> {
-        let (src_size, src_access) = match from {
+        let (src_size, src_access, src_encrypted) = match from {
             ContentSource::Snapshot(id) => {
                 let snap = self.must_own_snapshot(report, id)?;
-                (snap.lv.size, snap.tags.access)
+                (snap.lv.size, snap.tags.access, snap.tags.encrypted)
             }
             ContentSource::Volume(id) => {
                 let vol = self.must_own(report, id)?;
-                (vol.lv.size, vol.tags.access)
+                (vol.lv.size, vol.tags.access, vol.tags.encrypted)
             }
         };
+        // A copy holds its source's bytes: LUKS2 (opened with the
+        // source's passphrase) or not, whatever the request would like.
+        if src_encrypted != tags.encrypted {
+            let (have, want) = match src_encrypted {
+                true => ("is encrypted", "unencrypted"),
+                false => ("is not encrypted", "encrypted"),
+            };
+            return Err(Error::InvalidArgument(format!(
+                "{from:?} {have}; a volume made from it cannot be {want}"
+            ))
+            .advise(format!(
+                "make the copy with a StorageClass whose encryption matches its source (parameter encrypted: \"{src_encrypted}\")"
+            )));
+        }
         if let (Some(have), Some(want)) = (&src_access, &tags.access) {
             if have != want {
                 return Err(Error::InvalidArgument(format!(

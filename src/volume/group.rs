@@ -288,10 +288,17 @@ impl Volumes {
         let total: u64 = vols.iter().map(|v| v.lv.size).sum();
         self.check_headroom("a group snapshot", total, &cap)?;
         // Where each member is mounted on this node, if it is.
-        let numbers: Vec<Option<(u32, u32)>> = vols
-            .iter()
-            .map(|v| self.current_device(v.lv).map(|d| d.numbers()))
-            .collect();
+        // (An encrypted member's filesystem is on its crypt mapping.)
+        let mut numbers: Vec<Option<(u32, u32)>> = Vec::new();
+        for v in &vols {
+            numbers.push(match v.tags.encrypted {
+                true => self
+                    .data_device(&v.lv.name, true)
+                    .await?
+                    .map(|d| d.numbers()),
+                false => self.current_device(v.lv).map(|d| d.numbers()),
+            });
+        }
         let points: Vec<Option<freeze::MountOf>> = self
             .tools
             .blocking("find the members' mounts", move || {
@@ -344,6 +351,7 @@ impl Volumes {
                     id: id.to_string(),
                     members: vols.len(),
                 }),
+                encrypted: vol.tags.encrypted,
             };
             // An lvcreate that failed may still have made the LV: the
             // clean-up below removes every member the group has.

@@ -129,9 +129,7 @@ impl Volumes {
             });
         }
         if record.unstaging {
-            let dev = self.live_device(id).await?;
-            self.finish_unstage(id, dev.as_ref(), Some(&record.staging))
-                .await?;
+            self.finish_unstage(id, Some(&record.staging)).await?;
             self.remove_record(id).await?;
             return Ok(Verdict {
                 abnormal: true,
@@ -150,7 +148,28 @@ impl Volumes {
                 })
                 .await?
         };
-        let (dev, activated) = self.activate(vol.lv).await?;
+        let (lv, activated) = self.activate(vol.lv).await?;
+        let under = vol.tags.encrypted.then(|| lv.numbers());
+        let dev = match vol.tags.encrypted {
+            true => match self.crypt_device(id, &lv).await? {
+                Some(mapped) => mapped,
+                None => {
+                    // The driver keeps no key: only a stage re-opens it.
+                    if activated {
+                        self.deactivate_if_unused(&lv).await;
+                    }
+                    return Ok(Verdict {
+                        abnormal: true,
+                        message: format!(
+                            "encrypted volume {id} is staged but its crypt mapping is closed (the node restarted, \
+                             or it was closed outside the driver); the driver keeps no passphrase, so the next \
+                             NodeStageVolume (kubelet's, when the pod restarts) re-opens it; nothing was changed"
+                        ),
+                    });
+                }
+            },
+            false => lv,
+        };
         if activated {
             found.push(format!(
                 "LV {} was inactive: re-activated it",
@@ -174,6 +193,7 @@ impl Volumes {
                 if !self.mounted_from(&staging, &dev).await? {
                     let pool = mounts::StageFacts {
                         mkfs,
+                        under,
                         ..self.stage_facts(&report, &vol)
                     };
                     let marker = self.formatting_marker(id);

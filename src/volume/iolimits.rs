@@ -111,7 +111,7 @@ impl Volumes {
         }
         // Set again even when unchanged: a pod cgroup may exist now that
         // did not at publish.
-        let Some(dev) = self.live_device(id).await? else {
+        let Some(dev) = self.data_device(id, record.encrypted).await? else {
             return Ok(());
         };
         for p in record.publishes.iter().filter(|p| !p.removing) {
@@ -131,8 +131,10 @@ impl Volumes {
         if !self.io_unenforced.at(id, target) {
             return Ok(());
         }
-        let (Some(record), Some(dev)) = (self.load_record(id).await?, self.live_device(id).await?)
-        else {
+        let Some(record) = self.load_record(id).await? else {
+            return Ok(());
+        };
+        let Some(dev) = self.data_device(id, record.encrypted).await? else {
             return Ok(());
         };
         if record.publish(target).is_some_and(|p| !p.removing) {

@@ -19,6 +19,7 @@
 pub mod autopilot;
 pub mod classes;
 pub mod controller;
+pub mod crypt;
 pub mod group;
 pub mod heal;
 pub mod iolimits;
@@ -637,11 +638,15 @@ impl Volumes {
     pub fn stage_facts(&self, report: &Report, vol: &Owned) -> mounts::StageFacts {
         let pool = self.pool(report).ok();
         mounts::StageFacts {
-            zeroes_new_chunks: pool.is_some_and(Lv::zeroes_new_chunks),
+            // A crypt mapping over zeroed chunks reads their decryption,
+            // not zeros: mkfs must write its tables.
+            zeroes_new_chunks: !vol.tags.encrypted && pool.is_some_and(Lv::zeroes_new_chunks),
             problem: pool.and_then(Lv::problem),
             made_from_source: vol.tags.from.is_some(),
             // Set by a filesystem stage, from the volume's tags.
             mkfs: Default::default(),
+            // Set by the stage of an encrypted volume.
+            under: None,
         }
     }
 }

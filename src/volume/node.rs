@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::fs_options::{self, MkfsOptions};
 use crate::naming::{self, Access};
 use crate::node::cgroup::IoLimits;
+use crate::node::crypt::Keys;
 use crate::node::mount_options::MountOptions;
 use crate::node::record::{Kind, Publish, Record};
 use crate::node::{self, block, mounts};
@@ -155,17 +156,30 @@ impl Volumes {
         id: VolumeId,
         staging: NodePath,
         cap: Capability,
+        keys: Option<Keys>,
     ) -> Result<()> {
         self.detached(&id.clone(), "NodeStageVolume", move |d, _| async move {
-            d.stage_held(&id, &staging, &cap).await
+            d.stage_held(&id, &staging, &cap, keys.as_ref()).await
         })
         .await
     }
 
-    async fn stage_held(&self, id: &VolumeId, staging: &NodePath, cap: &Capability) -> Result<()> {
+    async fn stage_held(
+        &self,
+        id: &VolumeId,
+        staging: &NodePath,
+        cap: &Capability,
+        keys: Option<&Keys>,
+    ) -> Result<()> {
         let report = self.lvm.known().await?;
         let vol = self.must_own(&report, id)?;
         access_fits(&vol, &cap.access).map_err(Error::FailedPrecondition)?;
+        // Secrets are read only for an encrypted volume.
+        let keys = match (vol.tags.encrypted, keys) {
+            (true, None) => return Err(super::crypt::missing_passphrase(id)),
+            (true, Some(k)) => Some(k),
+            (false, _) => None,
+        };
         // Checked before anything is recorded: options the volume carries
         // that the lists no longer take refuse the stage, touching nothing.
         let formats = match &cap.access {
@@ -227,6 +241,7 @@ impl Volumes {
                     unstaging: false,
                     adopted: false,
                     io_limits: IoLimits::from_params(&vol.tags.mutable),
+                    encrypted: vol.tags.encrypted,
                 })
                 .await?;
                 true
@@ -237,7 +252,23 @@ impl Volumes {
             opts
         });
         let res = async {
-            let (dev, activated) = self.activate(vol.lv).await?;
+            let (lv, activated) = self.activate(vol.lv).await?;
+            let (dev, opened) = match keys {
+                Some(keys) => {
+                    pool.under = Some(lv.numbers());
+                    let block = mount.is_none();
+                    match self.open_crypt(&vol, &lv, keys, &pool, block).await {
+                        Ok(open) => open,
+                        Err(e) => {
+                            if activated {
+                                self.deactivate_if_unused(&lv).await;
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                None => (lv.clone(), false),
+            };
             let res = match (&cap.access, &mount) {
                 (Access::Mount { fs_type }, Some(opts)) => {
                     let marker = self.formatting_marker(id);
@@ -252,9 +283,16 @@ impl Volumes {
                         .await
                 }
             };
-            if res.is_err() && activated {
+            if res.as_ref().is_err_and(|e| !e.is_stalled()) {
                 // Leave the LV as it was found.
-                self.deactivate_if_unused(&dev).await;
+                if opened {
+                    if let Err(e) = self.close_crypt(id).await {
+                        tracing::warn!(%id, error = %e, "could not close the crypt mapping again");
+                    }
+                }
+                if activated {
+                    self.deactivate_if_unused(&lv).await;
+                }
             }
             res
         }
@@ -318,9 +356,7 @@ impl Volumes {
                     d.save_record(&r).await?;
                 }
             }
-            let dev = d.live_device(&id).await?;
-            d.finish_unstage(&id, dev.as_ref(), staging_real.as_deref())
-                .await?;
+            d.finish_unstage(&id, staging_real.as_deref()).await?;
             if record.is_some() {
                 d.remove_record(&id).await?;
             }
@@ -329,14 +365,18 @@ impl Volumes {
         .await
     }
 
-    /// The node part of an unstage: unmount (or drop overlays), then
-    /// deactivate the LV when nothing uses it.
-    pub(super) async fn finish_unstage(
-        &self,
-        id: &str,
-        dev: Option<&node::Device>,
-        staging: Option<&Path>,
-    ) -> Result<()> {
+    /// The node part of an unstage: unmount (or drop overlays), close an
+    /// encrypted volume's mapping, then deactivate the LV when nothing
+    /// uses it.
+    pub(super) async fn finish_unstage(&self, id: &str, staging: Option<&Path>) -> Result<()> {
+        let lv = self.live_device(id).await?;
+        let mapped = match &lv {
+            Some(lv) => self.crypt_device(id, lv).await?,
+            None => None,
+        };
+        let encrypted = mapped.is_some();
+        let dev = mapped.or_else(|| lv.clone());
+        let dev = dev.as_ref();
         let present = match staging {
             Some(p) => {
                 let p = p.to_path_buf();
@@ -352,8 +392,11 @@ impl Volumes {
             Some(p) if present => node::unstage(&self.tools, dev, id, p).await?,
             _ => tracing::info!(id, staging = ?staging, "NodeUnstageVolume: staging path is gone"),
         }
-        if let Some(dev) = dev {
-            self.deactivate_if_unused(dev).await;
+        if encrypted {
+            self.close_crypt(id).await?;
+        }
+        if let Some(lv) = &lv {
+            self.deactivate_if_unused(lv).await;
         }
         Ok(())
     }
@@ -396,11 +439,14 @@ impl Volumes {
                 ))
                 .advise("publish it with the access type it was staged with, or unstage and stage it again"));
             }
-            let dev = d.live_device(&id).await?.ok_or_else(not_staged)?;
+            let dev = d
+                .data_device(&id, record.encrypted)
+                .await?
+                .ok_or_else(not_staged)?;
             let (vid, path, numbers) = (id.to_string(), dev.path.clone(), dev.numbers());
             let dev = d
                 .tools
-                .blocking("check the LV's /dev node", move || {
+                .blocking("check the volume's /dev node", move || {
                     node::ensure_dev_node(&vid, &path, numbers)
                 })
                 .await?;
@@ -530,7 +576,11 @@ impl Volumes {
             if record.is_none() {
                 d.must_own(&*d.lvm.report().await?, &id)?;
             }
-            let lv = d.live_device(&id).await?.map(|dev| dev.numbers());
+            let encrypted = record.as_ref().is_some_and(|r| r.encrypted);
+            let lv = d
+                .data_device(&id, encrypted)
+                .await?
+                .map(|dev| dev.numbers());
             let Some(target) = d.resolve(&target).await? else {
                 // Nothing can be mounted where no directory is; a publish
                 // recorded there must not be healed back, nor its overlay
@@ -596,7 +646,7 @@ impl Volumes {
         };
         let real = self.resolve(path).await?.ok_or_else(missing)?;
         let mut problems: Vec<String> = self.problem(&report, vol.lv).into_iter().collect();
-        let dev = self.live_device(id).await?;
+        let dev = self.data_device(id, vol.tags.encrypted).await?;
         let (records, roots) = (self.records.clone(), self.tools.roots.clone());
         let vid = id.to_string();
         let (exists, here, stats) = self
@@ -644,6 +694,14 @@ impl Volumes {
                 problems.extend(s.problems);
                 s.usage
             }
+            None if vol.tags.encrypted => {
+                problems.push(format!(
+                    "the crypt mapping of encrypted volume {id} is not open: the volume is not staged on \
+                     this node, or the node restarted; unstage and stage it again with its passphrase \
+                     (restart the workload)"
+                ));
+                node::Usage::Unknown
+            }
             None => {
                 problems.push(format!(
                     "LV {} is not active: the volume is not staged on this node, or was deactivated \
@@ -689,18 +747,41 @@ impl Volumes {
                     ))
                 })?;
             let staging = d.resolve_optional(staging.as_ref()).await?;
-            let dev = d.current_device(vol.lv).ok_or_else(|| {
+            let not_staged = || {
                 Error::FailedPrecondition(format!("volume {id} is not staged on this node"))
                     .advise("call NodeStageVolume first, then NodeExpandVolume")
-            })?;
+            };
+            let lv = d.current_device(vol.lv).ok_or_else(not_staged)?;
+            let dev = match vol.tags.encrypted {
+                true => d.crypt_device(&id, &lv).await?.ok_or_else(not_staged)?,
+                false => lv.clone(),
+            };
             // Checked and staged here: with controller_expansion off, the
             // LV grows now (its device numbers stay), then what is on it.
             if !d.cfg.controller_expansion && range.required > vol.lv.size {
                 d.grow_lv(&id, &range, "NodeExpandVolume").await?;
             }
+            if vol.tags.encrypted {
+                // The LV, then the mapping over it, then the filesystem.
+                crate::node::crypt::resize(&d.tools, &crate::node::crypt::mapping_name(&id))
+                    .await?;
+            }
             let mut at: Vec<&Path> = vec![&real];
             at.extend(staging.as_deref());
             let size = node::expand(&d.tools, &dev, block_access, &at).await?;
+            // An encrypted volume is its LV: the mapping is smaller by its
+            // LUKS2 header.
+            let size = match vol.tags.encrypted {
+                true => {
+                    let p = lv.path.clone();
+                    d.tools
+                        .blocking("read the LV's size", move || {
+                            Ok(crate::sys::block_size_bytes(&p)?)
+                        })
+                        .await?
+                }
+                false => size,
+            };
             if range.required > size {
                 return Err(Error::OutOfRange(format!(
                     "volume {id} is {size} bytes, less than the required {}",

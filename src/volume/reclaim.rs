@@ -47,14 +47,36 @@ impl Volumes {
         self.detached(&id.clone(), "NodeReclaimSpace", move |d, cancel| async move {
             let report = d.lvm.fresh_report().await?;
             let vol = d.must_own(&report, &id)?;
-            let Some((major, minor)) = vol.lv.kernel else {
-                return Err(Error::FailedPrecondition(format!(
+            let not_staged = || {
+                Error::FailedPrecondition(format!(
                     "volume {id} is not active on this node, so nothing is staged to trim"
                 ))
-                .advise("use ControllerReclaimSpace for a volume nobody uses"));
+                .advise("use ControllerReclaimSpace for a volume nobody uses")
+            };
+            let Some(lv_numbers) = vol.lv.kernel else {
+                return Err(not_staged());
             };
             let access = vol.tags.access.clone();
             let pre = vol.lv.allocated_bytes().unwrap_or(0);
+            // An encrypted volume's filesystem is on its crypt mapping,
+            // which passes discards on only where its class allows them.
+            let (major, minor) = match vol.tags.encrypted {
+                false => lv_numbers,
+                true => {
+                    let mapped = d.data_device(&id, true).await?.ok_or_else(not_staged)?;
+                    let n = mapped.numbers();
+                    let passes = d
+                        .tools
+                        .blocking("read the mapping's discard limit", move || {
+                            Ok(crate::node::dm::passes_discards(n))
+                        })
+                        .await?;
+                    if !passes {
+                        return d.nothing_reclaimed(&id, pre, "its crypt mapping passes no discards (encryption.allow_discards is off)").await;
+                    }
+                    n
+                }
+            };
             let size = vol.lv.size;
             let stop = d.reclaim_stop(&cancel);
             let trimmed = crate::blocking::run(
@@ -100,6 +122,10 @@ impl Volumes {
                 .advise("reclaim it with NodeReclaimSpace while it is staged, or call ControllerReclaimSpace again when nothing uses it"));
             }
             let access = vol.tags.access.clone();
+            if vol.tags.encrypted {
+                let pre = d.usage(&id).await?;
+                return d.nothing_reclaimed(&id, pre, "it is encrypted and the controller holds no key to mount it").await;
+            }
             let pool_chunk = d.pool(&report)?.chunk_size.max(512);
             let was_active = vol.lv.is_active();
             // An LV that was active already has its usage in this report.
@@ -165,6 +191,14 @@ impl Volumes {
         }
         let post = self.usage(id).await?;
         self.metrics.reclaimed(pre, post);
+        Ok(Reclaimed { pre, post })
+    }
+
+    /// A reclaim that trims nothing, and says why: usage before, and after
+    /// read again (the volume's own writes may have changed it).
+    async fn nothing_reclaimed(&self, id: &str, pre: u64, why: &str) -> Result<Reclaimed> {
+        let post = self.usage(id).await?;
+        tracing::info!(id, pre, post, why, "ReclaimSpace: nothing trimmed");
         Ok(Reclaimed { pre, post })
     }
 

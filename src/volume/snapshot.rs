@@ -140,6 +140,7 @@ impl Volumes {
             source: source.to_string(),
             access: vol.tags.access.clone(),
             group: None,
+            encrypted: vol.tags.encrypted,
         };
         self.lvm
             .create_snapshot(id, source, &tags.encode(), false, None)
