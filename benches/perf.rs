@@ -573,7 +573,7 @@ fn prezeroed(vg: &str, fs: &str) -> bool {
 
 /// The mkfs line the driver runs on a fresh volume.
 fn driver_mkfs(fs: &str, dev: &str, prezeroed: bool) -> (String, Vec<String>) {
-    thinpool_csi::node::mkfs::mkfs_command(fs, Path::new(dev), prezeroed, &Default::default())
+    thinpool_csi::node::mkfs::mkfs_command(fs, Path::new(dev), true, prezeroed, &Default::default())
         .unwrap()
 }
 

@@ -147,7 +147,8 @@ fn every_csi_sanity_spec_has_a_row() {
 fn every_csi_addons_error_row_has_a_row() {
     let rows = rows(&doc(), 'A');
     // The error tables of csi-addons-reclaimspace.md (ControllerReclaimSpace,
-    // NodeReclaimSpace) and csi-addons-healer.md (NodeHealer).
+    // NodeReclaimSpace), csi-addons-healer.md (NodeHealer) and
+    // EncryptionKeyRotate's.
     let reclaim = [
         "Missing required field",
         "Volume does not exist",
@@ -163,6 +164,10 @@ fn every_csi_addons_error_row_has_a_row() {
     }
     for c in reclaim.iter().chain(["Call not implemented"].iter()) {
         want.insert(("NodeHealer".into(), c.to_string()));
+    }
+    // encryptionkeyrotation/README.md of csi-addons/spec: the same five.
+    for c in reclaim {
+        want.insert(("EncryptionKeyRotate".into(), c.to_string()));
     }
     let got: BTreeSet<(String, String)> = rows
         .iter()

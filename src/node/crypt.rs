@@ -288,7 +288,7 @@ pub async fn add_key(
         .map(String::from)
         .to_vec();
     args.extend(pbkdf_args(enc));
-    args.extend([dev.display().to_string(), "/dev/fd/3".to_string()]);
+    args.extend([dev.display().to_string(), "/proc/self/fd/3".to_string()]);
     match cryptsetup(tools, args, &[current, new]).await {
         Err(e) if exit_code(&e) == Some(EXIT_BAD_PASSPHRASE) => {
             Err(refused(&dev.display().to_string()))

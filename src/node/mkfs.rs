@@ -8,11 +8,14 @@ use crate::fs_options::MkfsOptions;
 use crate::node::Tools;
 
 /// The mkfs command line. No discard pass (a fresh thin volume has nothing
-/// to discard, and discarding 100 GiB takes long), and no inode table or
-/// journal zeroing: on ext4 `lazy_*_init`, and `assume_storage_prezeroed`
-/// when the pool zeroes newly provisioned chunks, which marks the tables
-/// as zeroed so the kernel's lazy-init thread does not write them either
-/// (thin volumes read zeros where never written).
+/// to discard, and discarding 100 GiB takes long), and no inode table
+/// zeroing: on ext4 `lazy_itable_init`, and `assume_storage_prezeroed`
+/// (`prezeroed`) when the pool zeroes newly provisioned chunks, which
+/// marks the tables as zeroed so the kernel's lazy-init thread does not
+/// write them either (thin volumes read zeros where never written). The
+/// journal is zeroed at mkfs unless the device reads zeros (`zeroed`): a
+/// crypt mapping over a zeroed LV reads their decryption, and a stale
+/// journal block could be replayed after a crash.
 ///
 /// The volume's own options (`fs_options`, checked) come after the
 /// driver's; ext4's `-E` list is joined to the driver's, since mke2fs
@@ -20,6 +23,7 @@ use crate::node::Tools;
 pub fn mkfs_command(
     fs_type: &str,
     dev: &Path,
+    zeroed: bool,
     prezeroed: bool,
     opts: &MkfsOptions,
 ) -> Result<(String, Vec<String>)> {
@@ -27,8 +31,11 @@ pub fn mkfs_command(
     let mut args: Vec<String> = vec!["-q".into()];
     let program = match fs_type {
         "ext4" => {
-            let mut ext = String::from("nodiscard,lazy_itable_init=1,lazy_journal_init=1");
-            if prezeroed {
+            let mut ext = format!(
+                "nodiscard,lazy_itable_init=1,lazy_journal_init={}",
+                u8::from(zeroed)
+            );
+            if zeroed && prezeroed {
                 ext.push_str(",assume_storage_prezeroed=1");
             }
             for (opt, value) in opts.pairs() {
@@ -74,8 +81,9 @@ pub(super) async fn mkfs(
     // e2fsprogs before 1.47 does not know assume_storage_prezeroed (and
     // rejects the whole command line): asked of its version, not guessed
     // from a failure.
-    let prezeroed = prezeroed && (fs_type != "ext4" || ext4_knows_prezeroed(tools).await?);
-    let (program, args) = mkfs_command(fs_type, dev, prezeroed, opts)?;
+    let zeroed = prezeroed;
+    let prezeroed = zeroed && (fs_type != "ext4" || ext4_knows_prezeroed(tools).await?);
+    let (program, args) = mkfs_command(fs_type, dev, zeroed, prezeroed, opts)?;
     tools.run(&program, &args).await?;
     tracing::info!(device = %dev.display(), fs_type, prezeroed, options = opts.text(),
         elapsed = ?started.elapsed(), "made filesystem");
@@ -113,7 +121,7 @@ mod tests {
     #[test]
     fn mkfs_never_discards_nor_forces() {
         let none = MkfsOptions::default();
-        let (p, a) = mkfs_command("ext4", Path::new("/dev/v/l"), true, &none).unwrap();
+        let (p, a) = mkfs_command("ext4", Path::new("/dev/v/l"), true, true, &none).unwrap();
         assert_eq!(p, "mkfs.ext4");
         assert_eq!(
             a,
@@ -124,9 +132,13 @@ mod tests {
                 "/dev/v/l"
             ]
         );
-        let (_, a) = mkfs_command("ext4", Path::new("/dev/v/l"), false, &none).unwrap();
-        assert!(!a[2].contains("prezeroed"));
-        let (p, a) = mkfs_command("xfs", Path::new("/dev/v/l"), true, &none).unwrap();
+        let (_, a) = mkfs_command("ext4", Path::new("/dev/v/l"), true, false, &none).unwrap();
+        assert_eq!(a[2], "nodiscard,lazy_itable_init=1,lazy_journal_init=1");
+        // A device that does not read zeros (a crypt mapping) gets its
+        // journal zeroed, and is never said to be prezeroed.
+        let (_, a) = mkfs_command("ext4", Path::new("/dev/v/l"), false, true, &none).unwrap();
+        assert_eq!(a[2], "nodiscard,lazy_itable_init=1,lazy_journal_init=0");
+        let (p, a) = mkfs_command("xfs", Path::new("/dev/v/l"), true, true, &none).unwrap();
         assert_eq!(
             (p.as_str(), a),
             (
@@ -135,19 +147,19 @@ mod tests {
             )
         );
         for (_, args) in [
-            mkfs_command("ext4", Path::new("/d"), true, &none).unwrap(),
-            mkfs_command("xfs", Path::new("/d"), true, &none).unwrap(),
+            mkfs_command("ext4", Path::new("/d"), true, true, &none).unwrap(),
+            mkfs_command("xfs", Path::new("/d"), true, true, &none).unwrap(),
         ] {
             assert!(!args.iter().any(|a| a == "-F" || a == "-f"));
         }
-        assert!(mkfs_command("btrfs", Path::new("/d"), false, &none).is_err());
+        assert!(mkfs_command("btrfs", Path::new("/d"), false, false, &none).is_err());
     }
 
     #[test]
     fn a_volumes_options_follow_the_drivers_and_join_its_extended_list() {
         let dev = Path::new("/dev/v/l");
         let opts = crate::fs_options::mkfs_options("ext4", "-b 1024 -E stride=16 -L data").unwrap();
-        let (_, a) = mkfs_command("ext4", dev, false, &opts).unwrap();
+        let (_, a) = mkfs_command("ext4", dev, true, false, &opts).unwrap();
         assert_eq!(
             a,
             vec![
@@ -162,7 +174,7 @@ mod tests {
             ]
         );
         let opts = crate::fs_options::mkfs_options("xfs", "-m reflink=0 -L db").unwrap();
-        let (_, a) = mkfs_command("xfs", dev, true, &opts).unwrap();
+        let (_, a) = mkfs_command("xfs", dev, true, true, &opts).unwrap();
         assert_eq!(
             a,
             vec!["-q", "-K", "-m", "reflink=0", "-L", "db", "/dev/v/l"]

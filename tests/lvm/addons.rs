@@ -290,10 +290,12 @@ async fn addons_identity_matches_what_is_served() {
         .into_inner();
     let mut services = vec![];
     let mut reclaim = vec![];
+    let mut rotation = vec![];
     for c in caps.capabilities {
         match c.r#type.unwrap() {
             capability::Type::Service(s) => services.push(s.r#type),
             capability::Type::ReclaimSpace(r) => reclaim.push(r.r#type),
+            capability::Type::EncryptionKeyRotation(r) => rotation.push(r.r#type),
             other => panic!("advertised something not served: {other:?}"),
         }
     }
@@ -301,6 +303,7 @@ async fn addons_identity_matches_what_is_served() {
     reclaim.sort();
     assert_eq!(services, vec![1, 2], "CONTROLLER_SERVICE and NODE_SERVICE");
     assert_eq!(reclaim, vec![1, 2], "OFFLINE and ONLINE");
+    assert_eq!(rotation, vec![1], "ENCRYPTIONKEYROTATION");
     assert_eq!(
         id.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
         Some(true)

@@ -11,6 +11,7 @@ mod cli;
 mod concurrency;
 mod conformance;
 mod controller;
+mod encryption;
 mod formatting;
 mod full_pool;
 mod group;

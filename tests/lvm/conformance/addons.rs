@@ -1,7 +1,8 @@
 //! CSI-Addons: every row of the error tables of ReclaimSpace (Controller
-//! and Node) and NodeHealer (`csi-addons-reclaimspace.md`,
-//! `csi-addons-healer.md`), and UNIMPLEMENTED for the CSI-Addons services
-//! this driver does not serve.
+//! and Node), NodeHealer (`csi-addons-reclaimspace.md`,
+//! `csi-addons-healer.md`) and EncryptionKeyRotate (csi-addons/spec,
+//! `encryptionkeyrotation/README.md`), and UNIMPLEMENTED for the
+//! CSI-Addons services this driver does not serve.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -9,6 +10,8 @@ use std::time::{Duration, Instant};
 use thinpool_csi::naming;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::DeleteVolumeRequest;
+use thinpool_csi::proto::encryptionkeyrotation::encryption_key_rotation_controller_client::EncryptionKeyRotationControllerClient;
+use thinpool_csi::proto::encryptionkeyrotation::EncryptionKeyRotateRequest;
 use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
 use thinpool_csi::proto::healer::NodeHealerRequest;
 use thinpool_csi::proto::identity::capability::Type as AddonsCap;
@@ -29,6 +32,7 @@ const MISSING: &str = "\"Missing required field: 3 INVALID_ARGUMENT\"";
 const NO_VOLUME: &str = "\"Volume does not exist: 5 NOT_FOUND\"";
 const PENDING: &str = "\"Operation pending for volume: 10 ABORTED\"";
 const NOT_IMPLEMENTED: &str = "\"Call not implemented: 12 UNIMPLEMENTED\"";
+const KEY_AUTH: &str = "\"Not authenticated: 16 UNAUTHENTICATED\"";
 const AUTH: &str =
     "\"Not authenticated: 16 UNAUTHENTICATED\" (we take no secrets: any are ignored)";
 
@@ -47,6 +51,16 @@ fn node_req(id: &str, path: &str) -> NodeReclaimSpaceRequest {
     NodeReclaimSpaceRequest {
         volume_id: id.into(),
         volume_path: path.into(),
+        ..Default::default()
+    }
+}
+
+/// An EncryptionKeyRotate of `id` from passphrase `current` to `new`.
+fn rotate_req(id: &str, current: &str, new: &str) -> EncryptionKeyRotateRequest {
+    EncryptionKeyRotateRequest {
+        volume_id: id.into(),
+        encryption_key: new.into(),
+        secrets: [("passphrase".to_string(), current.to_string())].into(),
         ..Default::default()
     }
 }
@@ -72,6 +86,7 @@ struct AddonsGround {
     ctl: ReclaimSpaceControllerClient<Channel>,
     rn: ReclaimSpaceNodeClient<Channel>,
     h: HealerNodeClient<Channel>,
+    kr: EncryptionKeyRotationControllerClient<Channel>,
     n: NodeClient<Channel>,
     live: String,
     idle: String,
@@ -90,6 +105,9 @@ async fn addons_ground(name: &str, what: &'static str) -> AddonsGround {
         .unwrap();
     let rn = ReclaimSpaceNodeClient::connect(uri.clone()).await.unwrap();
     let h = HealerNodeClient::connect(uri.clone()).await.unwrap();
+    let kr = EncryptionKeyRotationControllerClient::connect(uri.clone())
+        .await
+        .unwrap();
     let mut n = d.node().await;
     let mut c = d.controller().await;
 
@@ -126,6 +144,7 @@ async fn addons_ground(name: &str, what: &'static str) -> AddonsGround {
         ctl,
         rn,
         h,
+        kr,
         n,
         live,
         idle,
@@ -145,6 +164,7 @@ async fn addons_missing_required_field() {
         mut ctl,
         mut rn,
         mut h,
+        mut kr,
         live,
         tgt,
         ..
@@ -175,6 +195,24 @@ async fn addons_missing_required_field() {
         h.node_healer(heal_req(&live, "")).await,
         Code::InvalidArgument,
     );
+    r.code(
+        &format!("EncryptionKeyRotate: volume_id is REQUIRED → INVALID_ARGUMENT [{MISSING}]"),
+        kr.encryption_key_rotate(rotate_req("", "old key", "new key"))
+            .await,
+        Code::InvalidArgument,
+    );
+    r.code(
+        &format!("EncryptionKeyRotate: encryption_key is required by this driver (it makes no keys) → INVALID_ARGUMENT [{MISSING}]"),
+        kr.encryption_key_rotate(rotate_req(&live, "old key", "")).await,
+        Code::InvalidArgument,
+    );
+    let mut no_secret = rotate_req(&live, "old key", "new key");
+    no_secret.secrets.clear();
+    r.code(
+        &format!("EncryptionKeyRotate: the current passphrase in the secrets is required → INVALID_ARGUMENT [{MISSING}]"),
+        kr.encryption_key_rotate(no_secret).await,
+        Code::InvalidArgument,
+    );
     r.finish();
 }
 
@@ -188,6 +226,7 @@ async fn addons_volume_does_not_exist() {
         mut ctl,
         mut rn,
         mut h,
+        mut kr,
         idle,
         gone,
         tgt,
@@ -215,7 +254,20 @@ async fn addons_volume_does_not_exist() {
             h.node_healer(heal_req(u, &tgt)).await,
             Code::NotFound,
         );
+        r.code(
+            &format!("EncryptionKeyRotate: {what} → NOT_FOUND [{NO_VOLUME}]"),
+            kr.encryption_key_rotate(rotate_req(u, "old key", "new key"))
+                .await,
+            Code::NotFound,
+        );
     }
+    // Not in the table: a volume that exists unencrypted has no key.
+    r.code(
+        "EncryptionKeyRotate: an unencrypted volume → FAILED_PRECONDITION (it exists, and has no key)",
+        kr.encryption_key_rotate(rotate_req(&idle, "old key", "new key"))
+            .await,
+        Code::FailedPrecondition,
+    );
     // Not in the table, but apart from NOT_FOUND: a volume that exists
     // and is not staged here is a precondition the caller can meet.
     r.code(
@@ -305,8 +357,8 @@ async fn addons_unserved_calls_are_unimplemented() {
     // and not advertised.
     for path in [
         "/fence.FenceController/FenceClusterNetwork",
-        "/encryptionkeyrotation.EncryptionKeyRotationController/EncryptionKeyRotate",
         "/replication.Controller/EnableVolumeReplication",
+        "/volumegroup.Controller/CreateVolumeGroup",
     ] {
         r.code(
             &format!("{path}: a CSI-Addons service not served → UNIMPLEMENTED [{NOT_IMPLEMENTED}]"),
@@ -324,11 +376,18 @@ async fn addons_unserved_calls_are_unimplemented() {
         .unwrap_or_default()
         .into_iter()
         .filter_map(|c| c.r#type)
-        .filter(|t| !matches!(t, AddonsCap::Service(_) | AddonsCap::ReclaimSpace(_)))
+        .filter(|t| {
+            !matches!(
+                t,
+                AddonsCap::Service(_)
+                    | AddonsCap::ReclaimSpace(_)
+                    | AddonsCap::EncryptionKeyRotation(_)
+            )
+        })
         .map(|t| format!("{t:?}"))
         .collect();
     r.check(
-        &format!("CSI-Addons GetCapabilities advertises only what is served (no NetworkFence, VolumeReplication, VolumeGroup, EncryptionKeyRotation) [{NOT_IMPLEMENTED}]"),
+        &format!("CSI-Addons GetCapabilities advertises only what is served (no NetworkFence, VolumeReplication, VolumeGroup) [{NOT_IMPLEMENTED}]"),
         unserved.is_empty(),
         format!("advertised {unserved:?}"),
     );
@@ -345,6 +404,7 @@ async fn addons_pending_operation_is_aborted() {
         mut ctl,
         mut rn,
         mut h,
+        mut kr,
         n,
         ..
     } = addons_ground("cfaddp", "CSI-Addons pending").await;
@@ -366,7 +426,7 @@ async fn addons_pending_operation_is_aborted() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut turn = 0;
     while !stage.is_finished() && Instant::now() < deadline {
-        let (what, got) = match turn % 3 {
+        let (what, got) = match turn % 4 {
             0 => (
                 "ControllerReclaimSpace",
                 ctl.controller_reclaim_space(ctl_req(&busy)).await.err(),
@@ -375,9 +435,15 @@ async fn addons_pending_operation_is_aborted() {
                 "NodeReclaimSpace",
                 rn.node_reclaim_space(node_req(&busy, &bst)).await.err(),
             ),
-            _ => (
+            2 => (
                 "NodeHealer",
                 h.node_healer(heal_req(&busy, &bst)).await.err(),
+            ),
+            _ => (
+                "EncryptionKeyRotate",
+                kr.encryption_key_rotate(rotate_req(&busy, "old key", "new key"))
+                    .await
+                    .err(),
             ),
         };
         turn += 1;
@@ -391,7 +457,12 @@ async fn addons_pending_operation_is_aborted() {
         .expect("the NodeStageVolume the calls waited on succeeds");
     // The last answer may have raced the end of the stage.
     let during = &seen[..seen.len().saturating_sub(1)];
-    for rpc in ["ControllerReclaimSpace", "NodeReclaimSpace", "NodeHealer"] {
+    for rpc in [
+        "ControllerReclaimSpace",
+        "NodeReclaimSpace",
+        "NodeHealer",
+        "EncryptionKeyRotate",
+    ] {
         let codes: Vec<Code> = during
             .iter()
             .filter(|(w, _)| *w == rpc)
@@ -405,5 +476,53 @@ async fn addons_pending_operation_is_aborted() {
             format!("answers while NodeStageVolume ran: {seen:?}"),
         );
     }
+    r.finish();
+}
+
+/// EncryptionKeyRotate's "Not authenticated": a current passphrase that
+/// opens no key slot of the volume is UNAUTHENTICATED, and the volume's
+/// keys stay as they were; the right one rotates.
+#[tokio::test(flavor = "multi_thread")]
+async fn addons_key_rotation_authenticates_the_current_passphrase() {
+    let k = Kubelet::new("cfaddk");
+    let extra = format!(
+        "{}[encryption]\npbkdf = \"pbkdf2\"\npbkdf_iterations = 1000\n",
+        k.extra()
+    );
+    let d = TestDriver::start("cfaddk", 96 * MIB, &extra).await;
+    let mut r = Rules::new("CSI-Addons EncryptionKeyRotate");
+    let mut req = crate::fixtures::create_req("cfadd-enc", 24 * MIB, block_cap());
+    req.parameters.insert("encrypted".into(), "true".into());
+    let id = crate::fixtures::create_volume(&mut d.controller().await, req)
+        .await
+        .volume_id;
+    let staging = k.staging("enc");
+    let mut stage = stage_req(&id, &staging, block_cap());
+    stage.secrets = [("passphrase".to_string(), "first key".to_string())].into();
+    d.node()
+        .await
+        .node_stage_volume(stage)
+        .await
+        .expect("stage");
+    let mut kr = EncryptionKeyRotationControllerClient::connect(d.addons_uri())
+        .await
+        .unwrap();
+    r.code(
+        &format!("EncryptionKeyRotate: a current passphrase that opens no key slot → UNAUTHENTICATED [{KEY_AUTH}]"),
+        kr.encryption_key_rotate(rotate_req(&id, "not the key", "second key"))
+            .await,
+        Code::Unauthenticated,
+    );
+    r.ok(
+        "EncryptionKeyRotate: the current passphrase → OK",
+        kr.encryption_key_rotate(rotate_req(&id, "first key", "second key"))
+            .await,
+    );
+    r.code(
+        &format!("EncryptionKeyRotate: the replaced passphrase no longer authenticates → UNAUTHENTICATED [{KEY_AUTH}]"),
+        kr.encryption_key_rotate(rotate_req(&id, "first key", "third key"))
+            .await,
+        Code::Unauthenticated,
+    );
     r.finish();
 }

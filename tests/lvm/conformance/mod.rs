@@ -123,11 +123,14 @@
 //!
 //! ## The CSI-Addons error tables
 //!
-//! Every row of the error tables of `csi-addons-reclaimspace.md` and
-//! `csi-addons-healer.md`, and the rule that checks it. This driver takes
-//! no secrets, so "Not authenticated" is checked as: secrets are accepted
-//! and ignored, never UNAUTHENTICATED; "Error is Unknown" as: no rule of
-//! this suite may be answered UNKNOWN.
+//! Every row of the error tables of `csi-addons-reclaimspace.md`,
+//! `csi-addons-healer.md` and csi-addons/spec's
+//! `encryptionkeyrotation/README.md`, and the rule that checks it.
+//! ReclaimSpace and NodeHealer take no secrets, so their "Not
+//! authenticated" is checked as: secrets are accepted and ignored, never
+//! UNAUTHENTICATED; EncryptionKeyRotate's is a current passphrase that
+//! opens no key slot. "Error is Unknown" is checked as: no rule of this
+//! suite may be answered UNKNOWN.
 //!
 //! | # | spec | RPC | condition | code | our rule |
 //! |---|---|---|---|---|---|
@@ -147,6 +150,11 @@
 //! | A14 | Healer | NodeHealer | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_pending_operation_is_aborted` `while another operation on the volume is pending` |
 //! | A15 | Healer | NodeHealer | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_secrets_and_parameters_are_ignored` `NodeHealer with secrets` |
 //! | A16 | Healer | NodeHealer | Error is Unknown | 2 UNKNOWN | `conformance::mod::code` `never UNKNOWN` |
+//! | A17 | EncryptionKeyRotation | EncryptionKeyRotate | Missing required field | 3 INVALID_ARGUMENT | `conformance::addons::addons_missing_required_field` `EncryptionKeyRotate: volume_id is REQUIRED` |
+//! | A18 | EncryptionKeyRotation | EncryptionKeyRotate | Volume does not exist | 5 NOT_FOUND | `conformance::addons::addons_volume_does_not_exist` `EncryptionKeyRotate: {what}` |
+//! | A19 | EncryptionKeyRotation | EncryptionKeyRotate | Operation pending for volume | 10 ABORTED | `conformance::addons::addons_pending_operation_is_aborted` `"EncryptionKeyRotate",` |
+//! | A20 | EncryptionKeyRotation | EncryptionKeyRotate | Not authenticated | 16 UNAUTHENTICATED | `conformance::addons::addons_key_rotation_authenticates_the_current_passphrase` `opens no key slot → UNAUTHENTICATED` |
+//! | A21 | EncryptionKeyRotation | EncryptionKeyRotate | Error is Unknown | 2 UNKNOWN | `conformance::mod::code` `never UNKNOWN` |
 
 mod addons;
 mod controller;

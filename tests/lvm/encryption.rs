@@ -1,0 +1,650 @@
+//! LUKS2 encryption (issue 24, part 1): the key comes with NodeStageVolume
+//! and goes nowhere else; a wrong key is refused and changes nothing; the
+//! filesystem lives inside the mapping, grows with the LV, and travels
+//! with snapshots and clones; raw block publishes the opened device;
+//! discards pass only where the class allows; key rotation survives a kill
+//! at any point; a killed first stage and a reboot both end in a volume
+//! kubelet's next stage opens.
+//!
+//! Key slots use pbkdf2 at its minimum cost: TCG makes argon2 and timed
+//! iterations slow, and the cost of the derivation is not what is tested.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use thinpool_csi::node::crypt::mapping_name;
+use thinpool_csi::proto::csi::v1::*;
+use thinpool_csi::proto::encryptionkeyrotation::encryption_key_rotation_controller_client::EncryptionKeyRotationControllerClient;
+use thinpool_csi::proto::encryptionkeyrotation::EncryptionKeyRotateRequest;
+use tonic::Code;
+
+use crate::fixtures::{
+    block_cap, create_req, create_volume, heal, mount_cap, node_reclaim, publish_req, read_at,
+    snap_req, stage_req, unpublish_req, unstage_req, write_at, Kubelet,
+};
+use crate::harness::{dm_devices, dm_name, dmsetup, lvm, rdev_of, TestDriver, MIB};
+
+const KEY: &str = "correct horse battery staple 7f3a";
+const OTHER: &str = "tr0ub4dor&3 is not the key";
+
+/// The driver's config for these tests: the kubelet root, and key slots
+/// cheap to derive.
+fn crypt_extra(k: &Kubelet, discards: bool) -> String {
+    format!(
+        "{}[encryption]\npbkdf = \"pbkdf2\"\npbkdf_iterations = 1000\nallow_discards = {discards}\n",
+        k.extra()
+    )
+}
+
+fn encrypted_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolumeRequest {
+    let mut r = create_req(name, bytes, cap);
+    r.parameters.insert("encrypted".into(), "true".into());
+    r
+}
+
+fn secrets(pass: &str) -> HashMap<String, String> {
+    [("passphrase".to_string(), pass.to_string())].into()
+}
+
+fn keyed_stage(
+    id: &str,
+    staging: &Path,
+    cap: VolumeCapability,
+    pass: &str,
+) -> NodeStageVolumeRequest {
+    let mut r = stage_req(id, staging, cap);
+    r.secrets = secrets(pass);
+    r
+}
+
+/// The LV's device node (LVM makes it when it activates the LV).
+fn lv_node(d: &TestDriver, id: &str) -> PathBuf {
+    Path::new("/dev/mapper").join(dm_name(&d.vg, id))
+}
+
+/// The numbers of the volume's open crypt mapping, if there is one.
+fn mapping(id: &str) -> Option<(u32, u32)> {
+    let name = mapping_name(id);
+    dm_devices()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, nr)| nr)
+}
+
+fn lv_active(d: &TestDriver, id: &str) -> bool {
+    let name = dm_name(&d.vg, id);
+    dm_devices().iter().any(|(n, _)| *n == name)
+}
+
+/// Whether `pass` opens a key slot of the volume's LV (activated for the
+/// check when it is not active, and left as found).
+fn opens_with(d: &TestDriver, id: &str, pass: &str) -> bool {
+    use std::io::Write;
+    let was = lv_active(d, id);
+    let lv = format!("{}/{id}", d.vg);
+    if !was {
+        lvm(&["lvchange", "-ay", "-K", &lv]);
+    }
+    let mut child = std::process::Command::new("cryptsetup")
+        .args([
+            "open",
+            "--type",
+            "luks2",
+            "--test-passphrase",
+            "--key-file=-",
+        ])
+        .arg(lv_node(d, id))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(pass.as_bytes())
+        .unwrap();
+    let ok = child.wait().unwrap().success();
+    if !was {
+        lvm(&["lvchange", "-an", &lv]);
+    }
+    ok
+}
+
+/// Reads every process's command line and environment until stopped;
+/// the processes in which `needle` was seen.
+struct ProcWatch {
+    stop: Arc<AtomicBool>,
+    seen: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl ProcWatch {
+    fn start(needle: &'static str) -> ProcWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let me = std::process::id().to_string();
+        let seen = std::thread::spawn(move || {
+            let mut found = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                for e in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let pid = e.file_name().to_string_lossy().into_owned();
+                    if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+                        continue;
+                    }
+                    for f in ["cmdline", "environ"] {
+                        let bytes = std::fs::read(e.path().join(f)).unwrap_or_default();
+                        if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                            found.push(format!("{pid}/{f}: {}", String::from_utf8_lossy(&bytes)));
+                        }
+                    }
+                }
+            }
+            found
+        });
+        ProcWatch { stop, seen }
+    }
+
+    fn finish(self) -> Vec<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.seen.join().unwrap()
+    }
+}
+
+/// Every file under `dir` whose bytes hold `needle`.
+fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        if meta.is_dir() {
+            out.extend(files_holding(&p, needle));
+        } else if meta.is_file() {
+            let bytes = std::fs::read(&p).unwrap_or_default();
+            if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_leaks() {
+    let k = Kubelet::new("crypt");
+    let d = TestDriver::start("crypt", 128 * MIB, &crypt_extra(&k, false)).await;
+    let cap = mount_cap("ext4");
+    let mut c = d.controller().await;
+    let id = create_volume(&mut c, encrypted_req("pvc-enc", 40 * MIB, cap.clone()))
+        .await
+        .volume_id;
+    let staging = k.staging("pvc-enc");
+    let mut n = d.node().await;
+
+    // No secret: INVALID_ARGUMENT naming the StorageClass parameter.
+    let e = n
+        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("node-stage-secret-name"), "{e:?}");
+    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+
+    let watch = ProcWatch::start(KEY);
+    n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
+        .await
+        .unwrap();
+    let dump = std::process::Command::new("cryptsetup")
+        .arg("luksDump")
+        .arg(lv_node(&d, &id))
+        .output()
+        .unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+    assert!(
+        dump.lines()
+            .any(|l| l.starts_with("Version:") && l.trim_end().ends_with('2')),
+        "{dump}"
+    );
+    let crypt = mapping(&id).expect("the mapping is open while staged");
+    let mounted = std::fs::metadata(&staging).unwrap();
+    assert_eq!(
+        (
+            nix::sys::stat::major(std::os::unix::fs::MetadataExt::dev(&mounted)) as u32,
+            nix::sys::stat::minor(std::os::unix::fs::MetadataExt::dev(&mounted)) as u32
+        ),
+        crypt,
+        "the filesystem is the mapping's"
+    );
+    std::fs::write(staging.join("data"), b"sealed words").unwrap();
+    nix::unistd::sync();
+    n.node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    assert!(mapping(&id).is_none(), "unstage closes the mapping");
+    assert!(!lv_active(&d, &id), "and deactivates the LV");
+
+    // A wrong key: UNAUTHENTICATED, and the volume stays as it was.
+    let e = n
+        .node_stage_volume(keyed_stage(&id, &staging, cap.clone(), OTHER))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(!e.message().contains(OTHER), "{e:?}");
+    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+    assert!(std::fs::read_dir(&staging).unwrap().next().is_none());
+
+    // The right one: the data is there.
+    n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(staging.join("data")).unwrap(),
+        b"sealed words"
+    );
+    // A retried stage with another key is refused too.
+    let e = n
+        .node_stage_volume(keyed_stage(&id, &staging, cap.clone(), OTHER))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    n.node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    assert!(mapping(&id).is_none());
+
+    let seen = watch.finish();
+    assert!(seen.is_empty(), "the key in a process: {seen:?}");
+    assert!(!d.log().contains(KEY), "the key in the driver's log");
+    let holding = files_holding(&d.state_dir(), KEY);
+    assert!(holding.is_empty(), "the key in {holding:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_encrypted_volume_grows_online_and_its_copies_open_with_its_key() {
+    let k = Kubelet::new("cryptgrow");
+    let d = TestDriver::start("cryptgrow", 256 * MIB, &crypt_extra(&k, false)).await;
+    let cap = mount_cap("ext4");
+    let mut c = d.controller().await;
+    let id = create_volume(&mut c, encrypted_req("pvc-grow", 32 * MIB, cap.clone()))
+        .await
+        .volume_id;
+    let staging = k.staging("pvc-grow");
+    let mut n = d.node().await;
+    n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
+        .await
+        .unwrap();
+    std::fs::write(staging.join("data"), b"travels with copies").unwrap();
+    nix::unistd::sync();
+    let before = nix::sys::statvfs::statvfs(&staging).unwrap();
+
+    c.controller_expand_volume(ControllerExpandVolumeRequest {
+        volume_id: id.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: (64 * MIB) as i64,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let grown = n
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: staging.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: (64 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, (64 * MIB) as i64, "the LV's size");
+    let after = nix::sys::statvfs::statvfs(&staging).unwrap();
+    let bytes = |s: &nix::sys::statvfs::Statvfs| s.blocks() * s.fragment_size();
+    eprintln!(
+        "MEASURE encrypted ext4 grew online from {} to {} bytes",
+        bytes(&before),
+        bytes(&after)
+    );
+    assert!(
+        bytes(&after) >= bytes(&before) + 28 * MIB,
+        "{} -> {}",
+        bytes(&before),
+        bytes(&after)
+    );
+
+    // A snapshot's restore and a clone: the same bytes, the same key.
+    let snap = c
+        .create_snapshot(snap_req("snap-enc", &id))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
+    let from = |source: volume_content_source::Type| VolumeContentSource {
+        r#type: Some(source),
+    };
+    let mut restore = encrypted_req("pvc-restore", 64 * MIB, cap.clone());
+    restore.volume_content_source = Some(from(volume_content_source::Type::Snapshot(
+        volume_content_source::SnapshotSource {
+            snapshot_id: snap.clone(),
+        },
+    )));
+    let mut plain = restore.clone();
+    plain.name = "pvc-plain-restore".into();
+    plain.parameters.remove("encrypted");
+    let e = c.create_volume(plain).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let restored = create_volume(&mut c, restore).await.volume_id;
+    let mut clone = encrypted_req("pvc-clone", 64 * MIB, cap.clone());
+    clone.volume_content_source = Some(from(volume_content_source::Type::Volume(
+        volume_content_source::VolumeSource {
+            volume_id: id.clone(),
+        },
+    )));
+    let cloned = create_volume(&mut c, clone).await.volume_id;
+    for copy in [&restored, &cloned] {
+        let st = k.staging(copy);
+        n.node_stage_volume(keyed_stage(copy, &st, cap.clone(), KEY))
+            .await
+            .unwrap_or_else(|e| panic!("stage {copy}: {e:?}"));
+        assert_eq!(
+            std::fs::read(st.join("data")).unwrap(),
+            b"travels with copies"
+        );
+        n.node_unstage_volume(unstage_req(copy, &st)).await.unwrap();
+        assert!(mapping(copy).is_none());
+    }
+    n.node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_raw_block_volume_publishes_the_opened_device() {
+    let k = Kubelet::new("cryptblk");
+    let d = TestDriver::start("cryptblk", 96 * MIB, &crypt_extra(&k, false)).await;
+    let mut c = d.controller().await;
+    let id = create_volume(&mut c, encrypted_req("pvc-blk", 24 * MIB, block_cap()))
+        .await
+        .volume_id;
+    let (staging, target) = (k.staging("pvc-blk"), k.target("pod-blk"));
+    let mut n = d.node().await;
+    n.node_stage_volume(keyed_stage(&id, &staging, block_cap(), KEY))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(&id, &staging, &target, block_cap(), false))
+        .await
+        .unwrap();
+    let crypt = mapping(&id).expect("open while staged");
+    assert_eq!(rdev_of(&target), Some(crypt), "the target is the mapping");
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    write_at(&target, 0, &pattern).unwrap();
+    assert_eq!(read_at(&target, 0, 4096), pattern);
+    // On the LV, past the LUKS2 header, the same block is ciphertext.
+    let offset = dmsetup(&["table", &mapping_name(&id)])
+        .unwrap()
+        .split_whitespace()
+        .nth(7)
+        .and_then(|o| o.parse::<u64>().ok())
+        .expect("dmsetup table of a crypt target: start len crypt cipher key iv dev offset");
+    let raw = read_at(&lv_node(&d, &id), offset * 512, 4096);
+    assert_ne!(raw, pattern, "the LV holds the data encrypted");
+    n.node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+}
+
+/// ReclaimSpace through dm-crypt: only where the class lets discards
+/// through, and truthfully nothing elsewhere.
+async fn reclaim_through_the_mapping(discards: bool) -> (u64, u64) {
+    let name = if discards { "cryptdisc" } else { "cryptnodisc" };
+    let k = Kubelet::new(name);
+    let d = TestDriver::start(name, 128 * MIB, &crypt_extra(&k, discards)).await;
+    let cap = mount_cap("ext4");
+    let mut c = d.controller().await;
+    let id = create_volume(&mut c, encrypted_req("pvc-trim", 48 * MIB, cap.clone()))
+        .await
+        .volume_id;
+    let staging = k.staging("pvc-trim");
+    let mut n = d.node().await;
+    n.node_stage_volume(keyed_stage(&id, &staging, cap, KEY))
+        .await
+        .unwrap();
+    let crypt = mapping(&id).unwrap();
+    let limit = std::fs::read_to_string(format!(
+        "/sys/dev/block/{}:{}/queue/discard_max_bytes",
+        crypt.0, crypt.1
+    ))
+    .unwrap();
+    assert_eq!(limit.trim() != "0", discards, "discard_max_bytes {limit}");
+    std::fs::write(staging.join("big"), vec![0x5a; (16 * MIB) as usize]).unwrap();
+    nix::unistd::sync();
+    std::fs::remove_file(staging.join("big")).unwrap();
+    nix::unistd::sync();
+    let (pre, post) = node_reclaim(&d, &id, &staging).await;
+    eprintln!("RECLAIM encrypted, allow_discards={discards}: pre {pre} post {post}");
+    n.node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    (pre, post)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reclaim_passes_the_mapping_only_where_the_class_allows_discards() {
+    let (pre, post) = reclaim_through_the_mapping(true).await;
+    assert!(post + 8 * MIB < pre, "trimmed: {pre} -> {post}");
+    let (pre, post) = reclaim_through_the_mapping(false).await;
+    assert!(pre >= 16 * MIB, "{pre}");
+    assert!(post >= pre, "nothing trimmed, and said so: {pre} -> {post}");
+}
+
+async fn rotate(d: &TestDriver, id: &str, current: &str, new: &str) -> Result<(), tonic::Status> {
+    let mut r = EncryptionKeyRotationControllerClient::connect(d.addons_uri())
+        .await
+        .unwrap();
+    r.encryption_key_rotate(EncryptionKeyRotateRequest {
+        volume_id: id.into(),
+        encryption_key: new.into(),
+        secrets: secrets(current),
+        ..Default::default()
+    })
+    .await
+    .map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
+    let k = Kubelet::new("cryptrot");
+    let mut d = TestDriver::start("cryptrot", 96 * MIB, &crypt_extra(&k, false)).await;
+    let mut c = d.controller().await;
+    let id = create_volume(&mut c, encrypted_req("pvc-rot", 24 * MIB, block_cap()))
+        .await
+        .volume_id;
+    let staging = k.staging("pvc-rot");
+    d.node()
+        .await
+        .node_stage_volume(keyed_stage(&id, &staging, block_cap(), KEY))
+        .await
+        .unwrap();
+    rotate(&d, &id, KEY, OTHER).await.unwrap();
+    assert!(opens_with(&d, &id, OTHER) && !opens_with(&d, &id, KEY));
+    // The old key no longer authenticates a rotation.
+    let e = rotate(&d, &id, KEY, "a third key").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(opens_with(&d, &id, OTHER) && !opens_with(&d, &id, "a third key"));
+
+    // How long a whole rotation takes here, so the kills below land
+    // before, between and after its steps.
+    let t = std::time::Instant::now();
+    rotate(&d, &id, OTHER, KEY).await.unwrap();
+    let whole = t.elapsed();
+    eprintln!("MEASURE key rotation took {whole:?}");
+    let (mut current, mut new) = (KEY, OTHER);
+    let mut states = Vec::new();
+    for tenth in [0u32, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12] {
+        let delay = whole * tenth / 10;
+        let uri = d.addons_uri();
+        let (i, cur, nw) = (id.clone(), current.to_string(), new.to_string());
+        let call = tokio::spawn(async move {
+            // The driver may be gone before the call reaches it.
+            let Ok(mut r) = EncryptionKeyRotationControllerClient::connect(uri).await else {
+                return;
+            };
+            let _ = r
+                .encryption_key_rotate(EncryptionKeyRotateRequest {
+                    volume_id: i,
+                    encryption_key: nw,
+                    secrets: secrets(&cur),
+                    ..Default::default()
+                })
+                .await;
+        });
+        tokio::time::sleep(delay).await;
+        d.kill9_with_children();
+        let _ = call.await;
+        let (old_opens, new_opens) = (opens_with(&d, &id, current), opens_with(&d, &id, new));
+        states.push((delay.as_millis(), old_opens, new_opens));
+        assert!(
+            old_opens || new_opens,
+            "killed after {delay:?}: neither key opens"
+        );
+        d.spawn_and_heal().await;
+        rotate(&d, &id, current, new)
+            .await
+            .unwrap_or_else(|e| panic!("the retry after {delay:?}: {e:?}"));
+        assert!(opens_with(&d, &id, new) && !opens_with(&d, &id, current));
+        (current, new) = (new, current);
+    }
+    eprintln!("MEASURE key rotation killed at (ms, old opens, new opens): {states:?}");
+    // The kills met the volume before the new key was added, and after it
+    // was (both keys, or the new one only): each step was interrupted.
+    assert!(states.iter().any(|s| s.1 && !s.2), "{states:?}");
+    assert!(states.iter().any(|s| s.2), "{states:?}");
+    // Still staged through it all; unstage closes the mapping.
+    d.node()
+        .await
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    assert!(mapping(&id).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens() {
+    let k = Kubelet::new("cryptcrash");
+    let mut d = TestDriver::start("cryptcrash", 192 * MIB, &crypt_extra(&k, false)).await;
+    let cap = mount_cap("ext4");
+    // Kill the driver while it formats (LUKS2, then ext4 inside), at
+    // several points; kubelet's retry after the restart must stage it.
+    for (i, delay) in [30u64, 150, 400, 900].into_iter().enumerate() {
+        let name = format!("pvc-crash-{i}");
+        let mut c = d.controller().await;
+        let id = create_volume(&mut c, encrypted_req(&name, 24 * MIB, cap.clone()))
+            .await
+            .volume_id;
+        let staging = k.staging(&name);
+        let mut n = d.node().await;
+        let (req, mut nn) = (keyed_stage(&id, &staging, cap.clone(), KEY), n.clone());
+        let call = tokio::spawn(async move { nn.node_stage_volume(req).await });
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        d.kill9_with_children();
+        let _ = call.await;
+        d.spawn_and_heal().await;
+        n = d.node().await;
+        let mut tries = 0;
+        loop {
+            match n
+                .node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if e.code() == Code::Aborted && tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!(
+                    "stage after a kill at {delay} ms: {e:?}\n{}",
+                    d.log_tail(30)
+                ),
+            }
+        }
+        std::fs::write(staging.join("f"), b"after the crash").unwrap();
+        n.node_unstage_volume(unstage_req(&id, &staging))
+            .await
+            .unwrap();
+        assert!(mapping(&id).is_none(), "nothing stays open after unstage");
+        n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read(staging.join("f")).unwrap(),
+            b"after the crash"
+        );
+        n.node_unstage_volume(unstage_req(&id, &staging))
+            .await
+            .unwrap();
+    }
+
+    // A reboot: mounts, mappings and activations are gone; the start-up
+    // heal cannot re-open without the key and says so; kubelet's stage does.
+    let mut c = d.controller().await;
+    let id = create_volume(&mut c, encrypted_req("pvc-reboot", 24 * MIB, cap.clone()))
+        .await
+        .volume_id;
+    let staging = k.staging("pvc-reboot");
+    let target = k.target("pod-reboot");
+    let mut n = d.node().await;
+    n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    std::fs::write(target.join("f"), b"survives a reboot").unwrap();
+    nix::unistd::sync();
+    d.kill9();
+    crate::harness::umount_all_under(k.root.path());
+    let closed = std::process::Command::new("cryptsetup")
+        .args(["close", &mapping_name(&id)])
+        .status()
+        .unwrap();
+    assert!(closed.success());
+    lvm(&["lvchange", "-an", &format!("{}/{id}", d.vg)]);
+    d.spawn_and_heal().await;
+    let (abnormal, message) = heal(&d, &id, &target, &staging, None).await;
+    assert!(abnormal && message.contains("closed"), "{message}");
+    assert!(mapping(&id).is_none());
+    n = d.node().await;
+    n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(target.join("f")).unwrap(),
+        b"survives a reboot"
+    );
+    n.node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+}
