@@ -1289,9 +1289,13 @@ fn storage_class_options(sc: &Doc, p: &mut Problems) {
             .unwrap_or("ext4");
     if let Some(Y::Map(params)) = sc.y.get("parameters") {
         for (k, v) in params {
+            // The driver's own keys: the tagged ones, `encrypted`, and the
+            // I/O limits (kept as mutable parameters).
             let known = thinpool_csi::grpc::validate::PARAMETERS
                 .iter()
-                .any(|(key, _)| key == k);
+                .any(|(key, _)| key == k)
+                || k == thinpool_csi::grpc::validate::ENCRYPTED
+                || thinpool_csi::node::cgroup::KEYS.iter().any(|(key, _)| key == k);
             p.check(known || k.starts_with("csi.storage.k8s.io/"), || {
                 format!("{}: the driver refuses the parameter {k:?}", sc.at())
             });

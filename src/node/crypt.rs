@@ -158,7 +158,20 @@ fn exit_code(e: &Error) -> Option<i32> {
     }
 }
 
+/// How many key derivations run at once. Each takes the key slot's
+/// memory cost (`encryption.pbkdf_memory_kib`, 256 MiB by default) in the
+/// driver's cgroup: kubelet stages many volumes at once after a reboot,
+/// and the node plugin's memory limit (1 GiB in the shipped manifests)
+/// must hold them.
+pub const PARALLEL_KDF: usize = 2;
+static KDF: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(PARALLEL_KDF);
+
+/// Runs cryptsetup with `keys` on its pipes, at most [`PARALLEL_KDF`] at once.
 async fn cryptsetup(tools: &Tools, args: Vec<String>, keys: &[&Secret]) -> Result<()> {
+    let _slot = KDF
+        .acquire()
+        .await
+        .map_err(|_| Error::Internal("the key-derivation semaphore is closed".into()))?;
     let inputs: Vec<&[u8]> = keys.iter().map(|k| k.bytes()).collect();
     exec::run_with_input("cryptsetup", &args, tools.timeout, &inputs).await?;
     Ok(())

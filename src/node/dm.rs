@@ -160,13 +160,20 @@ pub fn is_read_only(major: u32, minor: u32) -> bool {
 /// device-mapper name of that LV. Overlays over another VG's LVs (another
 /// driver instance on this node) are not listed.
 pub fn overlays_in_vg(vg: &str) -> Vec<(String, String)> {
+    stacked_in_vg(vg, OVERLAY_PREFIX)
+}
+
+/// Every device of this driver whose name starts with `prefix` (its
+/// read-only overlays, its crypt mappings) stacked on an LV of VG `vg`,
+/// with the device-mapper name of that LV.
+pub fn stacked_in_vg(vg: &str, prefix: &str) -> Vec<(String, String)> {
     let vg_prefix = crate::lvm::lv_dm_name(vg, "");
     list(PathBuf::from("/sys/block"))
         .iter()
         .filter(|k| k.starts_with("dm-"))
         .filter_map(|k| numbers_of(k))
         .filter_map(|n| {
-            let name = dm_name(n.0, n.1).filter(|name| name.starts_with(OVERLAY_PREFIX))?;
+            let name = dm_name(n.0, n.1).filter(|name| name.starts_with(prefix))?;
             let slaves = list(sys_dir(n.0, n.1).join("slaves"));
             let [slave] = slaves.as_slice() else {
                 return None;

@@ -221,7 +221,7 @@ impl Volumes {
             let report = self.usable_report().await?;
             let (cap, extent) = self.capacity(&report)?;
             let size = size(range, extent, self.cfg.default_volume_size)?;
-            let size = fs_minimum(tags.access.as_ref(), size, range, extent)?;
+            let size = fs_minimum(tags.access.as_ref(), tags.encrypted, size, range, extent)?;
             self.check_headroom("a new volume", size, &cap)?;
             (size, self.reserved.hold(lv_name, size))
         };

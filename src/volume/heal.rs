@@ -539,6 +539,7 @@ impl Volumes {
                 Vec::new()
             }
         };
+        self.close_unrecorded_mappings(&ours).await;
         let (records, vg) = (self.records.clone(), self.lvm.vg.clone());
         let unnamed = self
             .tools
@@ -583,6 +584,65 @@ impl Volumes {
                 ),
                 Err(e) => {
                     tracing::warn!(name, error = %e, "start-up: could not remove an overlay no record names")
+                }
+            }
+        }
+    }
+
+    /// Start-up: closes the crypt mappings over this class's LVs (`ours`)
+    /// that no node record names and nothing holds (a stage that failed
+    /// and was killed before it closed what it opened). A held one is
+    /// left, and said.
+    async fn close_unrecorded_mappings(&self, ours: &[String]) {
+        let (records, vg, ours) = (self.records.clone(), self.lvm.vg.clone(), ours.to_vec());
+        let found = self
+            .tools
+            .blocking("find crypt mappings no record names", move || {
+                let mut out = Vec::new();
+                for (name, lv) in dm::stacked_in_vg(&vg, crate::node::crypt::MAPPING_PREFIX) {
+                    let Some(id) = ours.iter().find(|id| crate::lvm::lv_dm_name(&vg, id) == lv)
+                    else {
+                        continue;
+                    };
+                    if name != crate::node::crypt::mapping_name(id) || records.load(id)?.is_some() {
+                        continue;
+                    }
+                    let Some((major, minor)) = sys::dm_numbers(&name)? else {
+                        continue;
+                    };
+                    let dev = node::Device {
+                        volume_id: id.clone(),
+                        path: crate::node::crypt::mapping_path(&name),
+                        major,
+                        minor,
+                    };
+                    out.push((name, id.clone(), node::device_unused(&dev).unwrap_or(false)));
+                }
+                Ok(out)
+            })
+            .await;
+        let found = match found {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "start-up: cannot look for crypt mappings; left alone");
+                return;
+            }
+        };
+        for (name, id, unused) in found {
+            if !unused {
+                tracing::warn!(
+                    name,
+                    id,
+                    "start-up: a crypt mapping no record names is in use; left open"
+                );
+                continue;
+            }
+            match crate::node::crypt::close(&self.tools, &name).await {
+                Ok(()) => {
+                    tracing::warn!(name, id, "start-up: closed a crypt mapping no record names")
+                }
+                Err(e) => {
+                    tracing::warn!(name, id, error = %e, "start-up: could not close a crypt mapping no record names")
                 }
             }
         }

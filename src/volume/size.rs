@@ -44,15 +44,34 @@ pub fn size(range: Option<&SizeRange>, extent: u64, default: u64) -> Result<u64>
 /// limit_bytes forbids it (OUT_OF_RANGE).
 pub const XFS_MIN_BYTES: u64 = 300 * 1024 * 1024;
 
+/// The LUKS2 header cryptsetup writes at the start of an encrypted
+/// volume (its default metadata and key-slot areas): the filesystem or
+/// raw device inside is this much smaller than the LV.
+pub const LUKS2_HEADER_BYTES: u64 = 16 << 20;
+
+/// The least an encrypted volume holds inside its header.
+pub const LUKS2_MIN_PAYLOAD: u64 = 16 << 20;
+
+/// `size`, raised to what the volume's filesystem (xfs) and encryption
+/// (its header and some room inside) need, unless limit_bytes forbids it
+/// (OUT_OF_RANGE).
 pub fn fs_minimum(
     access: Option<&Access>,
+    encrypted: bool,
     size: u64,
     range: Option<&SizeRange>,
     extent: u64,
 ) -> Result<u64> {
-    let min = match access {
+    let fs_min = match access {
         Some(Access::Mount { fs_type }) if fs_type == "xfs" => XFS_MIN_BYTES,
-        _ => return Ok(size),
+        _ => 0,
+    };
+    let (min, why) = match encrypted {
+        true => (
+            fs_min.max(LUKS2_MIN_PAYLOAD) + LUKS2_HEADER_BYTES,
+            "an encrypted volume (its LUKS2 header and the room inside)",
+        ),
+        false => (fs_min, "xfs"),
     };
     if size >= min {
         return Ok(size);
@@ -60,7 +79,7 @@ pub fn fs_minimum(
     let raised = round_up(min, extent).unwrap_or(min);
     match range.map(|r| r.limit) {
         Some(limit) if limit > 0 && raised > limit => Err(Error::OutOfRange(format!(
-            "xfs needs at least {min} bytes, but limit_bytes is {limit}"
+            "{why} needs at least {min} bytes, but limit_bytes is {limit}"
         ))),
         _ => Ok(raised),
     }
@@ -117,14 +136,31 @@ mod tests {
             fs_type: "ext4".into(),
         };
         let e = 4 << 20;
-        assert_eq!(fs_minimum(Some(&ext4), e, None, e).unwrap(), e);
-        assert_eq!(fs_minimum(Some(&Access::Block), e, None, e).unwrap(), e);
-        let raised = fs_minimum(Some(&xfs), e, None, e).unwrap();
+        assert_eq!(fs_minimum(Some(&ext4), false, e, None, e).unwrap(), e);
+        assert_eq!(
+            fs_minimum(Some(&Access::Block), false, e, None, e).unwrap(),
+            e
+        );
+        let raised = fs_minimum(Some(&xfs), false, e, None, e).unwrap();
         assert!(raised >= XFS_MIN_BYTES && raised % e == 0 && raised - XFS_MIN_BYTES < e);
-        assert_eq!(fs_minimum(Some(&xfs), 1 << 30, None, e).unwrap(), 1 << 30);
+        assert_eq!(
+            fs_minimum(Some(&xfs), false, 1 << 30, None, e).unwrap(),
+            1 << 30
+        );
         assert!(matches!(
-            fs_minimum(Some(&xfs), e, Some(&r(1, 100 << 20)), e),
+            fs_minimum(Some(&xfs), false, e, Some(&r(1, 100 << 20)), e),
             Err(Error::OutOfRange(_))
         ));
+        // Encryption adds its header, and some room inside it.
+        let min = LUKS2_HEADER_BYTES + LUKS2_MIN_PAYLOAD;
+        assert_eq!(fs_minimum(Some(&ext4), true, e, None, e).unwrap(), min);
+        assert_eq!(
+            fs_minimum(Some(&Access::Block), true, 64 << 20, None, e).unwrap(),
+            64 << 20
+        );
+        let xfs_enc = fs_minimum(Some(&xfs), true, e, None, e).unwrap();
+        assert!(xfs_enc >= XFS_MIN_BYTES + LUKS2_HEADER_BYTES, "{xfs_enc}");
+        let e2 = fs_minimum(Some(&ext4), true, e, Some(&r(1, 24 << 20)), e).unwrap_err();
+        assert!(e2.to_string().contains("encrypted"), "{e2}");
     }
 }

@@ -647,4 +647,70 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
         .await
         .unwrap();
     assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+
+    // A mapping of the driver's name that no record names (what a killed
+    // failing stage can leave) is closed at start-up.
+    lvm(&["lvchange", "-ay", "-K", &format!("{}/{id}", d.vg)]);
+    let mut open = std::process::Command::new("cryptsetup")
+        .args(["open", "--type", "luks2", "--key-file=-"])
+        .arg(lv_node(&d, &id))
+        .arg(mapping_name(&id))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut open.stdin.take().unwrap(), KEY.as_bytes()).unwrap();
+    assert!(open.wait().unwrap().success());
+    assert!(mapping(&id).is_some());
+    d.stop();
+    d.spawn_and_heal().await;
+    assert!(mapping(&id).is_none(), "{}", d.log_tail(20));
+    assert!(d.log().contains("closed a crypt mapping no record names"));
+}
+
+/// `tpcsi` stages with a passphrase file and rotates with two, the
+/// passphrases never on its command line.
+#[tokio::test(flavor = "multi_thread")]
+async fn tpcsi_stages_and_rotates_with_passphrase_files() {
+    let k = Kubelet::new("cryptcli");
+    let d = TestDriver::start("cryptcli", 96 * MIB, &crypt_extra(&k, false)).await;
+    let id = create_volume(
+        &mut d.controller().await,
+        encrypted_req("pvc-cli", 24 * MIB, mount_cap("ext4")),
+    )
+    .await
+    .volume_id;
+    let staging = k.staging("pvc-cli");
+    let (old, new) = (k.path("old-key"), k.path("new-key"));
+    // As `echo` writes them: the trailing newline is not the key's.
+    std::fs::write(&old, format!("{KEY}\n")).unwrap();
+    std::fs::write(&new, format!("{OTHER}\n")).unwrap();
+    let st = staging.display().to_string();
+    let stage = |key: &Path| {
+        let f = key.display().to_string();
+        let out = crate::fixtures::tpcsi(&d, &["stage", &id, &st, "--passphrase-file", &f]);
+        out.status.success()
+    };
+    assert!(stage(&old));
+    assert!(crate::fixtures::tpcsi(&d, &["unstage", &id, &st])
+        .status
+        .success());
+    let out = crate::fixtures::tpcsi(
+        &d,
+        &[
+            "rotate-key",
+            &id,
+            "--passphrase-file",
+            &old.display().to_string(),
+            "--new-passphrase-file",
+            &new.display().to_string(),
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(opens_with(&d, &id, OTHER) && !opens_with(&d, &id, KEY));
+    assert!(!stage(&old), "the old key is refused");
+    assert!(stage(&new));
+    assert!(crate::fixtures::tpcsi(&d, &["unstage", &id, &st])
+        .status
+        .success());
+    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
 }

@@ -359,6 +359,7 @@ fn secrets(seen: Arc<Mutex<BTreeSet<String>>>) -> BoxedStrategy<HashMap<String, 
         prop_oneof![
             Just("password".to_string()),
             Just("token".to_string()),
+            Just("passphrase".to_string()),
             "[a-z,=\n]{1,8}"
         ],
         any::<u64>().prop_map(|n| format!("TpSecret{n:016x}")),

@@ -1,6 +1,8 @@
-//! CSI-Addons commands: reclaim (ReclaimSpace, controller or node side)
-//! and heal (NodeHealer).
+//! CSI-Addons commands: reclaim (ReclaimSpace, controller or node side),
+//! heal (NodeHealer) and rotate-key (EncryptionKeyRotate).
 
+use thinpool_csi::proto::encryptionkeyrotation::encryption_key_rotation_controller_client::EncryptionKeyRotationControllerClient;
+use thinpool_csi::proto::encryptionkeyrotation::EncryptionKeyRotateRequest;
 use thinpool_csi::proto::healer::healer_node_client::HealerNodeClient;
 use thinpool_csi::proto::healer::NodeHealerRequest;
 use thinpool_csi::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
@@ -10,7 +12,7 @@ use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeRecla
 use crate::args;
 use crate::capability::given_capability;
 use crate::connect::Ctx;
-use crate::failure::Result;
+use crate::failure::{Failure, Result};
 use crate::output::{HealOut, ReclaimOut};
 
 pub async fn reclaim(c: &mut Ctx, a: args::ReclaimArgs) -> Result<()> {
@@ -72,4 +74,43 @@ pub async fn heal(c: &mut Ctx, a: args::HealArgs) -> Result<()> {
         message: r.message,
     });
     Ok(())
+}
+
+/// A passphrase from `file` ("-": standard input): its bytes, one
+/// trailing newline dropped (what `echo` adds, and a Kubernetes Secret
+/// made with `--from-literal` lacks).
+pub fn passphrase(file: &str) -> Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let read = match file {
+        "-" => std::io::stdin().read_to_end(&mut bytes).map(|_| ()),
+        f => std::fs::read(f).map(|b| bytes = b),
+    };
+    read.map_err(|e| Failure::Local(format!("cannot read the passphrase from {file}: {e}")))?;
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| Failure::Local(format!("the passphrase in {file} is not UTF-8")))
+}
+
+pub async fn rotate_key(c: &mut Ctx, a: args::RotateKeyArgs) -> Result<()> {
+    if a.passphrase_file == "-" && a.new_passphrase_file == "-" {
+        return Err(Failure::Local(
+            "only one of --passphrase-file and --new-passphrase-file can be standard input".into(),
+        ));
+    }
+    let req = EncryptionKeyRotateRequest {
+        volume_id: a.volume_id.clone(),
+        encryption_key: passphrase(&a.new_passphrase_file)?,
+        secrets: [("passphrase".to_string(), passphrase(&a.passphrase_file)?)].into(),
+        ..Default::default()
+    };
+    let mut r = EncryptionKeyRotationControllerClient::new(c.addons().await?);
+    c.done(
+        &format!("rotating the key of {}", a.volume_id),
+        r.encryption_key_rotate(req),
+        crate::output::Done::new("rotated the key of", &[("volume_id", &a.volume_id)]),
+    )
+    .await
 }

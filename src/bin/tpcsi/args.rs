@@ -115,6 +115,8 @@ pub enum Command {
     Reclaim(ReclaimArgs),
     /// Check a volume on this node and repair what is safe (CSI-Addons NodeHealer)
     Heal(HealArgs),
+    /// Replace an encrypted volume's passphrase (CSI-Addons EncryptionKeyRotate)
+    RotateKey(RotateKeyArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -169,8 +171,9 @@ pub struct CreateArgs {
     pub limit: Option<u64>,
     #[command(flatten)]
     pub access: AccessArgs,
-    /// Creation parameter (repeatable); the driver takes volumeGroup and
-    /// thinPool (which must match its config) and the CO's metadata keys
+    /// Creation parameter (repeatable), as a StorageClass's: deviceClass,
+    /// encrypted=true, mkfsOptions, I/O limits, volumeGroup and thinPool
+    /// (which must match the class) and the CO's metadata keys
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     pub params: Vec<(String, String)>,
     /// Mutable parameter (ControllerModifyVolume's), e.g. readAheadSectors=256
@@ -231,6 +234,11 @@ pub struct StageArgs {
     pub volume_id: String,
     /// Staging directory (it must exist, under the driver's allowed_roots)
     pub staging_path: String,
+    /// An encrypted volume's passphrase: the file's bytes, one trailing
+    /// newline dropped ("-": standard input); sent as the secret
+    /// "passphrase", never on a command line
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: Option<String>,
     #[command(flatten)]
     pub node: NodeAccessArgs,
 }
@@ -269,6 +277,18 @@ pub struct ReclaimArgs {
     /// Its staging directory (with --node)
     #[arg(long, value_name = "PATH", requires = "node")]
     pub staging: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RotateKeyArgs {
+    /// Volume id (csi-...)
+    pub volume_id: String,
+    /// The current passphrase (file, "-": standard input)
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: String,
+    /// The new passphrase (file, "-": standard input)
+    #[arg(long, value_name = "FILE")]
+    pub new_passphrase_file: String,
 }
 
 #[derive(Debug, Args)]

@@ -117,6 +117,7 @@ async fn command(c: &mut Ctx, command: Command) -> Result<()> {
         } => node::stats(c, volume_id, volume_path, staging).await,
         Command::Reclaim(a) => addons::reclaim(c, a).await,
         Command::Heal(a) => addons::heal(c, a).await,
+        Command::RotateKey(a) => addons::rotate_key(c, a).await,
     }
 }
 

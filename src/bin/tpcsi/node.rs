@@ -12,12 +12,16 @@ use crate::volume::get_volume;
 
 pub async fn stage(c: &mut Ctx, a: args::StageArgs) -> Result<()> {
     let cap = node_capability(c, &a.volume_id, &a.node).await?;
-    let req = csi::NodeStageVolumeRequest {
+    let mut req = csi::NodeStageVolumeRequest {
         volume_id: a.volume_id.clone(),
         staging_target_path: a.staging_path.clone(),
         volume_capability: Some(cap),
         ..Default::default()
     };
+    if let Some(file) = &a.passphrase_file {
+        req.secrets
+            .insert("passphrase".into(), crate::addons::passphrase(file)?);
+    }
     let mut node = c.node().await?;
     c.done(
         &format!("staging {}", a.volume_id),
