@@ -113,6 +113,20 @@ fn p50(v: &mut [f64]) -> f64 {
 /// A bare `lvcreate` of a thin LV shaped like the driver's (same size,
 /// inactive, tags of the same length); `extra` adds `--config` text.
 fn bare_lvcreate(vg: &str, name: &str, tags: &[String], extra: Option<&str>) -> f64 {
+    let config: Vec<String> = extra
+        .map(|c| vec!["--config".to_string(), c.to_string()])
+        .unwrap_or_default();
+    try_bare_lvcreate(vg, name, tags, &config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`bare_lvcreate`] with `flags` added; its time, or why it failed (an
+/// LVM setting that cannot make a thin LV is measured as such).
+fn try_bare_lvcreate(
+    vg: &str,
+    name: &str,
+    tags: &[String],
+    flags: &[String],
+) -> Result<f64, String> {
     let mut args: Vec<String> = ["lvcreate", "--type", "thin", "--virtualsize"]
         .iter()
         .map(|s| s.to_string())
@@ -130,13 +144,33 @@ fn bare_lvcreate(vg: &str, name: &str, tags: &[String], extra: Option<&str>) -> 
     for t in tags {
         args.extend(["--addtag".to_string(), t.clone()]);
     }
-    if let Some(c) = extra {
-        args.extend(["--config".to_string(), c.to_string()]);
-    }
+    args.extend(flags.iter().cloned());
     args.push(vg.into());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    harness::bare("lvm", &args)
+    let t = Instant::now();
+    let out = std::process::Command::new("lvm")
+        .args(&args)
+        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let took = t.elapsed().as_secs_f64();
+    if out.status.success() {
+        Ok(took)
+    } else {
+        Err(format!(
+            "lvm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
+
+/// The LVM settings measured beside the plain `lvcreate` at each step
+/// (issue 22: keep only what the benchmark shows): LVM's activation-skip
+/// flag on the new LV, and `--driverloaded n` (no device-mapper calls).
+const VARIANTS: &[(&str, &[&str])] = &[
+    ("activation skip", &["--setactivationskip", "y"]),
+    ("driverloaded n", &["--driverloaded", "n"]),
+];
 
 /// Volume `i`'s CreateVolume, which must succeed; its id.
 async fn create(c: &mut ControllerClient<Channel>, i: usize) -> String {
@@ -434,6 +468,8 @@ struct Step {
     create: f64,
     bare: f64,
     bare_no_archive: f64,
+    /// Each of [`VARIANTS`]: its p50, or why it failed.
+    variants: Vec<Result<f64, String>>,
     capacity: f64,
     list: f64,
     restart: f64,
@@ -500,6 +536,8 @@ async fn main() {
         made = mark - samples;
         // Serial creates through the driver, and bare ones, in turn.
         let (mut ours, mut bare, mut bare_na) = (Vec::new(), Vec::new(), Vec::new());
+        let mut variants: Vec<Result<Vec<f64>, String>> =
+            VARIANTS.iter().map(|_| Ok(Vec::new())).collect();
         let tags = {
             let r = harness::lvs(&vg);
             let lv = r.find(ids.last().unwrap()).expect("a volume").clone();
@@ -523,6 +561,20 @@ async fn main() {
                 harness::lvm(&["lvremove", "--yes", &format!("{vg}/bare-{n}")]);
             }
             bare_n += 2;
+            for (k, (_, flags)) in VARIANTS.iter().enumerate() {
+                let name = format!("bare-{bare_n}");
+                let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+                let res = try_bare_lvcreate(&vg, &name, &tags, &flags);
+                if res.is_ok() {
+                    harness::lvm(&["lvremove", "--yes", &format!("{vg}/{name}")]);
+                }
+                bare_n += 1;
+                match (&mut variants[k], res) {
+                    (Ok(times), Ok(t)) => times.push(t),
+                    (slot @ Ok(_), Err(e)) => *slot = Err(e),
+                    (Err(_), _) => {}
+                }
+            }
         }
         let mut caps = Vec::new();
         for _ in 0..5 {
@@ -568,6 +620,10 @@ async fn main() {
             create: p50(&mut ours),
             bare: p50(&mut bare),
             bare_no_archive: p50(&mut bare_na),
+            variants: variants
+                .into_iter()
+                .map(|v| v.map(|mut t| p50(&mut t)))
+                .collect(),
             capacity: p50(&mut caps),
             list,
             restart,
@@ -626,6 +682,26 @@ async fn main() {
             "restart to ready at {} volumes: {:.2} s > 10 s",
             last.volumes, last.restart
         ));
+    }
+    println!();
+    let names: Vec<&str> = VARIANTS.iter().map(|(n, _)| *n).collect();
+    println!("| volumes | bare lvcreate p50 | {} |", names.join(" | "));
+    println!("|---|---|{}", "---|".repeat(names.len()));
+    for r in &rows {
+        let cells: Vec<String> = r
+            .variants
+            .iter()
+            .map(|v| match v {
+                Ok(t) => format!("{t:.3} s ({:+.1} %)", (t / r.bare - 1.0) * 100.0),
+                Err(e) => format!("fails: {}", e.lines().last().unwrap_or(e)),
+            })
+            .collect();
+        println!(
+            "| {} | {:.3} s | {} |",
+            r.volumes,
+            r.bare,
+            cells.join(" | ")
+        );
     }
     println!();
     if missed.is_empty() {

@@ -1295,7 +1295,9 @@ fn storage_class_options(sc: &Doc, p: &mut Problems) {
                 .iter()
                 .any(|(key, _)| key == k)
                 || k == thinpool_csi::grpc::validate::ENCRYPTED
-                || thinpool_csi::node::cgroup::KEYS.iter().any(|(key, _)| key == k);
+                || thinpool_csi::node::cgroup::KEYS
+                    .iter()
+                    .any(|(key, _)| key == k);
             p.check(known || k.starts_with("csi.storage.k8s.io/"), || {
                 format!("{}: the driver refuses the parameter {k:?}", sc.at())
             });
