@@ -78,6 +78,7 @@ pub const INPUT_FDS: [i32; 2] = [0, COPROCESS_FD];
 pub async fn run_with_input(
     program: &str,
     args: &[String],
+    env: &[(&str, &str)],
     timeout: Duration,
     inputs: &[&[u8]],
 ) -> Result<Output> {
@@ -102,7 +103,7 @@ pub async fn run_with_input(
         drop(write);
         reads.push(read);
     }
-    let mut cmd = command(program, args, &[], Stop::Kill);
+    let mut cmd = command(program, args, env, Stop::Kill);
     let mut reads = reads.into_iter();
     if let Some(stdin) = reads.next() {
         cmd.stdin(Stdio::from(stdin));

@@ -679,11 +679,59 @@ pub fn passphrases(secrets: &HashMap<String, String>) -> Result<Option<crypt::Ke
     Ok(Some(crypt::Keys {
         current,
         previous: one(crypt::PREVIOUS_PASSPHRASE_KEY)?,
+        next: one(crypt::NEXT_PASSPHRASE_KEY)?,
     }))
 }
 
-/// cryptsetup's bound on a passphrase typed or piped in (its
-/// `--keyfile-size` default for interactive input is 512 bytes).
+/// EncryptionKeyRotate's keys: the current passphrase (the secrets'
+/// `passphrase`), and the new one: `encryption_key` when the call gives
+/// one, else the secrets' `nextPassphrase`. The csi-addons sidecar
+/// (kubernetes-csi-addons, internal/sidecar/service/encryptionkeyrotation.go)
+/// sends the PV's node-stage Secret as `secrets` and never sets
+/// `encryption_key`, so a Secret holding `nextPassphrase` is how a
+/// Kubernetes rotation says where to go. Missing either, or a new key
+/// equal to the current one, is INVALID_ARGUMENT naming the key.
+pub fn rotation_keys(
+    encryption_key: &str,
+    secrets: &HashMap<String, String>,
+) -> Result<(crypt::Secret, crypt::Secret)> {
+    let keys = passphrases(secrets)?.ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "the secrets have no {:?}: the volume's current passphrase is needed to add the new one",
+            crypt::PASSPHRASE_KEY
+        ))
+    })?;
+    let new = match encryption_key {
+        "" => keys.next.clone().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "no new passphrase: encryption_key is empty and the secrets have no {:?}",
+                crypt::NEXT_PASSPHRASE_KEY
+            ))
+            .advise(format!(
+                "put the new passphrase in the volume's node-stage Secret as {:?} (or pass encryption_key), then retry",
+                crypt::NEXT_PASSPHRASE_KEY
+            ))
+        })?,
+        k if k.len() > MAX_PASSPHRASE => {
+            return invalid(format!(
+                "encryption_key must hold 1 to {MAX_PASSPHRASE} bytes (it holds {})",
+                k.len()
+            ))
+        }
+        k => crypt::Secret::new(k.as_bytes()),
+    };
+    if new == keys.current {
+        return invalid(format!(
+            "the new passphrase is the secrets' {:?} already: nothing would rotate",
+            crypt::PASSPHRASE_KEY
+        ));
+    }
+    Ok((keys.current.clone(), new))
+}
+
+/// The longest passphrase taken: cryptsetup's own bound on one typed in
+/// (512 characters); a key file could be longer, but a passphrase that
+/// also works typed at a console is what an operator can recover with.
 pub const MAX_PASSPHRASE: usize = 512;
 
 /// The StorageClass parameter that replaces the device class's mkfs
@@ -1005,6 +1053,42 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    /// Rotation keys: the current passphrase from the secrets, the new one
+    /// from encryption_key or else the Secret's nextPassphrase (the
+    /// sidecar's way); each refusal names its key and never a value.
+    #[test]
+    fn rotation_keys_come_from_the_call_or_the_secret() {
+        let sec = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let (cur, new) = rotation_keys("new-one", &sec(&[("passphrase", "old-one")])).unwrap();
+        assert_eq!(
+            (cur.bytes(), new.bytes()),
+            (&b"old-one"[..], &b"new-one"[..])
+        );
+        let both = sec(&[("passphrase", "old-one"), ("nextPassphrase", "next-one")]);
+        assert_eq!(rotation_keys("", &both).unwrap().1.bytes(), b"next-one");
+        assert_eq!(rotation_keys("given", &both).unwrap().1.bytes(), b"given");
+        for (key, secrets, named) in [
+            ("", sec(&[("passphrase", "old-one")]), "nextPassphrase"),
+            ("new-one", sec(&[]), "passphrase"),
+            ("old-one", sec(&[("passphrase", "old-one")]), "already"),
+            ("new-one", sec(&[("passphrase", "")]), "passphrase"),
+        ] {
+            let e = rotation_keys(key, &secrets).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+            assert!(e.to_string().contains(named), "{e}");
+            assert!(!e.to_string().contains("old-one"), "{e}");
+        }
+        let long = "x".repeat(MAX_PASSPHRASE + 1);
+        assert!(rotation_keys(&long, &sec(&[("passphrase", "old-one")])).is_err());
+        let keys = passphrases(&both).unwrap().unwrap();
+        assert_eq!(keys.each().count(), 2, "passphrase, then nextPassphrase");
     }
 
     #[test]

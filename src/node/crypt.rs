@@ -29,6 +29,10 @@ pub const PASSPHRASE_KEY: &str = "passphrase";
 /// The secret key of a passphrase tried when `passphrase` is refused
 /// (the one a rotation in progress is replacing).
 pub const PREVIOUS_PASSPHRASE_KEY: &str = "previousPassphrase";
+/// The secret key of the passphrase a rotation moves to when its call
+/// names none (the csi-addons sidecar sends the node-stage Secret and no
+/// `encryption_key`); tried last by a stage.
+pub const NEXT_PASSPHRASE_KEY: &str = "nextPassphrase";
 
 /// cryptsetup's exit code for a passphrase that opens no key slot.
 const EXIT_BAD_PASSPHRASE: i32 = 2;
@@ -66,16 +70,20 @@ impl Drop for Secret {
 }
 
 /// The passphrases a stage may open a volume with: `passphrase`, then
-/// `previousPassphrase` when the first is refused.
+/// `previousPassphrase` and `nextPassphrase` (a rotation under way)
+/// when the first is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
     pub current: Secret,
     pub previous: Option<Secret>,
+    pub next: Option<Secret>,
 }
 
 impl Keys {
-    fn each(&self) -> impl Iterator<Item = &Secret> {
-        std::iter::once(&self.current).chain(self.previous.as_ref())
+    pub fn each(&self) -> impl Iterator<Item = &Secret> {
+        std::iter::once(&self.current)
+            .chain(self.previous.as_ref())
+            .chain(self.next.as_ref())
     }
 }
 
@@ -173,14 +181,29 @@ async fn cryptsetup(tools: &Tools, args: Vec<String>, keys: &[&Secret]) -> Resul
         .await
         .map_err(|_| Error::Internal("the key-derivation semaphore is closed".into()))?;
     let inputs: Vec<&[u8]> = keys.iter().map(|k| k.bytes()).collect();
-    exec::run_with_input("cryptsetup", &args, tools.timeout, &inputs).await?;
+    exec::run_with_input("cryptsetup", &args, env(tools), tools.timeout, &inputs).await?;
     Ok(())
+}
+
+/// cryptsetup's environment: without udev, its device-mapper library
+/// must neither wait for udev nor leave /dev/mapper to it.
+fn env(tools: &Tools) -> &'static [(&'static str, &'static str)] {
+    if tools.no_udev {
+        &[("DM_DISABLE_UDEV", "1")]
+    } else {
+        &[]
+    }
+}
+
+/// cryptsetup with no key.
+async fn run_keyless(tools: &Tools, args: &[String]) -> Result<exec::Output> {
+    exec::run("cryptsetup", args, env(tools), tools.timeout).await
 }
 
 /// Whether `dev` holds a LUKS header (`cryptsetup isLuks`: 0 yes, 1 no).
 pub async fn is_luks(tools: &Tools, dev: &Path) -> Result<bool> {
     let args = vec!["isLuks".to_string(), dev.display().to_string()];
-    match tools.run("cryptsetup", &args).await {
+    match run_keyless(tools, &args).await {
         Ok(_) => Ok(true),
         Err(e) if exit_code(&e) == Some(1) => Ok(false),
         Err(e) => Err(e),
@@ -252,8 +275,32 @@ pub async fn opens(tools: &Tools, dev: &Path, key: &Secret) -> Result<bool> {
     }
 }
 
-/// Closes the mapping `name` when it exists.
+/// Removes a device of the mapping's name that has no live table (a
+/// cryptsetup killed between making the device and loading it leaves
+/// one, which no `open` could replace). `true` when it removed one.
+pub async fn remove_stale(tools: &Tools, name: &str) -> Result<bool> {
+    let n = name.to_string();
+    let stale = tools
+        .blocking("look for a table-less crypt mapping", move || {
+            Ok(crate::sys::dm_has_table(&n)? == Some(false))
+        })
+        .await?;
+    if !stale {
+        return Ok(false);
+    }
+    let mut args = crate::argv!["remove", "--retry", name];
+    args.extend(crate::node::dm::udev_args(tools));
+    tools.run("dmsetup", &args).await?;
+    tracing::warn!(name, "removed a crypt mapping left without a table");
+    Ok(true)
+}
+
+/// Closes the mapping `name` when it exists (one left without a table
+/// is removed).
 pub async fn close(tools: &Tools, name: &str) -> Result<()> {
+    if remove_stale(tools, name).await? {
+        return Ok(());
+    }
     let n = name.to_string();
     let open = tools
         .blocking("look for a crypt mapping", move || {
@@ -263,10 +310,7 @@ pub async fn close(tools: &Tools, name: &str) -> Result<()> {
     if !open {
         return Ok(());
     }
-    match tools
-        .run("cryptsetup", &["close".to_string(), name.to_string()])
-        .await
-    {
+    match run_keyless(tools, &["close".to_string(), name.to_string()]).await {
         Ok(_) => {
             tracing::info!(name, "closed the LUKS2 mapping");
             Ok(())
@@ -281,9 +325,7 @@ pub async fn close(tools: &Tools, name: &str) -> Result<()> {
 
 /// Grows the open mapping `name` to its LV (the key is in its table).
 pub async fn resize(tools: &Tools, name: &str) -> Result<()> {
-    tools
-        .run("cryptsetup", &["resize".to_string(), name.to_string()])
-        .await?;
+    run_keyless(tools, &["resize".to_string(), name.to_string()]).await?;
     tracing::info!(name, "grew the LUKS2 mapping to its LV");
     Ok(())
 }
@@ -312,22 +354,65 @@ pub async fn add_key(
     Ok(())
 }
 
-/// Removes the key slot `key` opens from `dev`; `false` when none does
-/// (removed already).
-pub async fn remove_key(tools: &Tools, dev: &Path, key: &Secret) -> Result<bool> {
-    let args: Vec<String> = ["luksRemoveKey", "--batch-mode", "--key-file=-"]
-        .map(String::from)
-        .into_iter()
-        .chain([dev.display().to_string()])
-        .collect();
+/// The key slots of the LUKS2 header on `dev`, from its JSON metadata
+/// (`luksDump --dump-json-metadata`).
+pub async fn key_slots(tools: &Tools, dev: &Path) -> Result<Vec<u32>> {
+    let args = crate::argv![
+        "luksDump",
+        "--dump-json-metadata",
+        dev.display().to_string()
+    ];
+    let out = run_keyless(tools, &args).await?;
+    parse_key_slots(&out.stdout)
+}
+
+/// The key slot numbers of a LUKS2 JSON metadata document.
+pub fn parse_key_slots(json: &str) -> Result<Vec<u32>> {
+    let bad = |why: String| Error::Internal(format!("LUKS2 metadata: {why}"));
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+    let slots = v
+        .get("keyslots")
+        .and_then(|k| k.as_object())
+        .ok_or_else(|| bad("no keyslots object".into()))?;
+    let mut out = slots
+        .keys()
+        .map(|k| k.parse::<u32>().map_err(|_| bad(format!("key slot {k:?}"))))
+        .collect::<Result<Vec<u32>>>()?;
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Whether `key` opens key slot `slot` of `dev`.
+pub async fn opens_slot(tools: &Tools, dev: &Path, key: &Secret, slot: u32) -> Result<bool> {
+    let args = crate::argv![
+        "open",
+        "--type",
+        "luks2",
+        "--test-passphrase",
+        "--key-slot",
+        slot.to_string(),
+        "--key-file=-",
+        dev.display().to_string()
+    ];
     match cryptsetup(tools, args, &[key]).await {
-        Ok(()) => {
-            tracing::info!(device = %dev.display(), "removed a LUKS2 key slot");
-            Ok(true)
-        }
+        Ok(()) => Ok(true),
         Err(e) if exit_code(&e) == Some(EXIT_BAD_PASSPHRASE) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Wipes key slot `slot` of `dev`; cryptsetup first checks that `keep`
+/// opens a slot that stays.
+pub async fn kill_slot(tools: &Tools, dev: &Path, slot: u32, keep: &Secret) -> Result<()> {
+    let args = crate::argv![
+        "luksKillSlot",
+        "--key-file=-",
+        dev.display().to_string(),
+        slot.to_string()
+    ];
+    cryptsetup(tools, args, &[keep]).await?;
+    tracing::info!(device = %dev.display(), slot, "wiped a LUKS2 key slot");
+    Ok(())
 }
 
 #[cfg(test)]
@@ -384,11 +469,22 @@ mod tests {
     }
 
     #[test]
+    fn key_slots_come_from_the_json_metadata() {
+        let json =
+            r#"{"keyslots":{"0":{"type":"luks2"},"2":{"type":"luks2"}},"tokens":{},"segments":{}}"#;
+        assert_eq!(parse_key_slots(json).unwrap(), vec![0, 2]);
+        assert!(parse_key_slots(r#"{"tokens":{}}"#).is_err());
+        assert!(parse_key_slots(r#"{"keyslots":{"x":{}}}"#).is_err());
+        assert!(parse_key_slots("not json").is_err());
+    }
+
+    #[test]
     fn a_secret_never_prints() {
         let s = Secret::new("hunter2-passphrase");
         let keys = Keys {
             current: s.clone(),
             previous: Some(Secret::new("older")),
+            next: None,
         };
         let shown = format!("{keys:?} {s:?}");
         assert!(

@@ -204,10 +204,17 @@ pub fn parse_ls(text: &str) -> Vec<String> {
 /// Our overlays that exist without a table (a `dmsetup create` stopped
 /// between its create and its load), by name.
 pub async fn tableless_overlays(tools: &Tools) -> Result<Vec<String>> {
+    tableless(tools, OVERLAY_PREFIX).await
+}
+
+/// Our devices named with `prefix` that exist without a table (a
+/// `dmsetup create` or `cryptsetup open` stopped between its create and
+/// its load), by name.
+pub async fn tableless(tools: &Tools, prefix: &str) -> Result<Vec<String>> {
     let out = tools.run("dmsetup", &["ls".to_string()]).await?;
     let names: Vec<String> = parse_ls(&out.stdout)
         .into_iter()
-        .filter(|n| n.starts_with(OVERLAY_PREFIX))
+        .filter(|n| n.starts_with(prefix))
         .collect();
     tools
         .blocking("look for table-less overlays", move || {
@@ -231,7 +238,7 @@ pub fn find_by_name(name: &str) -> Option<(u32, u32)> {
         .find(|n| dm_name(n.0, n.1).as_deref() == Some(name))
 }
 
-fn udev_args(tools: &Tools) -> Vec<String> {
+pub(crate) fn udev_args(tools: &Tools) -> Vec<String> {
     if tools.no_udev {
         // Without udev, libdevmapper must not wait for it, and makes the
         // /dev/mapper node itself.

@@ -94,6 +94,9 @@ impl Volumes {
             .tools
             .blocking("read the formatting marker", move || marker::exists(&m))
             .await?;
+        // A device of this name left without a table (a cryptsetup killed
+        // half-way) would stop every open.
+        crypt::remove_stale(&self.tools, &name).await?;
         if let Some(open) = self.crypt_device(id, lv).await? {
             if !unfinished {
                 // Open already (a retry, or a restart since): the key must
@@ -137,28 +140,40 @@ impl Volumes {
             self.cfg.encryption.allow_discards,
         )
         .await?;
-        let dev = self.crypt_device(id, lv).await?.ok_or_else(|| {
-            Error::Internal(format!(
-                "cryptsetup opened {name}, but device-mapper has no such device"
-            ))
-        })?;
-        if fresh && block {
-            let m = marker_path;
-            self.tools
-                .blocking("remove the formatting marker", move || marker::remove(&m))
-                .await?;
+        let opened = async {
+            let dev = self.crypt_device(id, lv).await?.ok_or_else(|| {
+                Error::Internal(format!(
+                    "cryptsetup opened {name}, but device-mapper has no such device"
+                ))
+            })?;
+            if fresh && block {
+                let m = marker_path;
+                self.tools
+                    .blocking("remove the formatting marker", move || marker::remove(&m))
+                    .await?;
+            }
+            Ok(dev)
         }
-        Ok((dev, true))
+        .await;
+        match opened {
+            Ok(dev) => Ok((dev, true)),
+            Err(e) => {
+                // Opened here: closed again, so the stage leaves nothing.
+                if let Err(c) = crypt::close(&self.tools, &name).await {
+                    tracing::warn!(id, error = %c, "could not close the crypt mapping again");
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn any_key_opens(&self, dev: &Path, keys: &Keys) -> Result<bool> {
-        if crypt::opens(&self.tools, dev, &keys.current).await? {
-            return Ok(true);
+        for key in keys.each() {
+            if crypt::opens(&self.tools, dev, key).await? {
+                return Ok(true);
+            }
         }
-        match &keys.previous {
-            Some(k) => crypt::opens(&self.tools, dev, k).await,
-            None => Ok(false),
-        }
+        Ok(false)
     }
 
     /// Closes the crypt mapping of `id`, if open (after its unmount).
@@ -166,11 +181,14 @@ impl Volumes {
         crypt::close(&self.tools, &crypt::mapping_name(id)).await
     }
 
-    /// CSI-Addons EncryptionKeyRotate: `new` becomes the volume's
-    /// passphrase in place of `current`. The new key slot is added before
-    /// the old one is removed, so a kill at any point leaves a volume that
-    /// opens with one of the two; a retry finishes what is left. An
-    /// inactive LV is activated for it and deactivated again.
+    /// CSI-Addons EncryptionKeyRotate: `new` becomes the volume's only
+    /// passphrase. Its key slot is added (authorised by `current`) before
+    /// any other is wiped, so a kill at any point leaves a volume that
+    /// opens with one of the two; a retry finishes what is left, and wipes
+    /// every slot `new` does not open (one an interrupted earlier rotation
+    /// added as well). The volume key stays, so snapshots and clones made
+    /// before keep the passphrases they had. An inactive LV is activated
+    /// for it and deactivated again.
     pub async fn rotate_key(
         self: &Arc<Self>,
         id: VolumeId,
@@ -185,12 +203,6 @@ impl Volumes {
                     "volume {id} is not encrypted: it has no key to rotate"
                 ))
                 .advise("rotate keys only of volumes made with encrypted: \"true\" (or an encrypting class)"));
-            }
-            if current == new {
-                return Err(Error::InvalidArgument(
-                    "encryption_key is the passphrase the secrets already give; nothing would rotate"
-                        .into(),
-                ));
             }
             let (lv, activated) = d.activate(vol.lv).await?;
             let res = d.rotate_on(&id, &lv, &current, &new).await;
@@ -210,13 +222,19 @@ impl Volumes {
             .advise("stage it first: its first NodeStageVolume formats it with the passphrase that stage brings"));
         }
         if crypt::opens(&self.tools, &lv.path, new).await? {
-            // Added by an earlier call that stopped before the removal.
+            // Added by an earlier call that stopped before the wipe.
             tracing::info!(id, "EncryptionKeyRotate: the new key is in place already");
         } else {
             crypt::add_key(&self.tools, &self.cfg.encryption, &lv.path, current, new).await?;
         }
-        let removed = crypt::remove_key(&self.tools, &lv.path, current).await?;
-        tracing::info!(id, removed_old = removed, "EncryptionKeyRotate: rotated");
+        let mut wiped = Vec::new();
+        for slot in crypt::key_slots(&self.tools, &lv.path).await? {
+            if !crypt::opens_slot(&self.tools, &lv.path, new, slot).await? {
+                crypt::kill_slot(&self.tools, &lv.path, slot, new).await?;
+                wiped.push(slot);
+            }
+        }
+        tracing::info!(id, ?wiped, "EncryptionKeyRotate: rotated");
         Ok(())
     }
 }

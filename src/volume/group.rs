@@ -75,7 +75,7 @@ struct Turn {
 /// The frozen filesystems of a group, thawed on every path: by
 /// [`Frozen::thaw_all`], by the watchdog at [`FREEZE_BOUND`], or, when the
 /// driver was killed meanwhile, at its next start (the freeze record).
-struct Frozen {
+pub(super) struct Frozen {
     tools: Tools,
     record: PathBuf,
     points: Vec<freeze::MountOf>,
@@ -88,7 +88,7 @@ impl Frozen {
     /// Records, then freezes, each mount point. On failure it thaws what
     /// it froze itself, and only that: a filesystem someone else froze
     /// (EBUSY) is left to them.
-    async fn freeze_all(
+    pub(super) async fn freeze_all(
         tools: &Tools,
         record: PathBuf,
         points: Vec<freeze::MountOf>,
@@ -144,11 +144,11 @@ impl Frozen {
     }
 
     /// Whether the bound passed (every member was thawed then).
-    fn expired(&self) -> bool {
+    pub(super) fn expired(&self) -> bool {
         self.expired.load(Ordering::SeqCst)
     }
 
-    async fn thaw_all(self) {
+    pub(super) async fn thaw_all(self) {
         self.watchdog.abort();
         thaw_when_done(&self.tools, &self.turn, self.record, self.points).await;
     }
@@ -203,15 +203,26 @@ struct Member {
     id: String,
     active: bool,
     mounted: bool,
+    /// Its filesystem is on a crypt mapping above the LV: LVM's suspend
+    /// of the LV freezes nothing there, so our freeze never nests.
+    encrypted: bool,
+}
+
+impl Member {
+    /// A mounted filesystem we can freeze for the whole group: with
+    /// freezes that nest (`nests`), or above the LV LVM suspends.
+    fn freezable(&self, nests: bool) -> bool {
+        self.mounted && (nests || self.encrypted)
+    }
 }
 
 /// The members that could change while the group's snapshots are taken:
-/// active, and not a mounted filesystem we can freeze for the whole group
-/// (which needs freezes that nest, `nests`). At most one may remain.
+/// active, and not a filesystem we can freeze ([`Member::freezable`]). At
+/// most one may remain.
 fn cannot_hold_still(members: &[Member], nests: bool) -> Vec<String> {
     members
         .iter()
-        .filter(|m| m.active && !(nests && m.mounted))
+        .filter(|m| m.active && !m.freezable(nests))
         .map(|m| m.id.clone())
         .collect()
 }
@@ -316,6 +327,7 @@ impl Volumes {
                 id: v.lv.name.clone(),
                 active: v.lv.is_active(),
                 mounted: p.is_some(),
+                encrypted: v.tags.encrypted,
             })
             .collect();
         let unheld = cannot_hold_still(&members, nests);
@@ -331,11 +343,12 @@ impl Volumes {
             ))
             .advise("stop (unstage) all but one of them, or snapshot them one by one"));
         }
-        let to_freeze: Vec<freeze::MountOf> = if nests {
-            points.iter().flatten().cloned().collect()
-        } else {
-            Vec::new()
-        };
+        let to_freeze: Vec<freeze::MountOf> = members
+            .iter()
+            .zip(&points)
+            .filter(|(m, _)| m.freezable(nests))
+            .filter_map(|(_, p)| p.clone())
+            .collect();
         let record = self.cfg.state_dir.join("frozen").join(id);
         let frozen = Frozen::freeze_all(&self.tools, record, to_freeze).await?;
         let mut made = Vec::new();
@@ -482,6 +495,7 @@ mod tests {
             id: id.into(),
             active,
             mounted,
+            encrypted: false,
         }
     }
 
@@ -503,5 +517,15 @@ mod tests {
         // An active raw block member can never be frozen.
         let block = [m("a", true, true), m("b", true, false), m("c", true, false)];
         assert_eq!(cannot_hold_still(&block, true), ["b", "c"]);
+        // Encrypted filesystems are frozen above the LV: no nesting needed.
+        let crypt = |id| Member {
+            encrypted: true,
+            ..m(id, true, true)
+        };
+        assert!(cannot_hold_still(&[crypt("a"), crypt("b")], false).is_empty());
+        assert_eq!(
+            cannot_hold_still(&[crypt("a"), m("b", true, true)], false),
+            ["b"]
+        );
     }
 }

@@ -594,6 +594,23 @@ impl Volumes {
     /// and was killed before it closed what it opened). A held one is
     /// left, and said.
     async fn close_unrecorded_mappings(&self, ours: &[String]) {
+        // Left without a table (a cryptsetup killed half-way): removed, as
+        // nothing can use them. Names only; the class's own volumes only.
+        match dm::tableless(&self.tools, crate::node::crypt::MAPPING_PREFIX).await {
+            Ok(names) => {
+                for name in names.iter().filter(|n| {
+                    ours.iter()
+                        .any(|id| crate::node::crypt::mapping_name(id) == **n)
+                }) {
+                    if let Err(e) = crate::node::crypt::remove_stale(&self.tools, name).await {
+                        tracing::warn!(name, error = %e, "start-up: could not remove a crypt mapping left without a table");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "start-up: cannot list device-mapper devices; table-less crypt mappings are left alone")
+            }
+        }
         let (records, vg, ours) = (self.records.clone(), self.lvm.vg.clone(), ours.to_vec());
         let found = self
             .tools

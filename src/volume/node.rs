@@ -317,10 +317,18 @@ impl Volumes {
             // path's parent is gone (and so any mount there), at the path
             // as asked.
             let asked = crate::mountinfo::normalize(&staging);
-            let record = recorded.filter(|r| match &staging_real {
-                Some(real) => r.staging == *real,
-                None => r.staging == asked,
+            let staged_elsewhere = recorded.as_ref().filter(|r| match &staging_real {
+                Some(real) => r.staging != *real,
+                None => r.staging != asked,
             });
+            if let Some(r) = staged_elsewhere {
+                // Staged at another path: nothing of it is here, and its
+                // devices (a crypt mapping, the LV) serve that staging.
+                tracing::info!(%id, staged_at = %r.staging.display(), asked = %staging.display(),
+                    "NodeUnstageVolume: the volume is staged at another path; nothing to do here");
+                return Ok(());
+            }
+            let record = recorded;
             if let Some(mut r) = record.clone() {
                 // A recorded publish whose target holds nothing any more
                 // (removed behind the driver's back) no longer counts.

@@ -10,6 +10,11 @@
 //! before `lvcreate` is not only redundant, it breaks the snapshot on
 //! kernels before 6.8: the nested freeze makes LVM's suspend fail with
 //! EBUSY (measured on Debian's 6.1), so the driver leaves the freeze to LVM.
+//! An encrypted volume's filesystem is on its crypt mapping, above the LV
+//! LVM suspends, and that suspend reaches no filesystem: the driver
+//! freezes the mapping's mount itself around `lvcreate` (as a group
+//! snapshot does, with its bound and freeze record), and nothing is
+//! mounted on the LV to make the freezes nest.
 
 use std::sync::Arc;
 
@@ -142,9 +147,28 @@ impl Volumes {
             group: None,
             encrypted: vol.tags.encrypted,
         };
-        self.lvm
+        let frozen = match vol.tags.encrypted {
+            true => Some(self.freeze_crypt_mount(source, id).await?),
+            false => None,
+        };
+        let made = self
+            .lvm
             .create_snapshot(id, source, &tags.encode(), false, None)
-            .await?;
+            .await;
+        if let Some(f) = frozen {
+            let expired = f.expired();
+            f.thaw_all().await;
+            if made.is_ok() && expired {
+                // Thawed by the bound before the snapshot was made: it may
+                // not hold a consistent filesystem.
+                self.lvm.remove(id).await?;
+                return Err(Error::DeadlineExceeded(format!(
+                    "volume {source}'s filesystem stayed frozen longer than {:?}: thawed, and the snapshot made was removed",
+                    super::group::FREEZE_BOUND
+                )));
+            }
+        }
+        made?;
         tracing::info!(
             id,
             source,
@@ -153,6 +177,26 @@ impl Volumes {
         );
         let report = self.lvm.fresh_report().await?;
         Ok(SnapshotInfo::of(&self.must_own_snapshot(&report, id)?))
+    }
+
+    /// Freezes the filesystem of the encrypted volume `source` where its
+    /// crypt mapping is mounted on this node (nothing, when it is not).
+    async fn freeze_crypt_mount(&self, source: &str, id: &str) -> Result<super::group::Frozen> {
+        let points = match self.data_device(source, true).await? {
+            Some(dev) => {
+                let n = dev.numbers();
+                self.tools
+                    .blocking("find the mapping's mount", move || {
+                        crate::node::freeze::mounted_at(n)
+                    })
+                    .await?
+                    .into_iter()
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let record = self.cfg.state_dir.join("frozen").join(id);
+        super::group::Frozen::freeze_all(&self.tools, record, points).await
     }
 
     /// DeleteSnapshot: removes the snapshot when it is ours; gone is

@@ -322,7 +322,11 @@ async fn an_encrypted_volume_grows_online_and_its_copies_open_with_its_key() {
         bytes(&after)
     );
 
-    // A snapshot's restore and a clone: the same bytes, the same key.
+    // A snapshot's restore and a clone: the same bytes, the same key. The
+    // file is written right before the snapshot and never synced: the
+    // driver freezes the mapping's filesystem around lvcreate (LVM's own
+    // suspend of the LV below reaches no filesystem).
+    std::fs::write(staging.join("late"), b"written just before").unwrap();
     let snap = c
         .create_snapshot(snap_req("snap-enc", &id))
         .await
@@ -362,6 +366,12 @@ async fn an_encrypted_volume_grows_online_and_its_copies_open_with_its_key() {
             std::fs::read(st.join("data")).unwrap(),
             b"travels with copies"
         );
+        if *copy == restored {
+            assert_eq!(
+                std::fs::read(st.join("late")).unwrap(),
+                b"written just before"
+            );
+        }
         n.node_unstage_volume(unstage_req(copy, &st)).await.unwrap();
         assert!(mapping(copy).is_none());
     }
@@ -400,6 +410,14 @@ async fn a_raw_block_volume_publishes_the_opened_device() {
         .expect("dmsetup table of a crypt target: start len crypt cipher key iv dev offset");
     let raw = read_at(&lv_node(&d, &id), offset * 512, 4096);
     assert_ne!(raw, pattern, "the LV holds the data encrypted");
+    // An unstage at a path it is not staged at changes nothing: the
+    // published mapping stays open.
+    let elsewhere = k.staging("not-here");
+    n.node_unstage_volume(unstage_req(&id, &elsewhere))
+        .await
+        .unwrap();
+    assert_eq!(mapping(&id), Some(crypt));
+    assert_eq!(read_at(&target, 0, 4096), pattern);
     n.node_unpublish_volume(unpublish_req(&id, &target))
         .await
         .unwrap();
@@ -488,16 +506,83 @@ async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert!(opens_with(&d, &id, OTHER) && !opens_with(&d, &id, "a third key"));
 
-    // How long a whole rotation takes here, so the kills below land
-    // before, between and after its steps.
+    // A key an interrupted earlier rotation added (by hand here) is wiped
+    // by the next rotation: only the new key opens afterwards.
+    let stray = k.path("stray-key");
+    std::fs::write(&stray, "a stray key").unwrap();
+    let mut add = std::process::Command::new("cryptsetup")
+        .args(["luksAddKey", "--batch-mode", "--pbkdf", "pbkdf2"])
+        .args(["--pbkdf-force-iterations", "1000", "--key-file=-"])
+        .arg(lv_node(&d, &id))
+        .arg(&stray)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut add.stdin.take().unwrap(), OTHER.as_bytes()).unwrap();
+    assert!(add.wait().unwrap().success());
+    assert!(opens_with(&d, &id, "a stray key"));
     let t = std::time::Instant::now();
     rotate(&d, &id, OTHER, KEY).await.unwrap();
+    // How long a whole rotation takes here (with a slot to wipe), so the
+    // kills below land before, between and after its steps.
     let whole = t.elapsed();
     eprintln!("MEASURE key rotation took {whole:?}");
+    assert!(opens_with(&d, &id, KEY) && !opens_with(&d, &id, OTHER));
+    assert!(
+        !opens_with(&d, &id, "a stray key"),
+        "every other slot is wiped"
+    );
+
+    // As the csi-addons sidecar calls it: the node-stage Secret as
+    // secrets, no encryption_key; the Secret's nextPassphrase is the new
+    // key. Without nextPassphrase the rotation is INVALID_ARGUMENT. A
+    // stage with that Secret opens the volume after (passphrase refused,
+    // nextPassphrase taken), and one whose Secret was promoted (the old
+    // key as previousPassphrase) too.
+    let mut r = EncryptionKeyRotationControllerClient::connect(d.addons_uri())
+        .await
+        .unwrap();
+    let secret: HashMap<String, String> = [
+        ("passphrase".to_string(), KEY.to_string()),
+        ("nextPassphrase".to_string(), OTHER.to_string()),
+    ]
+    .into();
+    let sidecar = |secrets: HashMap<String, String>| EncryptionKeyRotateRequest {
+        volume_id: id.clone(),
+        secrets,
+        ..Default::default()
+    };
+    let e = r
+        .encryption_key_rotate(sidecar(secrets(KEY)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("nextPassphrase"), "{e:?}");
+    r.encryption_key_rotate(sidecar(secret.clone()))
+        .await
+        .unwrap();
+    assert!(opens_with(&d, &id, OTHER) && !opens_with(&d, &id, KEY));
+    let mut n = d.node().await;
+    for secrets in [
+        secret,
+        [
+            ("passphrase".to_string(), "not it".to_string()),
+            ("previousPassphrase".to_string(), OTHER.to_string()),
+        ]
+        .into(),
+    ] {
+        n.node_unstage_volume(unstage_req(&id, &staging))
+            .await
+            .unwrap();
+        let mut restage = stage_req(&id, &staging, block_cap());
+        restage.secrets = secrets;
+        n.node_stage_volume(restage).await.unwrap();
+    }
+    rotate(&d, &id, OTHER, KEY).await.unwrap();
     let (mut current, mut new) = (KEY, OTHER);
-    let mut states = Vec::new();
-    for tenth in [0u32, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12] {
-        let delay = whole * tenth / 10;
+    let mut states: Vec<(u128, bool, bool)> = Vec::new();
+    for twentieth in [0u32, 5, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 24] {
+        let delay = whole * twentieth / 20;
         let uri = d.addons_uri();
         let (i, cur, nw) = (id.clone(), current.to_string(), new.to_string());
         let call = tokio::spawn(async move {
@@ -531,10 +616,11 @@ async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
         (current, new) = (new, current);
     }
     eprintln!("MEASURE key rotation killed at (ms, old opens, new opens): {states:?}");
-    // The kills met the volume before the new key was added, and after it
-    // was (both keys, or the new one only): each step was interrupted.
+    // The kills met the volume before the new key was added, between the
+    // add and the wipe (both keys open), and after: each step was cut.
     assert!(states.iter().any(|s| s.1 && !s.2), "{states:?}");
-    assert!(states.iter().any(|s| s.2), "{states:?}");
+    assert!(states.iter().any(|s| s.1 && s.2), "{states:?}");
+    assert!(states.iter().any(|s| !s.1 && s.2), "{states:?}");
     // Still staged through it all; unstage closes the mapping.
     d.node()
         .await
@@ -551,7 +637,8 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
     let cap = mount_cap("ext4");
     // Kill the driver while it formats (LUKS2, then ext4 inside), at
     // several points; kubelet's retry after the restart must stage it.
-    for (i, delay) in [30u64, 150, 400, 900].into_iter().enumerate() {
+    let mut cut = Vec::new();
+    for (i, delay) in [30u64, 150, 300, 500, 800, 1200].into_iter().enumerate() {
         let name = format!("pvc-crash-{i}");
         let mut c = d.controller().await;
         let id = create_volume(&mut c, encrypted_req(&name, 24 * MIB, cap.clone()))
@@ -564,6 +651,9 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
         tokio::time::sleep(Duration::from_millis(delay)).await;
         d.kill9_with_children();
         let _ = call.await;
+        // Whether the kill cut a format: its marker stays until mkfs ends.
+        let marker = d.state_dir().join("formatting").join(&id).exists();
+        cut.push((delay, marker, mapping(&id).is_some()));
         d.spawn_and_heal().await;
         n = d.node().await;
         let mut tries = 0;
@@ -599,6 +689,12 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
             .await
             .unwrap();
     }
+
+    eprintln!("MEASURE first stage killed at (ms, format unfinished, mapping open): {cut:?}");
+    assert!(
+        cut.iter().any(|c| c.1),
+        "no kill landed inside a format: {cut:?}"
+    );
 
     // A reboot: mounts, mappings and activations are gone; the start-up
     // heal cannot re-open without the key and says so; kubelet's stage does.
@@ -681,9 +777,9 @@ async fn tpcsi_stages_and_rotates_with_passphrase_files() {
     .volume_id;
     let staging = k.staging("pvc-cli");
     let (old, new) = (k.path("old-key"), k.path("new-key"));
-    // As `echo` writes them: the trailing newline is not the key's.
-    std::fs::write(&old, format!("{KEY}\n")).unwrap();
-    std::fs::write(&new, format!("{OTHER}\n")).unwrap();
+    // The file's bytes are the key, as in a Secret made --from-file.
+    std::fs::write(&old, KEY).unwrap();
+    std::fs::write(&new, OTHER).unwrap();
     let st = staging.display().to_string();
     let stage = |key: &Path| {
         let f = key.display().to_string();

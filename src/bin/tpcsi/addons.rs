@@ -76,9 +76,9 @@ pub async fn heal(c: &mut Ctx, a: args::HealArgs) -> Result<()> {
     Ok(())
 }
 
-/// A passphrase from `file` ("-": standard input): its bytes, one
-/// trailing newline dropped (what `echo` adds, and a Kubernetes Secret
-/// made with `--from-literal` lacks).
+/// A passphrase from `file` ("-": standard input): its bytes exactly, as
+/// `kubectl create secret --from-file` and cryptsetup's `--key-file` take
+/// them (write it with `printf`, not `echo`, which adds a newline).
 pub fn passphrase(file: &str) -> Result<String> {
     use std::io::Read;
     let mut bytes = Vec::new();
@@ -87,9 +87,6 @@ pub fn passphrase(file: &str) -> Result<String> {
         f => std::fs::read(f).map(|b| bytes = b),
     };
     read.map_err(|e| Failure::Local(format!("cannot read the passphrase from {file}: {e}")))?;
-    if bytes.last() == Some(&b'\n') {
-        bytes.pop();
-    }
     String::from_utf8(bytes)
         .map_err(|_| Failure::Local(format!("the passphrase in {file} is not UTF-8")))
 }

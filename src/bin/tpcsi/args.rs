@@ -234,9 +234,9 @@ pub struct StageArgs {
     pub volume_id: String,
     /// Staging directory (it must exist, under the driver's allowed_roots)
     pub staging_path: String,
-    /// An encrypted volume's passphrase: the file's bytes, one trailing
-    /// newline dropped ("-": standard input); sent as the secret
-    /// "passphrase", never on a command line
+    /// An encrypted volume's passphrase: the file's bytes exactly ("-":
+    /// standard input); sent as the secret "passphrase", never on a
+    /// command line
     #[arg(long, value_name = "FILE")]
     pub passphrase_file: Option<String>,
     #[command(flatten)]

@@ -480,8 +480,8 @@ async fn addons_pending_operation_is_aborted() {
 }
 
 /// EncryptionKeyRotate's "Not authenticated": a current passphrase that
-/// opens no key slot of the volume is UNAUTHENTICATED, and the volume's
-/// keys stay as they were; the right one rotates.
+/// opens no key slot of the volume is UNAUTHENTICATED; the right one
+/// rotates, after which the replaced one is refused in turn.
 #[tokio::test(flavor = "multi_thread")]
 async fn addons_key_rotation_authenticates_the_current_passphrase() {
     let k = Kubelet::new("cfaddk");
