@@ -109,22 +109,7 @@ pub async fn run_with_input(
         cmd.stdin(Stdio::from(stdin));
     }
     if let Some(extra) = reads.next() {
-        let raw = extra.as_raw_fd();
-        // SAFETY: the closure runs in the child between fork and exec and
-        // only makes the fcntl or dup2 system call, both async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                let res = if raw == COPROCESS_FD {
-                    libc::fcntl(raw, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(raw, COPROCESS_FD)
-                };
-                if res < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        as_fd3(&mut cmd, extra.as_raw_fd());
         // Kept open until the program has started (the parent's copy is
         // closed when `extra` drops, after the spawn in `finish`).
         let out = finish(cmd, program, args, timeout, Stop::Kill).await;
@@ -132,6 +117,27 @@ pub async fn run_with_input(
         return out;
     }
     finish(cmd, program, args, timeout, Stop::Kill).await
+}
+
+/// Gives the child of `cmd` the descriptor `raw` as its fd 3
+/// ([`COPROCESS_FD`]), without FD_CLOEXEC.
+fn as_fd3(cmd: &mut Command, raw: std::os::fd::RawFd) {
+    // SAFETY: the closure runs in the child between fork and exec and
+    // only makes the fcntl or dup2 system call, both async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would keep FD_CLOEXEC: clear it instead.
+            let res = if raw == COPROCESS_FD {
+                libc::fcntl(raw, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, COPROCESS_FD)
+            };
+            if res < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The largest input [`run_with_input`] passes (a pipe's default buffer).
@@ -343,23 +349,7 @@ impl Coprocess {
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io)?;
         let mut cmd = command(program, &[], env, stop);
         cmd.stdin(Stdio::piped());
-        let raw = write.as_raw_fd();
-        // SAFETY: the closure runs in the child between fork and exec and
-        // only makes the fcntl or dup2 system call, both async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                // dup2 onto itself would keep FD_CLOEXEC: clear it instead.
-                let res = if raw == COPROCESS_FD {
-                    libc::fcntl(raw, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(raw, COPROCESS_FD)
-                };
-                if res < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        as_fd3(&mut cmd, write.as_raw_fd());
         let mut child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
         drop(write);
         let extra = tokio::net::unix::pipe::Receiver::from_owned_fd(read)

@@ -60,16 +60,14 @@ impl Volumes {
 
     /// The device that carries the volume's data on this node: for an
     /// encrypted volume its open mapping (`None` while it is closed), else
-    /// its LV while active. An open mapping is used whatever `encrypted`
-    /// says (a record of an earlier version knows no encryption).
+    /// its LV while active (no look for a mapping it cannot have).
     pub async fn data_device(&self, id: &str, encrypted: bool) -> Result<Option<Device>> {
         let Some(lv) = self.live_device(id).await? else {
             return Ok(None);
         };
-        match self.crypt_device(id, &lv).await? {
-            Some(mapped) => Ok(Some(mapped)),
-            None if encrypted => Ok(None),
-            None => Ok(Some(lv)),
+        match encrypted {
+            true => self.crypt_device(id, &lv).await,
+            false => Ok(Some(lv)),
         }
     }
 

@@ -39,6 +39,26 @@ fn crypt_extra(k: &Kubelet, discards: bool) -> String {
     )
 }
 
+/// What the tests start from: a kubelet directory, a driver of
+/// `pool` bytes on [`crypt_extra`]'s config, an encrypted volume `pvc` of
+/// `bytes` made for `cap`, and that volume's staging directory.
+async fn ground(
+    name: &str,
+    pool: u64,
+    discards: bool,
+    pvc: &str,
+    bytes: u64,
+    cap: VolumeCapability,
+) -> (Kubelet, TestDriver, String, PathBuf) {
+    let k = Kubelet::new(name);
+    let d = TestDriver::start(name, pool, &crypt_extra(&k, discards)).await;
+    let id = create_volume(&mut d.controller().await, encrypted_req(pvc, bytes, cap))
+        .await
+        .volume_id;
+    let staging = k.staging(pvc);
+    (k, d, id, staging)
+}
+
 fn encrypted_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolumeRequest {
     let mut r = create_req(name, bytes, cap);
     r.parameters.insert("encrypted".into(), "true".into());
@@ -177,14 +197,9 @@ fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_leaks() {
-    let k = Kubelet::new("crypt");
-    let d = TestDriver::start("crypt", 128 * MIB, &crypt_extra(&k, false)).await;
     let cap = mount_cap("ext4");
-    let mut c = d.controller().await;
-    let id = create_volume(&mut c, encrypted_req("pvc-enc", 40 * MIB, cap.clone()))
-        .await
-        .volume_id;
-    let staging = k.staging("pvc-enc");
+    let (_k, d, id, staging) =
+        ground("crypt", 128 * MIB, false, "pvc-enc", 40 * MIB, cap.clone()).await;
     let mut n = d.node().await;
 
     // No secret: INVALID_ARGUMENT naming the StorageClass parameter.
@@ -267,14 +282,17 @@ async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_le
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_encrypted_volume_grows_online_and_its_copies_open_with_its_key() {
-    let k = Kubelet::new("cryptgrow");
-    let d = TestDriver::start("cryptgrow", 256 * MIB, &crypt_extra(&k, false)).await;
     let cap = mount_cap("ext4");
+    let (k, d, id, staging) = ground(
+        "cryptgrow",
+        256 * MIB,
+        false,
+        "pvc-grow",
+        32 * MIB,
+        cap.clone(),
+    )
+    .await;
     let mut c = d.controller().await;
-    let id = create_volume(&mut c, encrypted_req("pvc-grow", 32 * MIB, cap.clone()))
-        .await
-        .volume_id;
-    let staging = k.staging("pvc-grow");
     let mut n = d.node().await;
     n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
         .await
@@ -382,13 +400,16 @@ async fn an_encrypted_volume_grows_online_and_its_copies_open_with_its_key() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_raw_block_volume_publishes_the_opened_device() {
-    let k = Kubelet::new("cryptblk");
-    let d = TestDriver::start("cryptblk", 96 * MIB, &crypt_extra(&k, false)).await;
-    let mut c = d.controller().await;
-    let id = create_volume(&mut c, encrypted_req("pvc-blk", 24 * MIB, block_cap()))
-        .await
-        .volume_id;
-    let (staging, target) = (k.staging("pvc-blk"), k.target("pod-blk"));
+    let (k, d, id, staging) = ground(
+        "cryptblk",
+        96 * MIB,
+        false,
+        "pvc-blk",
+        24 * MIB,
+        block_cap(),
+    )
+    .await;
+    let target = k.target("pod-blk");
     let mut n = d.node().await;
     n.node_stage_volume(keyed_stage(&id, &staging, block_cap(), KEY))
         .await
@@ -431,14 +452,9 @@ async fn a_raw_block_volume_publishes_the_opened_device() {
 /// through, and truthfully nothing elsewhere.
 async fn reclaim_through_the_mapping(discards: bool) -> (u64, u64) {
     let name = if discards { "cryptdisc" } else { "cryptnodisc" };
-    let k = Kubelet::new(name);
-    let d = TestDriver::start(name, 128 * MIB, &crypt_extra(&k, discards)).await;
     let cap = mount_cap("ext4");
-    let mut c = d.controller().await;
-    let id = create_volume(&mut c, encrypted_req("pvc-trim", 48 * MIB, cap.clone()))
-        .await
-        .volume_id;
-    let staging = k.staging("pvc-trim");
+    let (_k, d, id, staging) =
+        ground(name, 128 * MIB, discards, "pvc-trim", 48 * MIB, cap.clone()).await;
     let mut n = d.node().await;
     n.node_stage_volume(keyed_stage(&id, &staging, cap, KEY))
         .await
@@ -487,13 +503,15 @@ async fn rotate(d: &TestDriver, id: &str, current: &str, new: &str) -> Result<()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
-    let k = Kubelet::new("cryptrot");
-    let mut d = TestDriver::start("cryptrot", 96 * MIB, &crypt_extra(&k, false)).await;
-    let mut c = d.controller().await;
-    let id = create_volume(&mut c, encrypted_req("pvc-rot", 24 * MIB, block_cap()))
-        .await
-        .volume_id;
-    let staging = k.staging("pvc-rot");
+    let (k, mut d, id, staging) = ground(
+        "cryptrot",
+        96 * MIB,
+        false,
+        "pvc-rot",
+        24 * MIB,
+        block_cap(),
+    )
+    .await;
     d.node()
         .await
         .node_stage_volume(keyed_stage(&id, &staging, block_cap(), KEY))
@@ -767,15 +785,15 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
 /// passphrases never on its command line.
 #[tokio::test(flavor = "multi_thread")]
 async fn tpcsi_stages_and_rotates_with_passphrase_files() {
-    let k = Kubelet::new("cryptcli");
-    let d = TestDriver::start("cryptcli", 96 * MIB, &crypt_extra(&k, false)).await;
-    let id = create_volume(
-        &mut d.controller().await,
-        encrypted_req("pvc-cli", 24 * MIB, mount_cap("ext4")),
+    let (k, d, id, staging) = ground(
+        "cryptcli",
+        96 * MIB,
+        false,
+        "pvc-cli",
+        24 * MIB,
+        mount_cap("ext4"),
     )
-    .await
-    .volume_id;
-    let staging = k.staging("pvc-cli");
+    .await;
     let (old, new) = (k.path("old-key"), k.path("new-key"));
     // The file's bytes are the key, as in a Secret made --from-file.
     std::fs::write(&old, KEY).unwrap();
