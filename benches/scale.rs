@@ -7,7 +7,11 @@
 //!   operator types it, with the node's LVM config; and like for like, no
 //!   metadata archive, shown only), with the same tags;
 //! - GetCapacity, a full ListVolumes (every page), and a restart's time to
-//!   ready (until Probe answers and GetCapacity has a report);
+//!   ready (until Probe answers and GetCapacity has a report), in parts:
+//!   stop, and start to Probe, beside a bare `lvs` of every LV and a bare
+//!   `vgs` (one LVM read of the VG, the floor of a start), with the LVM
+//!   and device-mapper commands the start ran and their times;
+//! - the LVM settings measured beside the bare `lvcreate` ([`variants`]);
 //! - the VG metadata area and the pool's metadata in use.
 //!
 //! Judged: no call fails; CreateVolume p50 at the last step within 2× of
@@ -166,11 +170,39 @@ fn try_bare_lvcreate(
 
 /// The LVM settings measured beside the plain `lvcreate` at each step
 /// (issue 22: keep only what the benchmark shows): LVM's activation-skip
-/// flag on the new LV, and `--driverloaded n` (no device-mapper calls).
-const VARIANTS: &[(&str, &[&str])] = &[
-    ("activation skip", &["--setactivationskip", "y"]),
-    ("driverloaded n", &["--driverloaded", "n"]),
-];
+/// flag on the new LV; `--driverloaded n` (no device-mapper calls); a
+/// device scan of the VG's one PV only (`--devices`); and no metadata
+/// copy on the host's disk at all (neither archive nor backup file, to be
+/// read against the "no archive" column: the driver already writes no
+/// archive).
+fn variants(pv: &str) -> Vec<(&'static str, Vec<String>)> {
+    let owned = |a: &[&str]| a.iter().map(|s| s.to_string()).collect();
+    vec![
+        ("activation skip", owned(&["--setactivationskip", "y"])),
+        ("driverloaded n", owned(&["--driverloaded", "n"])),
+        ("scan the PV only", owned(&["--devices", pv])),
+        (
+            "no archive, no backup",
+            owned(&["--config", "backup { archive = 0 backup = 0 }"]),
+        ),
+    ]
+}
+
+/// The LVM commands a start logged (`driver.log` from byte `from` on, at
+/// debug for the command runners), one line each: what ran, how long.
+fn start_commands(log: &str, from: usize) -> Vec<String> {
+    log.get(from..)
+        .unwrap_or("")
+        .lines()
+        .filter(|l| l.contains("command finished"))
+        .map(|l| {
+            let at = l.find("argv=").or_else(|| l.find("program=")).unwrap_or(0);
+            let what: String = l[at..].chars().take(70).collect();
+            let took = l.find("elapsed=").map_or("", |e| &l[e..]);
+            format!("{what} … {took}")
+        })
+        .collect()
+}
 
 /// Volume `i`'s CreateVolume, which must succeed; its id.
 async fn create(c: &mut ControllerClient<Channel>, i: usize) -> String {
@@ -468,11 +500,17 @@ struct Step {
     create: f64,
     bare: f64,
     bare_no_archive: f64,
-    /// Each of [`VARIANTS`]: its p50, or why it failed.
+    /// Each of [`variants`]: its p50, or why it failed.
     variants: Vec<Result<f64, String>>,
+    /// A bare `lvs` of every LV (the driver's report) and a bare `vgs`.
+    lvs_time: f64,
+    vgs: f64,
     capacity: f64,
     list: f64,
     restart: f64,
+    /// The restart's parts: SIGTERM to exit, and start to Probe's answer.
+    stop: f64,
+    start: f64,
     mda: String,
     meta: String,
 }
@@ -504,6 +542,17 @@ async fn main() {
     )
     .await;
     let vg = d.vg.clone();
+    let pv = harness::lvm(&[
+        "pvs",
+        "--noheadings",
+        "-o",
+        "pv_name",
+        "-S",
+        &format!("vg_name={vg}"),
+    ])
+    .trim()
+    .to_string();
+    let variants = variants(&pv);
     let mut cs = Vec::new();
     for _ in 0..FILL_CLIENTS {
         cs.push(d.controller().await);
@@ -536,8 +585,8 @@ async fn main() {
         made = mark - samples;
         // Serial creates through the driver, and bare ones, in turn.
         let (mut ours, mut bare, mut bare_na) = (Vec::new(), Vec::new(), Vec::new());
-        let mut variants: Vec<Result<Vec<f64>, String>> =
-            VARIANTS.iter().map(|_| Ok(Vec::new())).collect();
+        let mut timed: Vec<Result<Vec<f64>, String>> =
+            variants.iter().map(|_| Ok(Vec::new())).collect();
         let tags = {
             let r = harness::lvs(&vg);
             let lv = r.find(ids.last().unwrap()).expect("a volume").clone();
@@ -561,15 +610,14 @@ async fn main() {
                 harness::lvm(&["lvremove", "--yes", &format!("{vg}/bare-{n}")]);
             }
             bare_n += 2;
-            for (k, (_, flags)) in VARIANTS.iter().enumerate() {
+            for (k, (_, flags)) in variants.iter().enumerate() {
                 let name = format!("bare-{bare_n}");
-                let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
-                let res = try_bare_lvcreate(&vg, &name, &tags, &flags);
+                let res = try_bare_lvcreate(&vg, &name, &tags, flags);
                 if res.is_ok() {
                     harness::lvm(&["lvremove", "--yes", &format!("{vg}/{name}")]);
                 }
                 bare_n += 1;
-                match (&mut variants[k], res) {
+                match (&mut timed[k], res) {
                     (Ok(times), Ok(t)) => times.push(t),
                     (slot @ Ok(_), Err(e)) => *slot = Err(e),
                     (Err(_), _) => {}
@@ -601,13 +649,31 @@ async fn main() {
         }
         let list = t.elapsed().as_secs_f64();
         assert_eq!(listed, made, "ListVolumes lists every volume");
+        // What one LVM report costs here, bare: the floor of a start.
+        let report_args = thinpool_csi::lvm::report::lvs_args(&vg);
+        let mut lvs_argv = vec!["lvs"];
+        lvs_argv.extend(report_args.iter().map(String::as_str));
+        let lvs = harness::bare("lvm", &lvs_argv);
+        let vgs = harness::bare("lvm", &["vgs", "--reportformat", "json", "-o", "vg_name"]);
         let t = Instant::now();
-        d.restart().await;
+        d.stop();
+        let stop = t.elapsed().as_secs_f64();
+        let from = d.log().len();
+        // The command runners at debug: which LVM commands the start ran.
+        d.spawn_with_env(&[(
+            "RUST_LOG".to_string(),
+            "info,thinpool_csi::exec=debug,thinpool_csi::lvm::shell=debug".to_string(),
+        )])
+        .await;
+        let start = t.elapsed().as_secs_f64() - stop;
         let mut c2 = d.controller().await;
         c2.get_capacity(GetCapacityRequest::default())
             .await
             .expect("GetCapacity after the restart");
         let restart = t.elapsed().as_secs_f64();
+        for line in start_commands(&d.log(), from) {
+            eprintln!("scale: {made} volumes, restart ran {line}");
+        }
         cs = Vec::new();
         for _ in 0..FILL_CLIENTS {
             cs.push(d.controller().await);
@@ -620,13 +686,17 @@ async fn main() {
             create: p50(&mut ours),
             bare: p50(&mut bare),
             bare_no_archive: p50(&mut bare_na),
-            variants: variants
+            variants: timed
                 .into_iter()
                 .map(|v| v.map(|mut t| p50(&mut t)))
                 .collect(),
+            lvs_time: lvs,
+            vgs,
             capacity: p50(&mut caps),
             list,
             restart,
+            stop,
+            start,
             mda: format!("{} of {} B free", pool.vg_mda_free, pool.vg_mda_size / 2),
             meta: format!(
                 "{:.2} % of {} MiB",
@@ -659,6 +729,15 @@ async fn main() {
             r.meta
         );
     }
+    println!();
+    println!("| volumes | restart to ready | stop (SIGTERM to exit) | start to Probe | bare lvs (every LV) | bare vgs |");
+    println!("|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s |",
+            r.volumes, r.restart, r.stop, r.start, r.lvs_time, r.vgs
+        );
+    }
     let mut missed = Vec::new();
     let first = &rows[0];
     let last = rows.last().unwrap();
@@ -684,7 +763,7 @@ async fn main() {
         ));
     }
     println!();
-    let names: Vec<&str> = VARIANTS.iter().map(|(n, _)| *n).collect();
+    let names: Vec<&str> = variants.iter().map(|(n, _)| *n).collect();
     println!("| volumes | bare lvcreate p50 | {} |", names.join(" | "));
     println!("|---|---|{}", "---|".repeat(names.len()));
     for r in &rows {
@@ -711,6 +790,12 @@ async fn main() {
             println!("MISSED: {m}");
         }
     }
+    // Removing thousands of thin LVs one by one takes hours under TCG (a
+    // run's guest died in `vgremove --force`): the VG goes with its one
+    // PV's label instead, after its LVs are deactivated.
+    d.stop();
+    harness::lvm(&["vgchange", "--activate", "n", &vg]);
+    harness::lvm(&["pvremove", "--force", "--force", "--yes", &pv]);
     drop(d);
     if !missed.is_empty() {
         std::process::exit(1);

@@ -152,11 +152,12 @@ async fn main() -> ExitCode {
     let base = classes.base().clone();
     // Pods wait on a filesystem left frozen: before anything that can fail.
     base.thaw_left_frozen().await;
-    let thin_tools = base.lvm.thin_tools_run().await;
-    for v in classes.all() {
-        v.thin_tools
-            .store(thin_tools, std::sync::atomic::Ordering::Relaxed);
-    }
+    // Whether thin-provisioning-tools run is asked beside the pools'
+    // start, and known before the sockets come up.
+    let thin_tools = {
+        let lvm = base.lvm.clone();
+        tokio::spawn(async move { lvm.thin_tools_run().await })
+    };
     // Each device class comes up on its own: a pool that cannot be brought
     // up is reported by Probe and its calls, and the others serve.
     for v in classes.all() {
@@ -191,6 +192,11 @@ async fn main() -> ExitCode {
                 tokio::spawn(v.clone().run_autopilot());
             }
         }
+    }
+    let thin_tools = thin_tools.await.unwrap_or(false);
+    for v in classes.all() {
+        v.thin_tools
+            .store(thin_tools, std::sync::atomic::Ordering::Relaxed);
     }
     // Off unless configured; a port taken by another process stops
     // start-up before any socket is bound.

@@ -21,19 +21,29 @@ use crate::sys::{self, SparseFile};
 /// Makes sure the configured VG and thin pool exist and the pool is active.
 pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
     let owner_tag = format!("{TAG_OWNER}{}", cfg.driver_name);
-    if !lvm.vg_exists().await? {
-        let Some(lp) = &cfg.loop_pool else {
-            return Err(Error::Unavailable(format!(
-                "volume group {} does not exist and no [loop_pool] is configured to build it",
-                lvm.vg
-            )));
-        };
-        build_vg_on_loop(lp, lvm, &owner_tag, cfg.metadata_reserve_lvs).await?;
-    } else if let Some(lp) = &cfg.loop_pool {
-        // The VG is there; keep its loop device attached for next time.
-        loop_device(lp)?;
-    }
-    let report = lvm.fresh_report().await?;
+    // The report first: on a dense node each LVM command reads the whole
+    // VG, and the list of VGs is needed only when the report fails (the
+    // scale bench times a start's commands).
+    let report = match lvm.fresh_report().await {
+        Ok(report) => {
+            if let Some(lp) = &cfg.loop_pool {
+                // The VG is there; keep its loop device attached for next time.
+                loop_device(lp)?;
+            }
+            report
+        }
+        Err(e) if lvm.vg_exists().await? => return Err(e),
+        Err(_) => {
+            let Some(lp) = &cfg.loop_pool else {
+                return Err(Error::Unavailable(format!(
+                    "volume group {} does not exist and no [loop_pool] is configured to build it",
+                    lvm.vg
+                )));
+            };
+            build_vg_on_loop(lp, lvm, &owner_tag, cfg.metadata_reserve_lvs).await?;
+            lvm.fresh_report().await?
+        }
+    };
     match report.find(&lvm.pool) {
         Some(p) if p.is_thin_pool() => {
             if !p.is_active() {

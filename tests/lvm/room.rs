@@ -236,18 +236,21 @@ async fn a_restart_heals_every_staged_volume_from_one_report() {
             .await
             .unwrap();
     }
-    let lvs_calls = || {
+    let runs = |command: &str| {
         crate::harness::file_lines(&calls)
             .iter()
-            .filter(|l| l.starts_with("lvs"))
+            .filter(|l| l.starts_with(command))
             .count()
     };
     d.stop();
-    let before = lvs_calls();
+    let (lvs_before, vgs_before) = (runs("lvs"), runs("vgs"));
     d.spawn_and_heal().await;
-    let n = lvs_calls() - before;
-    eprintln!("MEASURE restart with 4 staged volumes: {n} lvs runs");
+    let (n, vgs) = (runs("lvs") - lvs_before, runs("vgs") - vgs_before);
+    eprintln!("MEASURE restart with 4 staged volumes: {n} lvs runs, {vgs} vgs runs");
     // `pool::ensure`'s report (which the zeroing check, the earlier
     // versions' tags and Probe take too), and one for every heal.
     assert!(n <= 2, "{n} lvs runs for a restart with 4 staged volumes");
+    // The list of VGs is read only when the report fails: each LVM
+    // command reads the whole VG, so a start runs no other.
+    assert_eq!(vgs, 0, "a restart of a VG that is there lists the VGs");
 }
