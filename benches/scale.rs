@@ -188,6 +188,15 @@ fn variants(pv: &str) -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
+/// The driver's log level in every start of this bench: the command
+/// runners at debug, so a restart shows which commands it ran.
+fn log_env() -> Vec<(String, String)> {
+    vec![(
+        "RUST_LOG".to_string(),
+        "info,thinpool_csi::exec=debug,thinpool_csi::lvm::shell=debug".to_string(),
+    )]
+}
+
 /// The LVM commands a start logged (`driver.log` from byte `from` on, at
 /// debug for the command runners), one line each: what ran, how long.
 fn start_commands(log: &str, from: usize) -> Vec<String> {
@@ -197,7 +206,15 @@ fn start_commands(log: &str, from: usize) -> Vec<String> {
         .filter(|l| l.contains("command finished"))
         .map(|l| {
             let at = l.find("argv=").or_else(|| l.find("program=")).unwrap_or(0);
-            let what: String = l[at..].chars().take(70).collect();
+            // LVM's `--config` text is the same in every command: left out.
+            let mut what = l[at..].to_string();
+            if let Some(c) = what.find("\"--config\", \"") {
+                let rest = &what[c + 12..];
+                if let Some(end) = rest.find("\", \"") {
+                    what = format!("{}{}", &what[..c], &rest[end + 3..]);
+                }
+            }
+            let what: String = what.chars().take(90).collect();
             let took = l.find("elapsed=").map_or("", |e| &l[e..]);
             format!("{what} … {took}")
         })
@@ -491,7 +508,7 @@ async fn seed_lvm(
         "LVs after seeding {} volumes",
         to - from
     );
-    d.spawn().await;
+    d.spawn_with_env(&log_env()).await;
 }
 
 struct Step {
@@ -538,7 +555,7 @@ async fn main() {
         16 << 30,
         "overprovision_ratio = 400\nreport_max_age_secs = 10\n",
         &format!("max_lvs = {}\n", max + max / 5 + 2 * samples),
-        &[],
+        &log_env(),
     )
     .await;
     let vg = d.vg.clone();
@@ -655,16 +672,11 @@ async fn main() {
         lvs_argv.extend(report_args.iter().map(String::as_str));
         let lvs = harness::bare("lvm", &lvs_argv);
         let vgs = harness::bare("lvm", &["vgs", "--reportformat", "json", "-o", "vg_name"]);
+        let from = d.log().len();
         let t = Instant::now();
         d.stop();
         let stop = t.elapsed().as_secs_f64();
-        let from = d.log().len();
-        // The command runners at debug: which LVM commands the start ran.
-        d.spawn_with_env(&[(
-            "RUST_LOG".to_string(),
-            "info,thinpool_csi::exec=debug,thinpool_csi::lvm::shell=debug".to_string(),
-        )])
-        .await;
+        d.spawn_with_env(&log_env()).await;
         let start = t.elapsed().as_secs_f64() - stop;
         let mut c2 = d.controller().await;
         c2.get_capacity(GetCapacityRequest::default())
@@ -794,8 +806,14 @@ async fn main() {
     // run's guest died in `vgremove --force`): the VG goes with its one
     // PV's label instead, after its LVs are deactivated.
     d.stop();
-    harness::lvm(&["vgchange", "--activate", "n", &vg]);
-    harness::lvm(&["pvremove", "--force", "--force", "--yes", &pv]);
+    for args in [
+        vec!["vgchange", "--activate", "n", vg.as_str()],
+        vec!["pvremove", "--force", "--force", "--yes", pv.as_str()],
+    ] {
+        if let Err(e) = harness::try_lvm(&args) {
+            eprintln!("scale: teardown: lvm {args:?} failed: {e}");
+        }
+    }
     drop(d);
     if !missed.is_empty() {
         std::process::exit(1);
