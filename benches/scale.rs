@@ -188,6 +188,28 @@ fn variants(pv: &str) -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
+/// The machine's available memory and what LVM's archive holds (a copy
+/// of the VG's text for each command that archives, in the guest's RAM),
+/// to tell a run that stops for memory.
+fn memory() -> String {
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let archive: u64 = std::fs::read_dir("/etc/lvm/archive")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    format!("MemAvailable {available} kB, /etc/lvm/archive {archive} B")
+}
+
 /// The driver's log level in every start of this bench: the command
 /// runners at debug, so a restart shows which commands it ran.
 fn log_env() -> Vec<(String, String)> {
@@ -650,14 +672,26 @@ async fn main() {
         let t = Instant::now();
         let (mut listed, mut token) = (0, String::new());
         loop {
-            let r = c
+            let r = match c
                 .list_volumes(ListVolumesRequest {
                     max_entries: 500,
                     starting_token: token,
                 })
                 .await
-                .unwrap()
-                .into_inner();
+            {
+                Ok(r) => r.into_inner(),
+                Err(e) => {
+                    // A page at 10,000 volumes once ended in a stream reset
+                    // (RST_STREAM CANCEL from the driver): what the driver
+                    // said about it, before the run stops.
+                    for l in d.log().lines().filter(|l| {
+                        l.contains("panicked") || l.contains("ERROR") || l.contains("WARN")
+                    }) {
+                        eprintln!("scale: driver: {l}");
+                    }
+                    panic!("ListVolumes after {listed} of {made} volumes: {e:?}");
+                }
+            };
             listed += r.entries.len();
             token = r.next_token;
             if token.is_empty() {
@@ -716,9 +750,37 @@ async fn main() {
                 pool.metadata_size / MIB
             ),
         };
+        // Every figure of the step as soon as it is known: a run that
+        // stops at a later step keeps them.
         eprintln!(
-            "scale: {} volumes ({} LVs): CreateVolume p50 {:.3} s, bare {:.3} s",
-            row.volumes, row.lvs, row.create, row.bare
+            "scale: {} volumes ({} LVs): CreateVolume p50 {:.3} s, bare {:.3} s, \
+             bare no archive {:.3} s, {}; GetCapacity {:.4} s, ListVolumes {:.3} s, \
+             restart {:.2} s (stop {:.2} s, start {:.2} s), bare lvs {:.2} s, bare vgs {:.2} s; \
+             VG metadata {}, pool metadata {}; {}",
+            row.volumes,
+            row.lvs,
+            row.create,
+            row.bare,
+            row.bare_no_archive,
+            variants
+                .iter()
+                .zip(&row.variants)
+                .map(|((name, _), v)| match v {
+                    Ok(t) => format!("{name} {t:.3} s"),
+                    Err(_) => format!("{name} fails"),
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            row.capacity,
+            row.list,
+            row.restart,
+            row.stop,
+            row.start,
+            row.lvs_time,
+            row.vgs,
+            row.mda,
+            row.meta,
+            memory()
         );
         rows.push(row);
     }
