@@ -515,16 +515,9 @@ fn calls(log: &Path) -> usize {
 
 /// VmRSS and VmHWM of a process, in MiB.
 fn rss(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib = |key: &str| -> f64 {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|n| n.parse::<f64>().ok())
-            .unwrap()
-    };
-    (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
+    let status = format!("/proc/{pid}/status");
+    let mib = |key: &str| harness::proc_kib(&status, key).unwrap() as f64 / 1024.0;
+    (mib("VmRSS"), mib("VmHWM"))
 }
 
 /// Bytes the thin pool of `vg` has allocated, after a sync (so what was

@@ -192,14 +192,8 @@ fn variants(pv: &str) -> Vec<(&'static str, Vec<String>)> {
 /// of the VG's text for each command that archives, in the guest's RAM),
 /// to tell a run that stops for memory.
 fn memory() -> String {
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
-        })
-        .unwrap_or_else(|| "?".into());
+    let available = harness::proc_kib("/proc/meminfo", "MemAvailable")
+        .map_or_else(|| "?".into(), |k| k.to_string());
     let archive: u64 = std::fs::read_dir("/etc/lvm/archive")
         .map(|d| {
             d.filter_map(|e| e.ok()?.metadata().ok())
@@ -228,12 +222,15 @@ fn start_commands(log: &str, from: usize) -> Vec<String> {
         .filter(|l| l.contains("command finished"))
         .map(|l| {
             let at = l.find("argv=").or_else(|| l.find("program=")).unwrap_or(0);
-            // LVM's `--config` text is the same in every command: left out.
-            let mut what = l[at..].to_string();
-            if let Some(c) = what.find("\"--config\", \"") {
-                let rest = &what[c + 12..];
-                if let Some(end) = rest.find("\", \"") {
-                    what = format!("{}{}", &what[..c], &rest[end + 3..]);
+            // LVM's `--config` text is the same in every command: the
+            // option and its text are left out of the argv's Debug form.
+            const CONFIG: &str = "\"--config\", \"";
+            let end = l.find(" status=").filter(|e| *e > at).unwrap_or(l.len());
+            let mut what = l[at..end].to_string();
+            if let Some(c) = what.find(CONFIG) {
+                let text = &what[c + CONFIG.len()..];
+                if let Some(end) = text.find("\", ") {
+                    what = format!("{}{}", &what[..c], &text[end + "\", ".len()..]);
                 }
             }
             let what: String = what.chars().take(90).collect();
@@ -701,10 +698,11 @@ async fn main() {
         let list = t.elapsed().as_secs_f64();
         assert_eq!(listed, made, "ListVolumes lists every volume");
         // What one LVM report costs here, bare: the floor of a start.
-        let report_args = thinpool_csi::lvm::report::lvs_args(&vg);
-        let mut lvs_argv = vec!["lvs"];
-        lvs_argv.extend(report_args.iter().map(String::as_str));
-        let lvs = harness::bare("lvm", &lvs_argv);
+        let lvs_argv = harness::lvs_argv(&vg);
+        let lvs = harness::bare(
+            "lvm",
+            &lvs_argv.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
         let vgs = harness::bare("lvm", &["vgs", "--reportformat", "json", "-o", "vg_name"]);
         let from = d.log().len();
         let t = Instant::now();

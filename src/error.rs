@@ -49,6 +49,11 @@ pub enum Error {
     /// A required piece of the system (the VG, the thin pool) is not usable.
     #[error("{0}")]
     Unavailable(String),
+    /// The configured volume group is not on this node, as the list of
+    /// every VG says (`Lvm::vg_exists`); `detail` is the read that failed.
+    /// UNAVAILABLE, and the one failure start-up builds a loop-backed VG on.
+    #[error("volume group {vg} does not exist on this node ({detail})")]
+    VgMissing { vg: String, detail: String },
     /// An external command exited non-zero (`code`) or was killed by a
     /// signal (`signal`). What it means is decided by its caller, from the
     /// code or from state read again, never from `stderr`, which is kept
@@ -183,6 +188,9 @@ impl Error {
             Error::Unavailable(_) => fixed(
                 "check the volume group and thin pool on this node (vgs, lvs) and the driver's config, then retry",
             ),
+            Error::VgMissing { .. } => fixed(
+                "create it (vgcreate), configure [loop_pool] to let the driver build one, or fix volume_group in the config",
+            ),
             Error::MissingTool { package, .. } => Cow::Owned(format!(
                 "install the {package} package in the driver's image (or on the node), then retry"
             )),
@@ -218,7 +226,7 @@ impl Error {
             Error::OutOfRange(_) => Code::OutOfRange,
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Unauthenticated(_) => Code::Unauthenticated,
-            Error::Unavailable(_) => Code::Unavailable,
+            Error::Unavailable(_) | Error::VgMissing { .. } => Code::Unavailable,
             Error::Timeout { .. } | Error::Stalled { .. } => Code::DeadlineExceeded,
             // A failed command the layer that ran it did not explain
             // (see `Lvm::explain`): the driver does not know why.
@@ -478,6 +486,10 @@ mod tests {
             Error::Unimplemented("a raw block volume in use".into()),
             Error::Unauthenticated("the passphrase opens no key slot of /dev/vg/lv".into()),
             Error::Unavailable("thin pool vg/pool not found".into()),
+            Error::VgMissing {
+                vg: "vg1".into(),
+                detail: "lvm lvs failed (exit code 5)".into(),
+            },
             cmd("  boom"),
             Error::MissingTool {
                 program: "mkfs.xfs".into(),

@@ -46,9 +46,10 @@ impl Lvm {
 
 /// UNAVAILABLE: the configured volume group is not there.
 pub(super) fn vg_missing(vg: &str, e: &Error) -> Error {
-    Error::Unavailable(format!("volume group {vg} does not exist on this node ({e})")).advise(
-        "create it (vgcreate), configure [loop_pool] to let the driver build one, or fix volume_group in the config",
-    )
+    Error::VgMissing {
+        vg: vg.to_string(),
+        detail: e.to_string(),
+    }
 }
 
 /// The error of a failed write to LV `lv` (`None`: a write that names
@@ -197,6 +198,10 @@ mod tests {
         let gone = fake_lvm_without_vg(dir.path(), &["other"]);
         assert!(!gone.vg_exists().await.unwrap());
         let e = gone.fresh_report().await.unwrap_err();
+        assert!(
+            matches!(&e, Error::VgMissing { vg, .. } if vg == "vg1"),
+            "{e:?}"
+        );
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
         assert!(
             e.to_string().contains("volume group vg1 does not exist"),

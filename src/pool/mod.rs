@@ -32,8 +32,9 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
             }
             report
         }
-        Err(e) if lvm.vg_exists().await? => return Err(e),
-        Err(_) => {
+        // Told apart by the list of VGs the failed read already asked
+        // for (`Lvm::fresh_report`), not asked again.
+        Err(Error::VgMissing { .. }) => {
             let Some(lp) = &cfg.loop_pool else {
                 return Err(Error::Unavailable(format!(
                     "volume group {} does not exist and no [loop_pool] is configured to build it",
@@ -43,6 +44,7 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
             build_vg_on_loop(lp, lvm, &owner_tag, cfg.metadata_reserve_lvs).await?;
             lvm.fresh_report().await?
         }
+        Err(e) => return Err(e),
     };
     match report.find(&lvm.pool) {
         Some(p) if p.is_thin_pool() => {

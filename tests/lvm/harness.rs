@@ -474,11 +474,28 @@ pub fn file_lines(path: &std::path::Path) -> Vec<String> {
 
 /// `lvs` of one VG, parsed by the driver's own parser.
 pub fn lvs(vg: &str) -> thinpool_csi::lvm::report::Report {
-    let args = thinpool_csi::lvm::report::lvs_args(vg);
-    let mut argv = vec!["lvs"];
-    argv.extend(args.iter().map(String::as_str));
-    let out = lvm(&argv);
+    let argv = lvs_argv(vg);
+    let out = lvm(&argv.iter().map(String::as_str).collect::<Vec<_>>());
     thinpool_csi::lvm::report::Report::parse(&out).unwrap()
+}
+
+/// The driver's own report of `vg`, as `lvm`'s arguments (`lvs` first).
+pub fn lvs_argv(vg: &str) -> Vec<String> {
+    let mut argv = vec!["lvs".to_string()];
+    argv.extend(thinpool_csi::lvm::report::lvs_args(vg));
+    argv
+}
+
+/// The figure in kB of a `Key:   N kB` line of a /proc file
+/// (`/proc/meminfo`, `/proc/<pid>/status`); `None` when it has none.
+/// The benches' (their memory figures).
+#[allow(dead_code)]
+pub fn proc_kib(file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
 }
 
 /// A device class's second loop-backed VG, which the driver builds from a
