@@ -192,15 +192,6 @@ pub fn overlay_volume(name: &str) -> Option<&str> {
         .map(|(id, _)| id)
 }
 
-/// Parses `dmsetup ls` (`name<TAB>(254:3)` or `(254, 3)` per line, or
-/// "No devices found"): the device names.
-pub fn parse_ls(text: &str) -> Vec<String> {
-    text.lines()
-        .filter_map(|l| l.split_once('\t').map(|(name, _)| name.trim().to_string()))
-        .filter(|n| !n.is_empty())
-        .collect()
-}
-
 /// Our overlays that exist without a table (a `dmsetup create` stopped
 /// between its create and its load), by name.
 pub async fn tableless_overlays(tools: &Tools) -> Result<Vec<String>> {
@@ -211,16 +202,12 @@ pub async fn tableless_overlays(tools: &Tools) -> Result<Vec<String>> {
 /// `dmsetup create` or `cryptsetup open` stopped between its create and
 /// its load), by name.
 pub async fn tableless(tools: &Tools, prefix: &str) -> Result<Vec<String>> {
-    let out = tools.run("dmsetup", &["ls".to_string()]).await?;
-    let names: Vec<String> = parse_ls(&out.stdout)
-        .into_iter()
-        .filter(|n| n.starts_with(prefix))
-        .collect();
+    let prefix = prefix.to_string();
     tools
-        .blocking("look for table-less overlays", move || {
+        .blocking("look for table-less devices", move || {
             let mut found = Vec::new();
-            for n in names {
-                if crate::sys::dm_has_table(&n)? == Some(false) {
+            for n in crate::sys::dm_names()? {
+                if n.starts_with(&prefix) && crate::sys::dm_has_table(&n)? == Some(false) {
                     found.push(n);
                 }
             }
@@ -500,15 +487,6 @@ mod tests {
         let name = overlay_name(&id, Path::new("/var/lib/kubelet/a"));
         assert_eq!(overlay_volume(&name), Some(id.as_str()));
         assert_eq!(overlay_volume("other-device"), None);
-    }
-
-    #[test]
-    fn dmsetup_ls_names() {
-        assert_eq!(
-            parse_ls("tpcsi-ro-a-1\t(254:3)\nvg-lv\t(254, 4)\n"),
-            vec!["tpcsi-ro-a-1".to_string(), "vg-lv".to_string()]
-        );
-        assert!(parse_ls("No devices found\n").is_empty());
     }
 
     #[test]

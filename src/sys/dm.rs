@@ -1,5 +1,5 @@
 //! Device-mapper status, straight from the kernel (DM_DEV_STATUS,
-//! DM_TABLE_STATUS), for checks that must be cheap enough to make often:
+//! DM_TABLE_STATUS, DM_LIST_DEVICES), for checks that must be cheap enough to make often:
 //! no `dmsetup` process, no LVM command.
 
 use std::os::fd::AsRawFd;
@@ -24,6 +24,10 @@ pub(crate) mod ioctl {
     /// `_IOWR(0xfd, 8, struct dm_ioctl)`: DM_DEV_WAIT.
     pub const DM_DEV_WAIT: Request = nix::request_code_readwrite!(0xfd, 8, size_of::<DmIoctl>());
     nix::ioctl_readwrite_bad!(dm_dev_wait, DM_DEV_WAIT, DmIoctl);
+    /// `_IOWR(0xfd, 2, struct dm_ioctl)`: DM_LIST_DEVICES.
+    pub const DM_LIST_DEVICES: Request =
+        nix::request_code_readwrite!(0xfd, 2, size_of::<DmIoctl>());
+    nix::ioctl_readwrite_bad!(dm_list_devices, DM_LIST_DEVICES, DmIoctl);
 }
 
 /// `struct dm_ioctl` from `<linux/dm-ioctl.h>` (312 bytes).
@@ -231,22 +235,43 @@ struct TargetSpec {
 /// The status of every target of the device `by` (DM_TABLE_STATUS, without
 /// flushing); `None` when there is no such device.
 pub fn dm_table_status(by: By) -> Result<Option<Vec<TargetStatus>>> {
+    Ok(answer(&by, "DM_TABLE_STATUS", ioctl::dm_table_status)?
+        .map(|(io, data)| parse_targets(&data, io.target_count)))
+}
+
+/// The name of every device-mapper device, with a table or without one
+/// (DM_LIST_DEVICES, what `dmsetup ls` asks): a device created but never
+/// loaded has no block device in sysfs, so only this list shows it.
+pub fn dm_names() -> Result<Vec<String>> {
+    Ok(
+        answer(&By::Name(""), "DM_LIST_DEVICES", ioctl::dm_list_devices)?
+            .map(|(_, data)| parse_name_list(&data))
+            .unwrap_or_default(),
+    )
+}
+
+/// Runs `call` on device `by` with a buffer grown until the answer fits;
+/// the header the kernel wrote back and the data it wrote after it, or
+/// `None` when there is no such device.
+fn answer(
+    by: &By,
+    ioctl_name: &'static str,
+    call: BufferIoctl,
+) -> Result<Option<(DmIoctl, Vec<u8>)>> {
     let control = Path::new(DM_CONTROL);
     let fd = open("open", control, OFlag::O_RDWR)?;
     let mut size = 16 * 1024;
     loop {
-        let Some((mut buf, what, res)) = with_buffer(&fd, &by, size, 0, ioctl::dm_table_status)
-        else {
+        let Some((buf, what, res)) = with_buffer(&fd, by, size, 0, call) else {
             return Ok(None);
         };
-        let io_ptr = buf.as_mut_ptr() as *mut DmIoctl;
         match res {
             Ok(_) => {}
             Err(nix::errno::Errno::ENXIO) => return Ok(None),
-            Err(e) => return Err(SysError::new("DM_TABLE_STATUS", control, e).with_detail(what)),
+            Err(e) => return Err(SysError::new(ioctl_name, control, e).with_detail(what)),
         }
-        // SAFETY: the kernel filled in the header.
-        let io = unsafe { io_ptr.read() };
+        // SAFETY: the kernel filled in the header at the buffer's start.
+        let io = unsafe { (buf.as_ptr() as *const DmIoctl).read() };
         if io.flags & DM_BUFFER_FULL_FLAG != 0 {
             size *= 4;
             continue;
@@ -254,11 +279,32 @@ pub fn dm_table_status(by: By) -> Result<Option<Vec<TargetStatus>>> {
         // SAFETY: u64 words viewed as the bytes they hold.
         let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, size) };
         let end = (io.data_size as usize).min(size);
-        return Ok(Some(parse_targets(
-            bytes.get(io.data_start as usize..end).unwrap_or(&[]),
-            io.target_count,
-        )));
+        let data = bytes.get(io.data_start as usize..end).unwrap_or(&[]);
+        return Ok(Some((io, data.to_vec())));
     }
+}
+
+/// The names DM_LIST_DEVICES wrote: each a `struct dm_name_list` (the
+/// device's numbers as a u64, `next` as a u32 counting from this entry, 0
+/// on the last) followed by its NUL-terminated name; a first entry whose
+/// device is 0 says there is none.
+fn parse_name_list(data: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while let Some(entry) = data.get(at..).filter(|e| e.len() > 12) {
+        let dev = u64::from_ne_bytes(entry[0..8].try_into().unwrap());
+        let next = u32::from_ne_bytes(entry[8..12].try_into().unwrap());
+        if dev == 0 {
+            break;
+        }
+        let name = entry[12..].split(|c| *c == 0).next().unwrap_or(&[]);
+        out.push(String::from_utf8_lossy(name).into_owned());
+        if next == 0 {
+            break;
+        }
+        at += next as usize;
+    }
+    out
 }
 
 /// The targets DM_TABLE_STATUS wrote: each a `dm_target_spec` followed by
@@ -310,6 +356,37 @@ mod tests {
             b.push(0);
         }
         b
+    }
+
+    fn name_entry(dev: u64, next: u32, name: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(dev.to_ne_bytes());
+        b.extend(next.to_ne_bytes());
+        b.extend(name.as_bytes());
+        b.push(0);
+        // Newer kernels put the event counter and flags after the name;
+        // `next` steps over them.
+        b.extend([0xee; 8]);
+        while b.len() % 8 != 0 {
+            b.push(0);
+        }
+        b
+    }
+
+    #[test]
+    fn device_names_are_read_as_the_kernel_lays_them_out() {
+        let first = name_entry(254 << 8, 0, "tpcsi-ro-csi-a-1");
+        let mut data = name_entry(254 << 8, first.len() as u32, "tpcsi-ro-csi-a-1");
+        data.extend(name_entry((254 << 8) | 3, 0, "vg-pool-tpool"));
+        assert_eq!(
+            parse_name_list(&data),
+            vec!["tpcsi-ro-csi-a-1".to_string(), "vg-pool-tpool".to_string()]
+        );
+        // No device: one entry of device 0.
+        assert!(parse_name_list(&name_entry(0, 0, "")).is_empty());
+        // A short or cut answer ends the list, never reads past it.
+        assert!(parse_name_list(&data[..10]).is_empty());
+        assert_eq!(parse_name_list(&data[..first.len() + 4]).len(), 1);
     }
 
     #[test]

@@ -243,8 +243,35 @@ async fn a_restart_heals_every_staged_volume_from_one_report() {
             .count()
     };
     d.stop();
+    // Devices a killed `dmsetup create` or `cryptsetup open` left without
+    // a table, for volumes of this class, go at start-up (found by the
+    // driver's DM_LIST_DEVICES, checked here with `dmsetup ls`); a
+    // table-less device that is not the driver's stays.
+    let ids: Vec<String> = lvs(&d.vg)
+        .lvs
+        .iter()
+        .filter(|lv| lv.name.starts_with("csi-"))
+        .map(|lv| lv.name.clone())
+        .collect();
+    let debris = [
+        thinpool_csi::node::dm::overlay_name(&ids[0], &k.target("gone")),
+        thinpool_csi::node::crypt::mapping_name(&ids[1]),
+    ];
+    let foreign = format!("{}-not-the-drivers", d.vg);
+    for name in debris.iter().chain([&foreign]) {
+        dmsetup(&["create", name, "--notable"]).unwrap();
+    }
     let (lvs_before, vgs_before) = (runs("lvs"), runs("vgs"));
     d.spawn_and_heal().await;
+    let names: Vec<String> = crate::harness::dm_devices()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    dmsetup(&["remove", &foreign]).unwrap();
+    for name in &debris {
+        assert!(!names.contains(name), "{name} is left: {names:?}");
+    }
+    assert!(names.contains(&foreign), "{foreign} was removed: {names:?}");
     let (n, vgs) = (runs("lvs") - lvs_before, runs("vgs") - vgs_before);
     eprintln!("MEASURE restart with 4 staged volumes: {n} lvs runs, {vgs} vgs runs");
     // `pool::ensure`'s report (which the zeroing check, the earlier
