@@ -9,7 +9,8 @@
 #   scripts/bench.sh          # the performance benchmark
 #   scripts/bench.sh scale    # issue 22's scale phase (benches/scale.rs):
 #                             # up to 10,000 volumes on one pool; hours
-#                             # under TCG (TPCSI_SCALE_MAX, _STEP, _SAMPLES)
+#                             # under TCG (TPCSI_SCALE_MAX, _STEP, _SAMPLES,
+#                             # _SEED, _VARIANTS)
 #
 # Exit status: 0 when every judged row met its limit. When one misses, the
 # bench prints a `MISSED: <row>: <figure> > <limit>` line for each after
