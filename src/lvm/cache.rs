@@ -26,6 +26,13 @@ pub(super) struct Cache {
     pub(super) unknown_since: u64,
     /// The generation of the last write dropped from `recent`.
     pub(super) dropped_until: u64,
+    /// The generation up to which every ended write is in `report`. A
+    /// write that ends while a caller still holds the report is applied
+    /// when the cache is next read ([`Cache::cached`]), not at once:
+    /// applying it to a report someone holds would copy every LV
+    /// (`Arc::make_mut`), which on a dense node is work per LV that each
+    /// create would pay.
+    pub(super) applied: u64,
 }
 
 /// How many ended writes [`Cache::recent`] keeps.
@@ -44,6 +51,39 @@ impl Cache {
             report.apply(w);
         }
         Ok(report)
+    }
+
+    /// Applies the ended writes the report does not hold yet: in place
+    /// when nobody else holds it, or, with `copy`, on a copy of it (then
+    /// the holders keep their view). Drops the report when a pending
+    /// write is no longer in `recent`.
+    pub(super) fn apply_pending(&mut self, copy: bool) {
+        let Some(&(last, _)) = self.recent.back().filter(|(g, _)| *g > self.applied) else {
+            return;
+        };
+        if self.dropped_until > self.applied {
+            self.report = None;
+            return;
+        }
+        let Some((_, r)) = &mut self.report else {
+            return;
+        };
+        if !copy && Arc::get_mut(r).is_none() {
+            return;
+        }
+        // Copies only when shared (and `copy`).
+        let report = Arc::make_mut(r);
+        for (_, w) in self.recent.iter().filter(|(g, _)| *g > self.applied) {
+            report.apply(w);
+        }
+        self.applied = last;
+    }
+
+    /// The report with every ended write applied, and when its `lvs`
+    /// began.
+    fn cached(&mut self) -> Option<(Instant, Arc<Report>)> {
+        self.apply_pending(true);
+        self.report.clone()
     }
 }
 
@@ -66,7 +106,7 @@ impl Lvm {
             // No cache asked for: every read asks LVM.
             return self.fresh_report().await;
         }
-        let cached = self.cache.lock().unwrap().report.clone();
+        let cached = self.cache.lock().unwrap().cached();
         match cached {
             Some((at, r)) if at.elapsed() <= self.max_age => Ok(r),
             Some((_, r)) => {
@@ -87,7 +127,7 @@ impl Lvm {
         if self.max_age.is_zero() {
             return self.fresh_report().await;
         }
-        let cached = self.cache.lock().unwrap().report.clone();
+        let cached = self.cache.lock().unwrap().cached();
         match cached {
             Some((_, r)) => Ok(r),
             None => self.read_since(None).await,
@@ -133,10 +173,10 @@ impl Lvm {
     async fn read_since(&self, since: Option<Instant>) -> Result<Arc<Report>> {
         let _one = self.refresh.lock().await;
         {
-            let c = self.cache.lock().unwrap();
-            if let Some((at, r)) = &c.report {
-                if since.is_none_or(|s| *at >= s) {
-                    return Ok(r.clone());
+            let mut c = self.cache.lock().unwrap();
+            if let Some((at, r)) = c.cached() {
+                if since.is_none_or(|s| at >= s) {
+                    return Ok(r);
                 }
             }
         }
@@ -171,6 +211,8 @@ impl Lvm {
                 Ok(current) => {
                     let current = Arc::new(current);
                     let replaced = c.report.replace((started, current.clone()));
+                    // Every write that ended is in it now.
+                    c.applied = c.generation;
                     (current, replaced)
                 }
                 Err(read) => (Arc::new(read), None),
@@ -264,6 +306,35 @@ mod tests {
         // started after them: at most one more.
         let n = count(&calls, "lvs");
         assert!((1..=2).contains(&n), "{n} lvs for 8 concurrent readers");
+    }
+
+    /// A caller that holds the report across its own writes (a create
+    /// decides on it, then writes) keeps its view, and the cache does not
+    /// copy every LV to apply the writes: they land in the same report
+    /// once it is let go, and a report still held at the next read is
+    /// copied then, with every write in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_report_held_across_writes_is_not_copied_for_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lvm, calls) = fake_lvm(dir.path(), "0", 3600);
+        let held = lvm.known().await.unwrap();
+        let at = Arc::as_ptr(&held);
+        lvm.create_thin("csi-a", 4 << 20, &[], None).await.unwrap();
+        lvm.extend("csi-a", 8 << 20).await.unwrap();
+        assert!(held.find("csi-a").is_none(), "the holder's view stays");
+        drop(held);
+        let r = lvm.known().await.unwrap();
+        assert_eq!(Arc::as_ptr(&r), at, "applied in place, not to a copy");
+        assert_eq!(r.find("csi-a").unwrap().size, 8 << 20);
+        // Still held at the next read: that reader gets a copy with both
+        // writes, the holder keeps its view.
+        lvm.create_thin("csi-b", 4 << 20, &[], None).await.unwrap();
+        lvm.extend("csi-b", 12 << 20).await.unwrap();
+        let now = lvm.report().await.unwrap();
+        assert_ne!(Arc::as_ptr(&now), at);
+        assert_eq!(now.find("csi-b").unwrap().size, 12 << 20);
+        assert!(r.find("csi-b").is_none());
+        assert_eq!(count(&calls, "lvs"), 1, "no lvs after our own writes");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,7 @@ impl Lvm {
         }
         match self.fresh_report().await {
             Ok(report) => explain(&report, &self.vg, &self.pool, lv, err),
-            Err(gone) if gone.code() == tonic::Code::Unavailable => gone,
+            Err(gone @ Error::VgMissing { .. }) => gone,
             Err(read) => {
                 tracing::warn!(error = %read, "cannot read LVM's state after a failed write");
                 err

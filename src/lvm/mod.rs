@@ -178,11 +178,11 @@ impl Lvm {
         c.generation += 1;
         match (res, write) {
             (Ok(()), Some(w)) => {
-                if let Some((_, r)) = &mut c.report {
-                    Arc::make_mut(r).apply(&w);
-                }
                 let g = c.generation;
                 c.recent.push_back((g, w));
+                // In place now unless a caller holds the report (it often
+                // does, across its own write): then at the next read.
+                c.apply_pending(false);
                 while c.recent.len() > RECENT_WRITES {
                     if let Some((g, _)) = c.recent.pop_front() {
                         c.dropped_until = g;

@@ -34,12 +34,11 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
         }
         // Told apart by the list of VGs the failed read already asked
         // for (`Lvm::fresh_report`), not asked again.
-        Err(Error::VgMissing { .. }) => {
+        Err(missing @ Error::VgMissing { .. }) => {
+            // Without a [loop_pool] there is nothing to build it from: the
+            // error says what to do.
             let Some(lp) = &cfg.loop_pool else {
-                return Err(Error::Unavailable(format!(
-                    "volume group {} does not exist and no [loop_pool] is configured to build it",
-                    lvm.vg
-                )));
+                return Err(missing);
             };
             build_vg_on_loop(lp, lvm, &owner_tag, cfg.metadata_reserve_lvs).await?;
             lvm.fresh_report().await?

@@ -64,6 +64,8 @@ const DM_NOFLUSH_FLAG: u32 = 1 << 11;
 pub enum By<'a> {
     Numbers(u32, u32),
     Name(&'a str),
+    /// No one device: a request about every device (DM_LIST_DEVICES).
+    All,
 }
 
 fn header(data_size: usize) -> DmIoctl {
@@ -99,6 +101,7 @@ fn address(io: &mut DmIoctl, by: &By) -> Option<String> {
             io.name[..bytes.len()].copy_from_slice(bytes);
             format!("device {name}")
         }
+        By::All => "every device".to_string(),
     })
 }
 
@@ -243,11 +246,9 @@ pub fn dm_table_status(by: By) -> Result<Option<Vec<TargetStatus>>> {
 /// (DM_LIST_DEVICES, what `dmsetup ls` asks): a device created but never
 /// loaded has no block device in sysfs, so only this list shows it.
 pub fn dm_names() -> Result<Vec<String>> {
-    Ok(
-        answer(&By::Name(""), "DM_LIST_DEVICES", ioctl::dm_list_devices)?
-            .map(|(_, data)| parse_name_list(&data))
-            .unwrap_or_default(),
-    )
+    Ok(answer(&By::All, "DM_LIST_DEVICES", ioctl::dm_list_devices)?
+        .map(|(_, data)| parse_name_list(&data))
+        .unwrap_or_default())
 }
 
 /// Runs `call` on device `by` with a buffer grown until the answer fits;

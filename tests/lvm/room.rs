@@ -257,8 +257,14 @@ async fn a_restart_heals_every_staged_volume_from_one_report() {
         thinpool_csi::node::dm::overlay_name(&ids[0], &k.target("gone")),
         thinpool_csi::node::crypt::mapping_name(&ids[1]),
     ];
-    let foreign = format!("{}-not-the-drivers", d.vg);
-    for name in debris.iter().chain([&foreign]) {
+    // Not this class's: a name of no driver shape, and the driver's
+    // shapes for a volume this class does not hold.
+    let foreign = [
+        format!("{}-not-the-drivers", d.vg),
+        thinpool_csi::node::dm::overlay_name("csi-not-this-class", &k.target("gone")),
+        thinpool_csi::node::crypt::mapping_name("csi-not-this-class"),
+    ];
+    for name in debris.iter().chain(&foreign) {
         dmsetup(&["create", name, "--notable"]).unwrap();
     }
     let (lvs_before, vgs_before) = (runs("lvs"), runs("vgs"));
@@ -267,11 +273,15 @@ async fn a_restart_heals_every_staged_volume_from_one_report() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    dmsetup(&["remove", &foreign]).unwrap();
+    for name in &foreign {
+        dmsetup(&["remove", name]).unwrap();
+    }
     for name in &debris {
         assert!(!names.contains(name), "{name} is left: {names:?}");
     }
-    assert!(names.contains(&foreign), "{foreign} was removed: {names:?}");
+    for name in &foreign {
+        assert!(names.contains(name), "{name} was removed: {names:?}");
+    }
     let (n, vgs) = (runs("lvs") - lvs_before, runs("vgs") - vgs_before);
     eprintln!("MEASURE restart with 4 staged volumes: {n} lvs runs, {vgs} vgs runs");
     // `pool::ensure`'s report (which the zeroing check, the earlier
