@@ -227,7 +227,11 @@ fn start_commands(log: &str, from: usize) -> Vec<String> {
             // LVM's `--config` text is the same in every command: the
             // option and its text are left out of the argv's Debug form.
             const CONFIG: &str = "\"--config\", \"";
-            let end = l.find(" status=").filter(|e| *e > at).unwrap_or(l.len());
+            let end = [" status=", " elapsed="]
+                .iter()
+                .filter_map(|m| l[at..].find(m).map(|e| at + e))
+                .min()
+                .unwrap_or(l.len());
             let mut what = l[at..end].to_string();
             if let Some(c) = what.find(CONFIG) {
                 let text = &what[c + CONFIG.len()..];
