@@ -858,22 +858,22 @@ async fn main() {
     } else {
         println!("| volumes | bare lvcreate p50 | {} |", names.join(" | "));
         println!("|---|---|{}", "---|".repeat(names.len()));
-    }
-    for r in rows.iter().filter(|_| !names.is_empty()) {
-        let cells: Vec<String> = r
-            .variants
-            .iter()
-            .map(|v| match v {
-                Ok(t) => format!("{t:.3} s ({:+.1} %)", (t / r.bare - 1.0) * 100.0),
-                Err(e) => format!("fails: {}", e.lines().last().unwrap_or(e)),
-            })
-            .collect();
-        println!(
-            "| {} | {:.3} s | {} |",
-            r.volumes,
-            r.bare,
-            cells.join(" | ")
-        );
+        for r in &rows {
+            let cells: Vec<String> = r
+                .variants
+                .iter()
+                .map(|v| match v {
+                    Ok(t) => format!("{t:.3} s ({:+.1} %)", (t / r.bare - 1.0) * 100.0),
+                    Err(e) => format!("fails: {}", e.lines().last().unwrap_or(e)),
+                })
+                .collect();
+            println!(
+                "| {} | {:.3} s | {} |",
+                r.volumes,
+                r.bare,
+                cells.join(" | ")
+            );
+        }
     }
     println!();
     if missed.is_empty() {
