@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::size::{fs_minimum, size, size_fits};
-use super::{Owned, SizeRange, VolumeId};
+use super::{Owned, PoolWide, SizeRange, VolumeId};
 use crate::error::{Error, Result};
-use crate::lvm::report::{Capacity, Lv, Problem, Report};
+use crate::lvm::report::{Capacity, Lv, Report};
 use crate::naming::{self, Access, ContentSource, VolumeTags};
 use crate::volume::Volumes;
 
@@ -56,18 +56,17 @@ impl VolumeInfo {
     }
 
     fn of(d: &Volumes, report: &Report, o: &Owned) -> VolumeInfo {
-        let pool_problem = d.pool_problem(report).ok().flatten();
-        VolumeInfo::with_pool_problem(d, o, pool_problem.as_ref())
+        VolumeInfo::with_pool_wide(d, o, &d.pool_wide(report))
     }
 
     /// The volume, given what is wrong with its pool (looked up once for a
     /// whole page).
-    fn with_pool_problem(d: &Volumes, o: &Owned, pool_problem: Option<&Problem>) -> VolumeInfo {
+    fn with_pool_wide(d: &Volumes, o: &Owned, wide: &PoolWide) -> VolumeInfo {
         VolumeInfo {
             id: o.lv.name.clone(),
             size: o.lv.size,
             access: o.tags.access.clone(),
-            problem: d.problem_with(o.lv, pool_problem),
+            problem: d.problem_with(o.lv, wide),
             from: o.tags.from.clone(),
             mutable: o.tags.mutable.clone(),
         }
@@ -578,11 +577,11 @@ impl Volumes {
             .collect();
         named.sort_unstable_by(|a, b| a.0.name.cmp(&b.0.name));
         let (page, next) = paginate(named, token, max);
-        let pool_problem = self.pool_problem(&report).ok().flatten();
+        let wide = self.pool_wide(&report);
         Ok((
             page.into_iter()
                 .filter_map(|n| self.owned_lv(n.0))
-                .map(|o| VolumeInfo::with_pool_problem(self, &o, pool_problem.as_ref()))
+                .map(|o| VolumeInfo::with_pool_wide(self, &o, &wide))
                 .collect(),
             next,
         ))

@@ -48,10 +48,21 @@ use crate::node::Tools;
 use crate::node::{self as nodefs, mounts, paths, Device};
 pub use request::{Capability, NodePath, SizeRange, SnapshotId, VolumeId};
 
+/// What is wrong with every volume of a pool alike: the pool's own
+/// problem (full, failed, no metadata room) and the autopilot's refusal to
+/// grow it ([`Volumes::pool_wide`]).
+pub struct PoolWide {
+    pool: Option<String>,
+    blocked: Option<String>,
+}
+
 /// The volume layer's state: the configuration, the node id, the LVM
 /// handle (with its report cache), the node layer's tools, the node
 /// records, the in-flight guard, the allocation lock and the reservations
-/// of creates in flight. Every operation is a method of it.
+/// of creates in flight. Every operation is a method of it. The state
+/// (records, guard, lock, reservations, tools, unenforced limits) is
+/// private to this layer; the services read only the class's
+/// configuration, node id and VG and pool names, to validate requests.
 pub struct Volumes {
     pub cfg: Config,
     pub node_id: String,
@@ -59,17 +70,17 @@ pub struct Volumes {
     /// class named [`crate::naming::DEFAULT_CLASS`]); its ids carry it.
     pub class: Option<String>,
     pub lvm: std::sync::Arc<Lvm>,
-    pub tools: Tools,
+    tools: Tools,
     /// The node records under `state_dir` (`node::record`).
-    pub records: Records,
-    pub inflight: InFlight,
+    records: Records,
+    inflight: InFlight,
     /// Serialises "check capacity, then allocate", so two concurrent
     /// creates cannot both pass the overprovision check.
-    pub alloc: tokio::sync::Mutex<()>,
+    alloc: tokio::sync::Mutex<()>,
     /// Virtual sizes of new volumes whose `lvcreate` runs (checked under
     /// `alloc`, then made outside it, so creates overlap): counted by
     /// `Volumes::capacity` until the report shows the LV.
-    pub reserved: Reservations,
+    reserved: Reservations,
     /// Whether thin-provisioning-tools run here (set at start-up): the
     /// SnapshotMetadata service is advertised and served only then.
     pub thin_tools: std::sync::atomic::AtomicBool,
@@ -78,7 +89,7 @@ pub struct Volumes {
     /// What the thin-pool autopilot did (`autopilot.rs`).
     pub autopilot: autopilot::AutopilotState,
     /// Volumes whose I/O limits could not be set, and why (`iolimits.rs`).
-    pub io_unenforced: iolimits::Unenforced,
+    io_unenforced: iolimits::Unenforced,
 }
 
 impl Volumes {
@@ -400,19 +411,29 @@ impl Volumes {
     /// grow it) or its I/O limits (not enforced), joined; `None` when
     /// healthy.
     pub fn problem(&self, report: &Report, lv: &Lv) -> Option<String> {
-        self.problem_with(lv, self.pool_problem(report).ok().flatten().as_ref())
+        self.problem_with(lv, &self.pool_wide(report))
     }
 
-    /// [`Volumes::problem`], given what is wrong with the pool (looked up
-    /// once for a page of volumes).
-    pub fn problem_with(&self, lv: &Lv, pool_problem: Option<&Problem>) -> Option<String> {
-        let storage = lv
-            .problem()
-            .or_else(|| pool_problem.cloned())
-            .map(|p| p.to_string());
+    /// What is wrong with every volume of the pool alike, looked up once
+    /// for a page of volumes.
+    pub fn pool_wide(&self, report: &Report) -> PoolWide {
+        PoolWide {
+            pool: self
+                .pool_problem(report)
+                .ok()
+                .flatten()
+                .map(|p| p.to_string()),
+            blocked: self.autopilot.blocked(),
+        }
+    }
+
+    /// [`Volumes::problem`], given what is wrong pool-wide.
+    pub fn problem_with(&self, lv: &Lv, wide: &PoolWide) -> Option<String> {
+        let storage = lv.problem().map(|p| p.to_string());
         let all: Vec<String> = storage
+            .or_else(|| wide.pool.clone())
             .into_iter()
-            .chain(self.autopilot.blocked())
+            .chain(wide.blocked.clone())
             .chain(self.io_unenforced.get(&lv.name))
             .collect();
         (!all.is_empty()).then(|| all.join("; "))
