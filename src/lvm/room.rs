@@ -125,6 +125,33 @@ impl Room {
         self.pool_metadata_used as f64 * 100.0 / self.pool_metadata_size as f64
     }
 
+    /// The pool's metadata use, as a refusal of the VG's area shows it
+    /// beside its own figure.
+    fn pool_figure(&self, vg: &str, pool: &str) -> String {
+        if self.pool_metadata_size == 0 {
+            return format!("LVM did not report {vg}/{pool}'s metadata size");
+        }
+        format!(
+            "the pool's metadata is {:.1}% used ({} of {})",
+            self.pool_metadata_percent(),
+            mib(self.pool_metadata_used),
+            mib(self.pool_metadata_size),
+        )
+    }
+
+    /// The VG's metadata area, as a refusal of the pool's metadata shows
+    /// it beside its own figure.
+    fn vg_figure(&self, vg: &str) -> String {
+        if self.vg_mda_size == 0 {
+            return format!("LVM did not report {vg}'s metadata area");
+        }
+        format!(
+            "the VG's metadata area has {} bytes left of the {} LVM can use",
+            self.vg_mda_free,
+            self.vg_mda_size / 2,
+        )
+    }
+
     /// Why no new LV may be made because `short` ran out: what is full,
     /// and what to do. Its error is RESOURCE_EXHAUSTED.
     pub fn problem(&self, short: Short, vg: &str, pool: &str, reserve: u64) -> Problem {
@@ -134,11 +161,12 @@ impl Room {
                 what: format!(
                     "thin pool {vg}/{pool}'s metadata is {:.1}% used ({} of {}): LVM refuses a \
                      new thin volume or snapshot with less than {} free, and this driver keeps \
-                     room for {reserve} more (4 KiB each)",
+                     room for {reserve} more (4 KiB each); {}",
                     self.pool_metadata_percent(),
                     mib(self.pool_metadata_used),
                     mib(self.pool_metadata_size),
                     mib(lvm_metadata_floor(self.pool_metadata_size)),
+                    self.vg_figure(vg),
                 ),
                 remedy: format!(
                     "grow the pool's metadata (lvextend --poolmetadatasize +{} {vg}/{pool}; \
@@ -152,11 +180,12 @@ impl Room {
                     "volume group {vg}'s metadata area is nearly full ({} bytes left of the {} \
                      LVM can use of its {} area, about {} bytes per LV): LVM would fail the next \
                      changes with \"Metadata too large for circular buffer\", and this driver \
-                     keeps room for {reserve} more LVs",
+                     keeps room for {reserve} more LVs; {}",
                     self.vg_mda_free,
                     self.vg_mda_size / 2,
                     mib(self.vg_mda_size),
                     self.lv_text,
+                    self.pool_figure(vg, pool),
                 ),
                 remedy: format!(
                     "a metadata area cannot grow in place: add a disk with a bigger one \
@@ -308,6 +337,27 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("pvchange --metadataignore y"), "{e}");
+        // Each refusal shows the other store's figure too.
+        assert!(
+            e.contains("the pool's metadata is 74.0% used (2.96 MiB of 4.00 MiB)"),
+            "{e}"
+        );
+        let e = r
+            .problem(Short::Pool, "vg0", "pool", 100)
+            .error(None)
+            .message();
+        assert!(
+            e.contains("the VG's metadata area has 20000 bytes left of the 522240"),
+            "{e}"
+        );
+        let unknown = Room::estimate(0, 0.0, 0, 0, 528, 0)
+            .problem(Short::Vg, "vg0", "pool", 1)
+            .error(None)
+            .message();
+        assert!(
+            unknown.contains("LVM did not report vg0/pool's metadata size"),
+            "{unknown}"
+        );
     }
 
     /// The sizing rule, at the issue's dense node (10,000 volumes and
