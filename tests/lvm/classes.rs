@@ -11,8 +11,8 @@ use thinpool_csi::proto::reclaimspace::NodeReclaimSpaceRequest;
 use tonic::Code;
 
 use crate::fixtures::{
-    create, create_req, create_volume, mount_cap, publish_req, stage_req, tpcsi, unpublish_req,
-    unstage_req, Kubelet,
+    create, create_req, create_volume, del, mount_cap, publish_req, snapshot_of, stage_req, tpcsi,
+    unpublish_req, unstage_req, Kubelet,
 };
 use crate::harness::{lvs, try_lvm, SecondPool, TestDriver, MIB};
 
@@ -85,12 +85,40 @@ fn fs_of(target: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Two loop-backed classes on one node: the top-level pool (`default`)
-/// and `fast` (xfs by default, a larger pool).
+/// One of the two classes under test: its name as a StorageClass gives
+/// it (`None`: the default class), its VG, its default filesystem and its
+/// overprovision ratio.
+struct Class {
+    name: Option<&'static str>,
+    vg: String,
+    fs: &'static str,
+    ratio: f64,
+}
+
+impl Class {
+    fn label(&self) -> &'static str {
+        self.name.unwrap_or("default")
+    }
+    /// `req` sent to this class.
+    fn req(&self, req: CreateVolumeRequest) -> CreateVolumeRequest {
+        match self.name {
+            Some(c) => in_class(c, req),
+            None => req,
+        }
+    }
+    /// The prefix of this class's volume and snapshot ids.
+    fn prefix(&self) -> String {
+        self.name.map(|c| format!("{c}.")).unwrap_or_default()
+    }
+}
+
+/// Two loop-backed classes on one node: the top-level pool (`default`,
+/// ext4) and `fast` (xfs by default, a larger pool).
 struct TwoClasses {
     k: Kubelet,
     d: TestDriver,
-    fast_vg: String,
+    default: Class,
+    fast: Class,
     _fast: SecondPool,
 }
 
@@ -108,10 +136,29 @@ async fn two_classes() -> TwoClasses {
     let d = TestDriver::start("cls", 96 * MIB, &extra).await;
     TwoClasses {
         k,
+        default: Class {
+            name: None,
+            vg: d.vg.clone(),
+            fs: "ext4",
+            ratio: 4.0,
+        },
         d,
-        fast_vg,
+        fast: Class {
+            name: Some("fast"),
+            vg: fast_vg,
+            fs: "xfs",
+            ratio: 10.0,
+        },
         _fast: fast,
     }
+}
+
+/// What one class holds once its lifecycle ran: the volume, its
+/// snapshot, the restore and the clone.
+struct Held {
+    volume: String,
+    snapshot: String,
+    copies: [String; 2],
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -119,21 +166,28 @@ async fn two_classes_serve_their_own_volumes_and_survive_each_other() {
     let mut t = two_classes().await;
     let (fast_id, plain_id) = creates_go_to_the_class_named(&t).await;
     capacity_conditions_and_tpcsi_per_class(&t, &fast_id).await;
-    let (snap_id, size) = a_volume_lives_in_its_class(&t, &fast_id).await;
-    let (restored, clone) = copies_stay_in_their_class(&t, &fast_id, &snap_id, size).await;
-    listed_across_a_restart_and_deleted_in_their_class(
-        &mut t,
-        &[&fast_id, &plain_id, &restored, &clone],
-        &plain_id,
-        &[&restored, &clone],
-    )
-    .await;
+    let mut held = Vec::new();
+    for (class, other, id) in [
+        (&t.default, &t.fast, &plain_id),
+        (&t.fast, &t.default, &fast_id),
+    ] {
+        let (snapshot, size) = a_volume_lives_in_its_class(&t, class, id).await;
+        let copies = copies_stay_in_their_class(&t, class, other, id, &snapshot, size).await;
+        held.push(Held {
+            volume: id.clone(),
+            snapshot,
+            copies,
+        });
+    }
+    listed_across_a_restart(&mut t, &held).await;
+    deleted_in_their_class(&t, &held[1], &t.fast).await;
+    deleted_in_their_class(&t, &held[0], &t.default).await;
     a_lost_class_leaves_the_other_serving(&t).await;
 }
 
 /// CreateVolume picks the class by deviceClass; an unknown one is refused.
 async fn creates_go_to_the_class_named(t: &TwoClasses) -> (String, String) {
-    let (d, fast_vg) = (&t.d, &t.fast_vg);
+    let (d, fast_vg) = (&t.d, &t.fast.vg);
     let mut c = d.controller().await;
     // CreateVolume picks the class by deviceClass; its id says so, and its
     // LV is in that class's pool under the same name.
@@ -170,28 +224,27 @@ async fn creates_go_to_the_class_named(t: &TwoClasses) -> (String, String) {
 
 /// GetCapacity per class, the volume's condition and tpcsi name the class.
 async fn capacity_conditions_and_tpcsi_per_class(t: &TwoClasses, fast_id: &str) {
-    let (d, fast_vg) = (&t.d, &t.fast_vg);
+    let d = &t.d;
     let mut c = d.controller().await;
-    // GetCapacity per class, each as that class's `lvs` shows it: the
-    // larger loop file gives the fast class the larger pool.
-    let fast_cap = c
-        .get_capacity(capacity_req(Some("fast")))
-        .await
-        .unwrap()
-        .into_inner();
-    let plain_cap = c
-        .get_capacity(capacity_req(None))
-        .await
-        .unwrap()
-        .into_inner();
-    let fast_pool = lvs(fast_vg).find("pool").unwrap().size;
-    let plain_pool = lvs(&d.vg).find("pool").unwrap().size;
-    assert!(fast_pool > plain_pool, "{fast_pool} vs {plain_pool}");
-    assert!(
-        fast_cap.available_capacity as u64 <= fast_pool
-            && fast_cap.available_capacity > plain_cap.available_capacity,
-        "fast {fast_cap:?}, default {plain_cap:?}, pools {fast_pool} / {plain_pool}"
-    );
+    // GetCapacity per class, each exactly as that class's `lvs` shows it
+    // at its own overprovision ratio.
+    let mut fast_cap = None;
+    for class in [&t.default, &t.fast] {
+        let cap = c
+            .get_capacity(capacity_req(class.name))
+            .await
+            .unwrap()
+            .into_inner();
+        let (available, max) = crate::harness::capacity_from_lvs(&class.vg, class.ratio);
+        assert_eq!(
+            (cap.available_capacity as u64, cap.maximum_volume_size),
+            (available, Some(max as i64)),
+            "class {}: {cap:?}",
+            class.label()
+        );
+        fast_cap = Some(cap);
+    }
+    let fast_cap = fast_cap.unwrap();
 
     // tpcsi shows the class: capacity of the one asked about, and a
     // class column in the list.
@@ -220,19 +273,19 @@ async fn capacity_conditions_and_tpcsi_per_class(t: &TwoClasses, fast_id: &str) 
     );
 }
 
-/// Stage, expand, reclaim and snapshot in the fast class; the snapshot's
-/// id and the grown size.
-async fn a_volume_lives_in_its_class(t: &TwoClasses, fast_id: &str) -> (String, u64) {
-    let (d, k, fast_vg) = (&t.d, &t.k, &t.fast_vg);
+/// Stage (the class's filesystem), expand, reclaim and snapshot volume
+/// `id` of `class`; the snapshot's id and the grown size.
+async fn a_volume_lives_in_its_class(t: &TwoClasses, class: &Class, id: &str) -> (String, u64) {
+    let (d, k) = (&t.d, &t.k);
     let mut c = d.controller().await;
-    // Stage takes the class's default filesystem (xfs for fast); data
-    // written there survives expand, snapshot and restore in the class.
-    let (staging, target) = stage_publish(d, k, fast_id, "fast").await;
-    assert_eq!(fs_of(&target), "xfs");
-    std::fs::write(target.join("data"), b"in the fast class").unwrap();
+    // Stage takes the class's default filesystem; data written there
+    // survives expand, snapshot and restore in the class.
+    let (staging, target) = stage_publish(d, k, id, class.label()).await;
+    assert_eq!(fs_of(&target), class.fs);
+    std::fs::write(target.join("data"), class.label()).unwrap();
     let grown = c
         .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: fast_id.to_string(),
+            volume_id: id.to_string(),
             capacity_range: Some(CapacityRange {
                 required_bytes: (48 * MIB) as i64,
                 limit_bytes: 0,
@@ -244,158 +297,147 @@ async fn a_volume_lives_in_its_class(t: &TwoClasses, fast_id: &str) -> (String, 
         .into_inner();
     assert!(grown.capacity_bytes as u64 >= 48 * MIB);
     assert_eq!(
-        lvs(fast_vg).find(fast_id).unwrap().size,
+        lvs(&class.vg).find(id).unwrap().size,
         grown.capacity_bytes as u64
     );
     let mut r = ReclaimSpaceNodeClient::connect(d.addons_uri())
         .await
         .unwrap();
     r.node_reclaim_space(NodeReclaimSpaceRequest {
-        volume_id: fast_id.to_string(),
+        volume_id: id.to_string(),
         volume_path: target.display().to_string(),
         ..Default::default()
     })
     .await
-    .expect("NodeReclaimSpace in the fast class");
+    .unwrap_or_else(|e| panic!("NodeReclaimSpace in class {}: {e:?}", class.label()));
     nix::unistd::sync();
-    let snap = c
-        .create_snapshot(CreateSnapshotRequest {
-            source_volume_id: fast_id.to_string(),
-            name: "snap-fast".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
-    assert!(snap.snapshot_id.starts_with("fast.snap-"), "{snap:?}");
-    assert!(lvs(fast_vg).find(&snap.snapshot_id).is_some());
-    unpublish_unstage(d, fast_id, &staging, &target).await;
+    let snap = snapshot_of(&mut c, &format!("snap-{}", class.label()), id).await;
+    assert!(
+        snap.snapshot_id
+            .starts_with(&format!("{}snap-", class.prefix())),
+        "{snap:?}"
+    );
+    assert!(lvs(&class.vg).find(&snap.snapshot_id).is_some());
+    unpublish_unstage(d, id, &staging, &target).await;
 
     (snap.snapshot_id, grown.capacity_bytes as u64)
 }
 
-/// A restore and a clone stay in their class; across classes they are
-/// refused.
+/// A request for a volume of `size` in `class` with `source` as content.
+fn copy_req(
+    class: &Class,
+    name: &str,
+    size: u64,
+    source: volume_content_source::Type,
+) -> CreateVolumeRequest {
+    let mut req = class.req(create_req(name, size, mount_cap("")));
+    req.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(source),
+    });
+    req
+}
+
+/// A restore of `snap_id` and a clone of `id` stay in `class`; into
+/// `other` they are refused. The restore's and the clone's ids.
 async fn copies_stay_in_their_class(
     t: &TwoClasses,
-    fast_id: &str,
+    class: &Class,
+    other: &Class,
+    id: &str,
     snap_id: &str,
     size: u64,
-) -> (String, String) {
+) -> [String; 2] {
     let (d, k) = (&t.d, &t.k);
     let mut c = d.controller().await;
-    // A copy stays in its class: into another one it is refused.
-    let from_snap = |class: Option<&str>, name: &str| {
-        let mut req = create_req(name, size, mount_cap(""));
-        if let Some(cl) = class {
-            req = in_class(cl, req);
-        }
-        req.volume_content_source = Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: snap_id.to_string(),
-                },
-            )),
-        });
-        req
-    };
-    let e = c
-        .create_volume(from_snap(None, "pvc-cross"))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains("device class"), "{e:?}");
-    let restored = create_volume(&mut c, from_snap(Some("fast"), "pvc-restored"))
-        .await
-        .volume_id;
-    assert!(restored.starts_with("fast.csi-"), "{restored}");
-    let (st2, t2) = stage_publish(d, k, &restored, "restored").await;
-    assert_eq!(
-        std::fs::read(t2.join("data")).unwrap(),
-        b"in the fast class"
-    );
-    unpublish_unstage(d, &restored, &st2, &t2).await;
-
-    // A clone of a volume stays in its class too.
-    let clone_of = |class: Option<&str>, name: &str| {
-        let mut req = create_req(name, size, mount_cap(""));
-        if let Some(cl) = class {
-            req = in_class(cl, req);
-        }
-        req.volume_content_source = Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Volume(
-                volume_content_source::VolumeSource {
-                    volume_id: fast_id.to_string(),
-                },
-            )),
-        });
-        req
-    };
-    let e = c
-        .create_volume(clone_of(None, "pvc-cross-clone"))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    let clone = create_volume(&mut c, clone_of(Some("fast"), "pvc-clone"))
-        .await
-        .volume_id;
-    assert!(clone.starts_with("fast.csi-"), "{clone}");
-    let (st3, t3) = stage_publish(d, k, &clone, "clone").await;
-    assert_eq!(
-        std::fs::read(t3.join("data")).unwrap(),
-        b"in the fast class"
-    );
-    unpublish_unstage(d, &clone, &st3, &t3).await;
-
-    (restored, clone)
+    let sources = [
+        (
+            "restored",
+            volume_content_source::Type::Snapshot(volume_content_source::SnapshotSource {
+                snapshot_id: snap_id.to_string(),
+            }),
+        ),
+        (
+            "clone",
+            volume_content_source::Type::Volume(volume_content_source::VolumeSource {
+                volume_id: id.to_string(),
+            }),
+        ),
+    ];
+    let mut made = Vec::new();
+    for (what, source) in sources {
+        let name = format!("pvc-{what}-{}", class.label());
+        let e = c
+            .create_volume(copy_req(other, &format!("{name}-x"), size, source.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e:?}");
+        assert!(e.message().contains("device class"), "{e:?}");
+        let copy = create_volume(&mut c, copy_req(class, &name, size, source))
+            .await
+            .volume_id;
+        assert!(
+            copy.starts_with(&format!("{}csi-", class.prefix())),
+            "{copy}"
+        );
+        assert!(lvs(&class.vg).find(&copy).is_some(), "{copy}");
+        let (st, tg) = stage_publish(d, k, &copy, &name).await;
+        assert_eq!(
+            std::fs::read(tg.join("data")).unwrap(),
+            class.label().as_bytes()
+        );
+        unpublish_unstage(d, &copy, &st, &tg).await;
+        made.push(copy);
+    }
+    made.try_into().unwrap()
 }
 
 /// ListVolumes pages through both classes, each volume once, and so after
-/// a restart; deletes go to the class, an unknown class is refused.
-async fn listed_across_a_restart_and_deleted_in_their_class(
-    t: &mut TwoClasses,
-    all: &[&String],
-    plain_id: &str,
-    fast_copies: &[&String],
-) {
-    // ListVolumes pages through both classes, each volume once, and so
-    // after a restart.
-    let fast_vg = t.fast_vg.clone();
+/// a restart.
+async fn listed_across_a_restart(t: &mut TwoClasses, held: &[Held]) {
     let d = &mut t.d;
-    let want: BTreeSet<String> = all.iter().map(|s| s.to_string()).collect();
+    let want: BTreeSet<String> = held
+        .iter()
+        .flat_map(|h| std::iter::once(&h.volume).chain(&h.copies))
+        .cloned()
+        .collect();
     let listed = list_all(d).await;
-    assert_eq!(listed.len(), all.len(), "{listed:?}");
+    assert_eq!(listed.len(), want.len(), "{listed:?}");
     assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), want);
     d.restart().await;
     let listed = list_all(d).await;
     assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), want);
-    let mut c = d.controller().await;
+}
 
-    // Delete in the class; a class unknown here is refused, not "gone".
+/// Deletes go to the class: the copies, the snapshot and (for `fast`) the
+/// volume leave its VG; an id of a class unknown here is refused, not
+/// "gone". The default class keeps its volume for the lost-class check.
+async fn deleted_in_their_class(t: &TwoClasses, held: &Held, class: &Class) {
+    let mut c = t.d.controller().await;
     let e = c
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: format!("gone.{plain_id}"),
-            ..Default::default()
-        })
+        .delete_volume(del(&format!("gone.{}", held.volume)))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    for id in fast_copies {
-        c.delete_volume(DeleteVolumeRequest {
-            volume_id: id.to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        assert!(lvs(&fast_vg).find(id).is_none());
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: held.snapshot.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(lvs(&class.vg).find(&held.snapshot).is_none());
+    let mut ids: Vec<&String> = held.copies.iter().collect();
+    if class.name.is_some() {
+        ids.push(&held.volume);
+    }
+    for id in ids {
+        c.delete_volume(del(id)).await.unwrap();
+        assert!(lvs(&class.vg).find(id).is_none(), "{id}");
     }
 }
 
 /// The fast class's VG vanishes: UNAVAILABLE there, the default serves.
 async fn a_lost_class_leaves_the_other_serving(t: &TwoClasses) {
-    let (d, fast_vg) = (&t.d, &t.fast_vg);
+    let (d, fast_vg) = (&t.d, &t.fast.vg);
     let mut c = d.controller().await;
     // The fast class's VG vanishes behind the driver's back: its calls
     // answer UNAVAILABLE, the default class serves on, and Probe's log
@@ -465,4 +507,9 @@ async fn a_lost_class_leaves_the_other_serving(t: &TwoClasses) {
         2,
         "the default class's volumes still list: {listed:?}"
     );
+    // And they delete, leaving the default class's VG without a volume.
+    for id in &listed {
+        c.delete_volume(del(id)).await.unwrap();
+    }
+    assert_eq!(lvs(&d.vg).thin_volumes("pool").count(), 0);
 }

@@ -542,24 +542,15 @@ async fn capacity_matches_lvs_and_restart_keeps_everything() {
         .await
         .unwrap()
         .into_inner();
-    let r = lvs(&d.vg);
-    let pool = r.find("pool").unwrap();
-    let virtual_sum: u64 = r.thin_volumes("pool").map(|lv| lv.size).sum();
-    let headroom = (pool.size as f64 * 3.0) as u64 - virtual_sum;
-    let physical =
-        pool.size - (pool.size as f64 * pool.data_percent.unwrap() / 100.0).ceil() as u64;
-    let extent = pool.vg_extent_size;
-    let expect = headroom.min(physical) / extent * extent;
+    let pool = lvs(&d.vg).find("pool").unwrap().clone();
+    let (expect, max) = crate::harness::capacity_from_lvs(&d.vg, 3.0);
     eprintln!(
-        "capacity: pool {} B, data {:?}%, virtual {} B -> available {} (expected {expect})",
-        pool.size, pool.data_percent, virtual_sum, cap.available_capacity
+        "capacity: pool {} B, data {:?}% -> available {} (expected {expect})",
+        pool.size, pool.data_percent, cap.available_capacity
     );
     assert!(pool.data_percent.unwrap() > 0.0);
     assert_eq!(cap.available_capacity as u64, expect);
-    assert_eq!(
-        cap.maximum_volume_size,
-        Some((headroom / extent * extent) as i64)
-    );
+    assert_eq!(cap.maximum_volume_size, Some(max as i64));
     // Another node's topology has no capacity here.
     let elsewhere = c
         .get_capacity(GetCapacityRequest {

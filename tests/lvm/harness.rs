@@ -479,6 +479,20 @@ pub fn lvs(vg: &str) -> thinpool_csi::lvm::report::Report {
     thinpool_csi::lvm::report::Report::parse(&out).unwrap()
 }
 
+/// What GetCapacity answers for `vg`'s thin pool `pool` at overprovision
+/// `ratio`, worked out from a fresh `lvs` (no autopilot, no create in
+/// flight): `(available_capacity, maximum_volume_size)`, in whole extents.
+pub fn capacity_from_lvs(vg: &str, ratio: f64) -> (u64, u64) {
+    let r = lvs(vg);
+    let pool = r.find("pool").unwrap();
+    let virtual_sum: u64 = r.thin_volumes("pool").map(|lv| lv.size).sum();
+    let headroom = ((pool.size as f64 * ratio) as u64).saturating_sub(virtual_sum);
+    let used = (pool.size as f64 * pool.data_percent.unwrap() / 100.0).ceil() as u64;
+    let extent = pool.vg_extent_size;
+    let whole = |b: u64| b / extent * extent;
+    (whole(headroom.min(pool.size - used)), whole(headroom))
+}
+
 /// The driver's own report of `vg`, as `lvm`'s arguments (`lvs` first).
 pub fn lvs_argv(vg: &str) -> Vec<String> {
     let mut argv = vec!["lvs".to_string()];

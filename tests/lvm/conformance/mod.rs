@@ -15,9 +15,10 @@
 //! prints them), what csi-sanity does with this driver at its defaults
 //! (endpoint, paths and sizes only), and the rule of ours that checks the
 //! same thing: `file::function` under `tests/lvm/` and words of the rule
-//! as they stand in that function. `tests/docs.rs` fails when a rule named
-//! here does not exist. csi-sanity itself is an optional extra
-//! (`scripts/csi-sanity.sh`); these rules run in every CI run.
+//! as they stand in that function. `tests/conformance_table.rs` fails
+//! when a rule named here does not exist. csi-sanity itself is an
+//! optional extra (`scripts/csi-sanity.sh`); these rules run in every CI
+//! run.
 //!
 //! | # | csi-sanity spec | csi-sanity with us | our rule |
 //! |---|---|---|---|
