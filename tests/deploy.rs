@@ -1330,13 +1330,73 @@ fn node_daemonset_in_every_render() {
     p.finish("node DaemonSet");
 }
 
+/// One render's node DaemonSet, as every rule of `node_daemonset` reads it.
+struct NodeDs<'a> {
+    r: &'a Render,
+    ds: &'a Doc,
+    /// The driver's configuration, from the ConfigMap.
+    cfg: Config,
+    /// The file the driver's `--config` names.
+    config_path: String,
+    /// `[render] DaemonSet/name`: where a problem is.
+    at: String,
+    kubelet: &'a str,
+    driver: &'a Y,
+}
+
+impl NodeDs<'_> {
+    /// The CSI socket, from the driver container's CSI_ENDPOINT.
+    fn csi_sock(&self) -> PathBuf {
+        let at = &self.at;
+        let csi_endpoint = env(self.driver, "CSI_ENDPOINT").unwrap_or_default();
+        parse_endpoint(&csi_endpoint)
+            .unwrap_or_else(|e| panic!("{at}: CSI_ENDPOINT {csi_endpoint:?}: {e}"))
+    }
+    /// The CSI-Addons socket, from the config's csi_addons_endpoint.
+    fn addons_sock(&self) -> PathBuf {
+        parse_endpoint(&self.cfg.csi_addons_endpoint).unwrap_or_else(|e| {
+            panic!(
+                "csi_addons_endpoint {:?}: {e}",
+                self.cfg.csi_addons_endpoint
+            )
+        })
+    }
+    /// The kubelet's plugin directory for this driver: the host side of
+    /// every container's socket directory.
+    fn plugin_dir(&self) -> String {
+        format!("{}/plugins/{}", self.kubelet, self.cfg.driver_name)
+    }
+}
+
+/// Every rule of one render's node DaemonSet, in turn.
 fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
     let ds = r.one("DaemonSet");
     let (cfg, config_path) = configmap_config(r, ds);
-    let at = ds.at();
+    let nds = NodeDs {
+        r,
+        ds,
+        cfg,
+        config_path,
+        at: ds.at(),
+        kubelet,
+        driver: driver_container(ds),
+    };
+    image_rules(&nds, version, p);
+    host_path_rules(&nds, p);
+    state_dir_rules(&nds, p);
+    driver_env_rules(&nds, p);
+    socket_dir_rules(&nds, p);
+    registrar_rules(&nds, p);
+    health_rules(&nds, p);
+    per_node_rules(&nds, p);
+    scheduling_rules(&nds, p);
+}
 
-    // Images: the driver and the sidecars of the base and of this render's
-    // components, nothing else, all pinned.
+/// Images: the driver and the sidecars of the base and of this render's
+/// components, nothing else, all pinned; the driver's is the crate
+/// version, privileged, and the pod's default container.
+fn image_rules(nds: &NodeDs, version: &str, p: &mut Problems) {
+    let (r, ds, at) = (nds.r, nds.ds, &nds.at);
     let images: Vec<&str> = containers(ds)
         .iter()
         .map(|c| c.s(&["image"]).unwrap_or(""))
@@ -1378,9 +1438,8 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
     p.check(images.contains(&driver_image.as_str()), || {
         format!("{at}: the driver image must be {driver_image} (the crate version)")
     });
-    let driver = driver_container(ds);
     p.check(
-        driver.s(&["securityContext", "privileged"]) == Some("true"),
+        nds.driver.s(&["securityContext", "privileged"]) == Some("true"),
         || format!("{at}: the driver container must be privileged"),
     );
     p.check(
@@ -1393,10 +1452,15 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
         ]) == Some("thinpool-csi"),
         || format!("{at}: kubectl logs/exec must default to the driver container (kubectl.kubernetes.io/default-container)"),
     );
+}
 
-    // Host paths the driver needs, and how they are mounted. /dev is never
-    // Bidirectional: LVM's nodes are files in the host's devtmpfs, and what
-    // the runtime mounts under the container's /dev must not reach the host.
+/// Host paths the driver needs, and how they are mounted (the host's
+/// cgroup hierarchy among them, where cgroup_root says, for I/O limits).
+/// /dev is never Bidirectional: LVM's nodes are files in the host's
+/// devtmpfs, and what the runtime mounts under the container's /dev must
+/// not reach the host; only the privileged driver uses Bidirectional.
+fn host_path_rules(nds: &NodeDs, p: &mut Problems) {
+    let (ds, driver, at, kubelet) = (nds.ds, nds.driver, &nds.at, nds.kubelet);
     for (path, propagation, read_only) in [
         (kubelet, Some("Bidirectional"), false),
         ("/dev", Some("HostToContainer"), false),
@@ -1425,8 +1489,7 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             }
         }
     }
-    // The host's cgroup hierarchy, where cgroup_root says, for I/O limits.
-    let cgroup_root = cfg.cgroup_root.display().to_string();
+    let cgroup_root = nds.cfg.cgroup_root.display().to_string();
     match mount_at(ds, driver, &cgroup_root) {
         None => p.push(format!(
             "{at}: the driver does not mount the host's /sys/fs/cgroup at cgroup_root {cgroup_root}"
@@ -1443,7 +1506,6 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             if !bidi {
                 continue;
             }
-            // Only the privileged driver may use Bidirectional.
             p.check(std::ptr::eq(c, driver), || {
                 format!(
                     "{at}: only the privileged driver may use Bidirectional ({})",
@@ -1457,9 +1519,15 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             });
         }
     }
+}
 
-    // state_dir is on the host, at the same path (it must survive).
-    let state_mount = driver
+/// state_dir is on the host, at the same path (it must survive restarts);
+/// allowed_roots is the kubelet directory; udev is off (no udevd runs in
+/// the container).
+fn state_dir_rules(nds: &NodeDs, p: &mut Problems) {
+    let (ds, cfg, at, kubelet) = (nds.ds, &nds.cfg, &nds.at, nds.kubelet);
+    let state_mount = nds
+        .driver
         .seq(&["volumeMounts"])
         .iter()
         .filter_map(|m| {
@@ -1491,8 +1559,14 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
     p.check(cfg.udev == UdevMode::Off, || {
         format!("{at}: the ConfigMap must say udev = \"off\": no udevd runs in the container")
     });
+}
 
-    // The driver's arguments and environment.
+/// The driver's arguments and environment: its node id from
+/// spec.nodeName, CSI_ENDPOINT the config's endpoint, and what tpcsi in
+/// the container needs to find the CSI-Addons socket and the metrics
+/// endpoint; an absolute --config.
+fn driver_env_rules(nds: &NodeDs, p: &mut Problems) {
+    let (driver, cfg, at) = (nds.driver, &nds.cfg, &nds.at);
     let args = driver.strs(&["args"]);
     p.check(
         args.windows(2)
@@ -1504,10 +1578,7 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
         || format!("{at}: the driver needs env NODE_NAME from spec.nodeName"),
     );
     let csi_endpoint = env(driver, "CSI_ENDPOINT").unwrap_or_default();
-    let csi_sock = parse_endpoint(&csi_endpoint)
-        .unwrap_or_else(|e| panic!("{at}: CSI_ENDPOINT {csi_endpoint:?}: {e}"));
-    let addons_sock = parse_endpoint(&cfg.csi_addons_endpoint)
-        .unwrap_or_else(|e| panic!("csi_addons_endpoint {:?}: {e}", cfg.csi_addons_endpoint));
+    let csi_sock = nds.csi_sock();
     p.check(
         parse_endpoint(&cfg.endpoint).ok().as_deref() == Some(csi_sock.as_path()),
         || {
@@ -1544,14 +1615,22 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             )
         },
     );
+    let config_path = &nds.config_path;
     p.check(config_path.starts_with('/'), || {
         format!("{at}: --config {config_path} must be absolute")
     });
+}
 
-    // The socket directory: the kubelet's plugin dir for this driver, the
-    // same for every container.
+/// The socket directory: the kubelet's plugin dir for this driver, the
+/// same for every container (each sidecar's address flag in it), with the
+/// CSI-Addons socket in it too; every container's own rules; container
+/// ports unique in the pod (one network namespace).
+fn socket_dir_rules(nds: &NodeDs, p: &mut Problems) {
+    let (ds, at) = (nds.ds, &nds.at);
+    let csi_sock = nds.csi_sock();
+    let addons_sock = nds.addons_sock();
     let sock_dir = csi_sock.parent().unwrap().to_str().unwrap().to_string();
-    let plugin_dir = format!("{kubelet}/plugins/{}", cfg.driver_name);
+    let plugin_dir = nds.plugin_dir();
     for c in containers(ds) {
         match mount_at(ds, c, &sock_dir) {
             None => p.push(format!(
@@ -1565,9 +1644,9 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
                 )
             }),
         }
-        if !std::ptr::eq(c, driver) {
+        if !std::ptr::eq(c, nds.driver) {
             let want = if image_repo(c.s(&["image"]).unwrap_or("")) == CSI_ADDONS {
-                ("--csi-addons-address", cfg.csi_addons_endpoint.clone())
+                ("--csi-addons-address", nds.cfg.csi_addons_endpoint.clone())
             } else {
                 ("--csi-address", csi_sock.display().to_string())
             };
@@ -1584,45 +1663,7 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
                 },
             );
         }
-        // Every $(VAR) in args is defined in the container's env.
-        for a in c.strs(&["args"]) {
-            let mut rest = a.as_str();
-            while let Some(start) = rest.find("$(") {
-                let end = rest[start..]
-                    .find(')')
-                    .map(|e| start + e)
-                    .unwrap_or(rest.len());
-                let var = &rest[start + 2..end];
-                p.check(env(c, var).is_some(), || {
-                    format!(
-                        "{at}: {} uses $({var}) without defining it in env",
-                        cname(c)
-                    )
-                });
-                rest = &rest[end..];
-            }
-        }
-        // Every mount has a volume.
-        for m in c.seq(&["volumeMounts"]) {
-            let n = m.s(&["name"]).unwrap_or("");
-            p.check(
-                pod_spec(ds)
-                    .seq(&["volumes"])
-                    .iter()
-                    .any(|v| v.s(&["name"]) == Some(n)),
-                || format!("{at}: {} mounts undefined volume {n:?}", cname(c)),
-            );
-        }
-        // Sizes (base/resources.yaml, or next to a component's container).
-        for (path, what) in [
-            (&["resources", "requests", "cpu"][..], "a CPU request"),
-            (&["resources", "requests", "memory"][..], "a memory request"),
-            (&["resources", "limits", "memory"][..], "a memory limit"),
-        ] {
-            p.check(c.s(path).is_some(), || {
-                format!("{at}: {} has no {what}", cname(c))
-            });
-        }
+        container_rules(nds, c, p);
     }
     p.check(addons_sock.parent() == csi_sock.parent(), || {
         format!(
@@ -1630,7 +1671,6 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             addons_sock.display()
         )
     });
-    // Container ports are unique in the pod (one network namespace).
     let mut ports = BTreeMap::new();
     for c in containers(ds) {
         for port in c.seq(&["ports"]) {
@@ -1643,12 +1683,60 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             }
         }
     }
+}
 
-    // node-driver-registrar tells the kubelet the host path of the socket.
+/// Each container on its own: every $(VAR) in its args is defined in its
+/// env, every mount has a volume, and it has its sizes
+/// (base/resources.yaml, or next to a component's container).
+fn container_rules(nds: &NodeDs, c: &Y, p: &mut Problems) {
+    let (ds, at) = (nds.ds, &nds.at);
+    for a in c.strs(&["args"]) {
+        let mut rest = a.as_str();
+        while let Some(start) = rest.find("$(") {
+            let end = rest[start..]
+                .find(')')
+                .map(|e| start + e)
+                .unwrap_or(rest.len());
+            let var = &rest[start + 2..end];
+            p.check(env(c, var).is_some(), || {
+                format!(
+                    "{at}: {} uses $({var}) without defining it in env",
+                    cname(c)
+                )
+            });
+            rest = &rest[end..];
+        }
+    }
+    for m in c.seq(&["volumeMounts"]) {
+        let n = m.s(&["name"]).unwrap_or("");
+        p.check(
+            pod_spec(ds)
+                .seq(&["volumes"])
+                .iter()
+                .any(|v| v.s(&["name"]) == Some(n)),
+            || format!("{at}: {} mounts undefined volume {n:?}", cname(c)),
+        );
+    }
+    for (path, what) in [
+        (&["resources", "requests", "cpu"][..], "a CPU request"),
+        (&["resources", "requests", "memory"][..], "a memory request"),
+        (&["resources", "limits", "memory"][..], "a memory limit"),
+    ] {
+        p.check(c.s(path).is_some(), || {
+            format!("{at}: {} has no {what}", cname(c))
+        });
+    }
+}
+
+/// node-driver-registrar tells the kubelet the host path of the socket,
+/// and mounts the kubelet's plugins_registry at /registration.
+fn registrar_rules(nds: &NodeDs, p: &mut Problems) {
+    let (ds, at, kubelet) = (nds.ds, &nds.at, nds.kubelet);
+    let plugin_dir = nds.plugin_dir();
     let reg = container_by_image(ds, REGISTRAR);
     let want_reg = format!(
         "{plugin_dir}/{}",
-        csi_sock.file_name().unwrap().to_str().unwrap()
+        nds.csi_sock().file_name().unwrap().to_str().unwrap()
     );
     let got_reg = flag(reg, "--kubelet-registration-path");
     p.check(got_reg.as_deref() == Some(want_reg.as_str()), || {
@@ -1661,11 +1749,15 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
         ),
         None => p.push(format!("{at}: node-driver-registrar does not mount /registration")),
     }
+}
 
-    // Health. The liveness-probe sidecar serves the driver's liveness (it
-    // calls Probe) on a port of its own, not the metrics port; the
-    // registrar serves its own /healthz; readiness is `tpcsi probe`.
-    let metrics_port: Option<u16> = cfg
+/// Health. The liveness-probe sidecar serves the driver's liveness (it
+/// calls Probe) on a port of its own, not the metrics port; the registrar
+/// serves its own /healthz; readiness is `tpcsi probe`.
+fn health_rules(nds: &NodeDs, p: &mut Problems) {
+    let (ds, driver, at) = (nds.ds, nds.driver, &nds.at);
+    let metrics_port: Option<u16> = nds
+        .cfg
         .metrics_address
         .rsplit_once(':')
         .and_then(|(_, port)| port.parse().ok());
@@ -1693,6 +1785,7 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             && ready.iter().any(|a| a == "probe"),
         || format!("{at}: the driver's readinessProbe must exec `tpcsi probe`, is {ready:?}"),
     );
+    let reg = container_by_image(ds, REGISTRAR);
     let reg_port = endpoint_port(reg);
     let reg_probe = probe_port(reg, "livenessProbe");
     p.check(reg_port.is_some() && reg_probe == reg_port, || {
@@ -1700,8 +1793,14 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             "{at}: node-driver-registrar needs --http-endpoint=:PORT and a livenessProbe on it, has {reg_port:?} and {reg_probe:?}"
         )
     });
+}
 
-    // Per-node mode: the flags and NODE_NAME on every sidecar that has one.
+/// Per-node mode: the flags and NODE_NAME on every sidecar that has one;
+/// distributed provisioning with capacity tracking; no per-node sidecar
+/// elects one leader for the cluster; csi-addons has the driver's node
+/// id and its staging path under the kubelet directory.
+fn per_node_rules(nds: &NodeDs, p: &mut Problems) {
+    let (ds, at, kubelet) = (nds.ds, &nds.at, nds.kubelet);
     for s in SIDECARS.iter().filter(|s| !s.per_node.is_empty()) {
         let Some(c) = find_container(ds, s.repo) else {
             continue;
@@ -1725,8 +1824,47 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             },
         );
     }
-    // Distributed provisioning with capacity tracking.
-    let prov = container_by_image(ds, PROVISIONER);
+    provisioner_rules(nds, p);
+    for c in containers(ds) {
+        let repo = image_repo(c.s(&["image"]).unwrap_or(""));
+        if repo == CSI_ADDONS || repo == DRIVER_IMAGE {
+            continue;
+        }
+        let elects = c
+            .strs(&["args"])
+            .iter()
+            .any(|a| a == "--leader-election" || a == "--leader-election=true");
+        p.check(!elects, || {
+            format!(
+                "{at}: {} must not use leader election: it serves its node only",
+                cname(c)
+            )
+        });
+    }
+    if let Some(addons) = find_container(ds, CSI_ADDONS) {
+        p.check(
+            addons.strs(&["args"]).iter().any(|a| a == "--node-id=$(NODE_NAME)")
+                && env(addons, "NODE_NAME") == Some("fieldRef:spec.nodeName".into()),
+            || format!("{at}: csi-addons needs --node-id=$(NODE_NAME) from spec.nodeName, the driver's node id"),
+        );
+        let staging = flag(addons, "--stagingpath").unwrap_or_default();
+        p.check(
+            staging == format!("{kubelet}/plugins/kubernetes.io/csi/"),
+            || format!("{at}: csi-addons --stagingpath {staging:?} must be {kubelet}/plugins/kubernetes.io/csi/"),
+        );
+        for f in ["--controller-port", "--pod", "--namespace", "--pod-uid"] {
+            p.check(flag(addons, f).is_some(), || {
+                format!("{at}: csi-addons needs {f} (the CSI-Addons controller connects to it)")
+            });
+        }
+    }
+}
+
+/// Distributed provisioning with capacity tracking: csi-provisioner's
+/// flags, and the env its capacity owner reference needs.
+fn provisioner_rules(nds: &NodeDs, p: &mut Problems) {
+    let at = &nds.at;
+    let prov = container_by_image(nds.ds, PROVISIONER);
     for (f, v) in [
         ("--enable-capacity", Some("true")),
         ("--capacity-ownerref-level", Some("1")),
@@ -1751,47 +1889,14 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
             format!("{at}: csi-provisioner needs env {var} from {field}")
         });
     }
-    // Per-node sidecars must not elect one leader for the cluster.
-    for c in containers(ds) {
-        let repo = image_repo(c.s(&["image"]).unwrap_or(""));
-        if repo == CSI_ADDONS || repo == DRIVER_IMAGE {
-            continue;
-        }
-        let elects = c
-            .strs(&["args"])
-            .iter()
-            .any(|a| a == "--leader-election" || a == "--leader-election=true");
-        p.check(!elects, || {
-            format!(
-                "{at}: {} must not use leader election: it serves its node only",
-                cname(c)
-            )
-        });
-    }
-    // csi-addons: same node id as the driver; staging path under the
-    // kubelet directory.
-    if let Some(addons) = find_container(ds, CSI_ADDONS) {
-        p.check(
-            addons.strs(&["args"]).iter().any(|a| a == "--node-id=$(NODE_NAME)")
-                && env(addons, "NODE_NAME") == Some("fieldRef:spec.nodeName".into()),
-            || format!("{at}: csi-addons needs --node-id=$(NODE_NAME) from spec.nodeName, the driver's node id"),
-        );
-        let staging = flag(addons, "--stagingpath").unwrap_or_default();
-        p.check(
-            staging == format!("{kubelet}/plugins/kubernetes.io/csi/"),
-            || format!("{at}: csi-addons --stagingpath {staging:?} must be {kubelet}/plugins/kubernetes.io/csi/"),
-        );
-        for f in ["--controller-port", "--pod", "--namespace", "--pod-uid"] {
-            p.check(flag(addons, f).is_some(), || {
-                format!("{at}: csi-addons needs {f} (the CSI-Addons controller connects to it)")
-            });
-        }
-    }
+}
 
-    // Operator settings: a priority class that is rendered (or a system
-    // one), every taint tolerated, and a node affinity that the
-    // maintenance label turns off in every term.
-    let spec = pod_spec(ds);
+/// Operator settings: a priority class that is rendered (or a system
+/// one), every taint tolerated, and a node affinity that the maintenance
+/// label turns off in every term.
+fn scheduling_rules(nds: &NodeDs, p: &mut Problems) {
+    let (r, at) = (nds.r, &nds.at);
+    let spec = pod_spec(nds.ds);
     let prio = spec.s(&["priorityClassName"]).unwrap_or("");
     p.check(
         prio.starts_with("system-") || r.all("PriorityClass").any(|d| d.name() == prio),
@@ -1894,7 +1999,244 @@ fn grants(r: &Render, p: &mut Problems) -> BTreeMap<ServiceAccountKey, BTreeSet<
     granted
 }
 
+/// One thing a sidecar needs granted: (who needs it, apiGroup, resource,
+/// verbs, whether a grant in the DaemonSet's own namespace will do).
+type Need = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    bool,
+);
+
+/// What each sidecar cannot work without, by its image.
+const SIDECAR_NEEDS: &[(&str, &[Need])] = &[
+    (
+        PROVISIONER,
+        &[
+            (
+                "csi-provisioner",
+                "",
+                "persistentvolumes",
+                &["create", "delete", "watch", "patch"],
+                false,
+            ),
+            (
+                "csi-provisioner",
+                "",
+                "persistentvolumeclaims",
+                &["update", "watch"],
+                false,
+            ),
+            (
+                "csi-provisioner",
+                "storage.k8s.io",
+                "storageclasses",
+                &["list", "watch"],
+                false,
+            ),
+            (
+                "csi-provisioner",
+                "storage.k8s.io",
+                "volumeattachments",
+                &["list", "watch"],
+                false,
+            ),
+            (
+                "csi-provisioner (capacity)",
+                "storage.k8s.io",
+                "csistoragecapacities",
+                &["create", "update", "delete", "list", "watch"],
+                true,
+            ),
+            (
+                "csi-provisioner (capacity owner)",
+                "",
+                "pods",
+                &["get"],
+                true,
+            ),
+            (
+                "csi-provisioner (capacity owner)",
+                "apps",
+                "daemonsets",
+                &["get"],
+                true,
+            ),
+            (
+                "csi-provisioner (restore)",
+                "snapshot.storage.k8s.io",
+                "volumesnapshots",
+                &["get", "update"],
+                false,
+            ),
+            (
+                "csi-provisioner (VolumeAttributesClass)",
+                "storage.k8s.io",
+                "volumeattributesclasses",
+                &["get"],
+                false,
+            ),
+            (
+                "csi-provisioner (events)",
+                "",
+                "events",
+                &["create", "patch"],
+                false,
+            ),
+        ],
+    ),
+    (
+        ATTACHER,
+        &[
+            (
+                "csi-attacher",
+                "storage.k8s.io",
+                "volumeattachments",
+                &["watch", "patch"],
+                false,
+            ),
+            (
+                "csi-attacher",
+                "storage.k8s.io",
+                "volumeattachments/status",
+                &["patch"],
+                false,
+            ),
+            (
+                "csi-attacher",
+                "",
+                "persistentvolumes",
+                &["watch", "patch"],
+                false,
+            ),
+            (
+                "csi-attacher",
+                "storage.k8s.io",
+                "csinodes",
+                &["get", "list", "watch"],
+                false,
+            ),
+        ],
+    ),
+    (
+        RESIZER,
+        &[
+            (
+                "csi-resizer",
+                "",
+                "persistentvolumeclaims/status",
+                &["patch"],
+                false,
+            ),
+            (
+                "csi-resizer",
+                "",
+                "persistentvolumes",
+                &["patch", "watch"],
+                false,
+            ),
+            (
+                "csi-resizer (in use)",
+                "",
+                "pods",
+                &["list", "watch"],
+                false,
+            ),
+            (
+                "csi-resizer",
+                "storage.k8s.io",
+                "volumeattributesclasses",
+                &["list", "watch"],
+                false,
+            ),
+        ],
+    ),
+    (
+        SNAPSHOTTER,
+        &[
+            (
+                "csi-snapshotter",
+                "snapshot.storage.k8s.io",
+                "volumesnapshotcontents",
+                &["watch", "update", "patch"],
+                false,
+            ),
+            (
+                "csi-snapshotter",
+                "snapshot.storage.k8s.io",
+                "volumesnapshotcontents/status",
+                &["update", "patch"],
+                false,
+            ),
+            (
+                "csi-snapshotter",
+                "snapshot.storage.k8s.io",
+                "volumesnapshotclasses",
+                &["get", "list", "watch"],
+                false,
+            ),
+        ],
+    ),
+    (
+        CSI_ADDONS,
+        &[
+            (
+                "csi-addons",
+                "csiaddons.openshift.io",
+                "csiaddonsnodes",
+                &["create", "get", "update", "watch", "delete"],
+                true,
+            ),
+            (
+                "csi-addons (leader election)",
+                "coordination.k8s.io",
+                "leases",
+                &["get", "create", "update"],
+                true,
+            ),
+            (
+                "csi-addons (auth)",
+                "authentication.k8s.io",
+                "tokenreviews",
+                &["create"],
+                false,
+            ),
+            (
+                "csi-addons (reclaim)",
+                "",
+                "persistentvolumes",
+                &["get"],
+                false,
+            ),
+        ],
+    ),
+];
+
+/// Every rule of one render's ServiceAccounts and RBAC, in turn.
 fn rbac(r: &Render, p: &mut Problems) {
+    namespace_rules(r, p);
+    let ds = r.one("DaemonSet");
+    let sa = pod_spec(ds).s(&["serviceAccountName"]).unwrap_or("default");
+    p.check(
+        r.all("ServiceAccount")
+            .any(|d| d.ns() == ds.ns() && d.name() == sa),
+        || {
+            format!(
+                "{}: ServiceAccount {}/{sa} is not rendered",
+                ds.at(),
+                ds.ns()
+            )
+        },
+    );
+    let granted = grants(r, p);
+    sidecar_needs_rules(r, ds, sa, &granted, p);
+    least_privilege_rules(r, ds, &granted, p);
+}
+
+/// Cluster-scoped kinds have no namespace; every other object is in a
+/// rendered Namespace.
+fn namespace_rules(r: &Render, p: &mut Problems) {
     let docs = &r.docs;
     let namespaces: BTreeSet<&str> = r.all("Namespace").map(|d| d.name()).collect();
     let cluster_scoped = [
@@ -1917,20 +2259,18 @@ fn rbac(r: &Render, p: &mut Problems) {
             });
         }
     }
-    let ds = r.one("DaemonSet");
-    let sa = pod_spec(ds).s(&["serviceAccountName"]).unwrap_or("default");
-    p.check(
-        r.all("ServiceAccount")
-            .any(|d| d.ns() == ds.ns() && d.name() == sa),
-        || {
-            format!(
-                "{}: ServiceAccount {}/{sa} is not rendered",
-                ds.at(),
-                ds.ns()
-            )
-        },
-    );
-    let granted = grants(r, p);
+}
+
+/// What each sidecar this render runs cannot work without
+/// ([`SIDECAR_NEEDS`]) is granted to the DaemonSet's ServiceAccount `sa`,
+/// cluster-wide or (where a namespaced grant will do) in its namespace.
+fn sidecar_needs_rules(
+    r: &Render,
+    ds: &Doc,
+    sa: &str,
+    granted: &BTreeMap<ServiceAccountKey, BTreeSet<Grant>>,
+    p: &mut Problems,
+) {
     let rules = granted
         .get(&(ds.ns().to_string(), sa.to_string()))
         .cloned()
@@ -1943,217 +2283,7 @@ fn rbac(r: &Render, p: &mut Problems) {
                 && (scope.is_empty() || (namespaced && scope == ds.ns()))
         })
     };
-    // What each sidecar this render runs cannot work without.
-    type Need = (
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static [&'static str],
-        bool,
-    );
-    let needs: &[(&str, &[Need])] = &[
-        (
-            PROVISIONER,
-            &[
-                (
-                    "csi-provisioner",
-                    "",
-                    "persistentvolumes",
-                    &["create", "delete", "watch", "patch"],
-                    false,
-                ),
-                (
-                    "csi-provisioner",
-                    "",
-                    "persistentvolumeclaims",
-                    &["update", "watch"],
-                    false,
-                ),
-                (
-                    "csi-provisioner",
-                    "storage.k8s.io",
-                    "storageclasses",
-                    &["list", "watch"],
-                    false,
-                ),
-                (
-                    "csi-provisioner",
-                    "storage.k8s.io",
-                    "volumeattachments",
-                    &["list", "watch"],
-                    false,
-                ),
-                (
-                    "csi-provisioner (capacity)",
-                    "storage.k8s.io",
-                    "csistoragecapacities",
-                    &["create", "update", "delete", "list", "watch"],
-                    true,
-                ),
-                (
-                    "csi-provisioner (capacity owner)",
-                    "",
-                    "pods",
-                    &["get"],
-                    true,
-                ),
-                (
-                    "csi-provisioner (capacity owner)",
-                    "apps",
-                    "daemonsets",
-                    &["get"],
-                    true,
-                ),
-                (
-                    "csi-provisioner (restore)",
-                    "snapshot.storage.k8s.io",
-                    "volumesnapshots",
-                    &["get", "update"],
-                    false,
-                ),
-                (
-                    "csi-provisioner (VolumeAttributesClass)",
-                    "storage.k8s.io",
-                    "volumeattributesclasses",
-                    &["get"],
-                    false,
-                ),
-                (
-                    "csi-provisioner (events)",
-                    "",
-                    "events",
-                    &["create", "patch"],
-                    false,
-                ),
-            ],
-        ),
-        (
-            ATTACHER,
-            &[
-                (
-                    "csi-attacher",
-                    "storage.k8s.io",
-                    "volumeattachments",
-                    &["watch", "patch"],
-                    false,
-                ),
-                (
-                    "csi-attacher",
-                    "storage.k8s.io",
-                    "volumeattachments/status",
-                    &["patch"],
-                    false,
-                ),
-                (
-                    "csi-attacher",
-                    "",
-                    "persistentvolumes",
-                    &["watch", "patch"],
-                    false,
-                ),
-                (
-                    "csi-attacher",
-                    "storage.k8s.io",
-                    "csinodes",
-                    &["get", "list", "watch"],
-                    false,
-                ),
-            ],
-        ),
-        (
-            RESIZER,
-            &[
-                (
-                    "csi-resizer",
-                    "",
-                    "persistentvolumeclaims/status",
-                    &["patch"],
-                    false,
-                ),
-                (
-                    "csi-resizer",
-                    "",
-                    "persistentvolumes",
-                    &["patch", "watch"],
-                    false,
-                ),
-                (
-                    "csi-resizer (in use)",
-                    "",
-                    "pods",
-                    &["list", "watch"],
-                    false,
-                ),
-                (
-                    "csi-resizer",
-                    "storage.k8s.io",
-                    "volumeattributesclasses",
-                    &["list", "watch"],
-                    false,
-                ),
-            ],
-        ),
-        (
-            SNAPSHOTTER,
-            &[
-                (
-                    "csi-snapshotter",
-                    "snapshot.storage.k8s.io",
-                    "volumesnapshotcontents",
-                    &["watch", "update", "patch"],
-                    false,
-                ),
-                (
-                    "csi-snapshotter",
-                    "snapshot.storage.k8s.io",
-                    "volumesnapshotcontents/status",
-                    &["update", "patch"],
-                    false,
-                ),
-                (
-                    "csi-snapshotter",
-                    "snapshot.storage.k8s.io",
-                    "volumesnapshotclasses",
-                    &["get", "list", "watch"],
-                    false,
-                ),
-            ],
-        ),
-        (
-            CSI_ADDONS,
-            &[
-                (
-                    "csi-addons",
-                    "csiaddons.openshift.io",
-                    "csiaddonsnodes",
-                    &["create", "get", "update", "watch", "delete"],
-                    true,
-                ),
-                (
-                    "csi-addons (leader election)",
-                    "coordination.k8s.io",
-                    "leases",
-                    &["get", "create", "update"],
-                    true,
-                ),
-                (
-                    "csi-addons (auth)",
-                    "authentication.k8s.io",
-                    "tokenreviews",
-                    &["create"],
-                    false,
-                ),
-                (
-                    "csi-addons (reclaim)",
-                    "",
-                    "persistentvolumes",
-                    &["get"],
-                    false,
-                ),
-            ],
-        ),
-    ];
-    for (repo, list) in needs {
+    for (repo, list) in SIDECAR_NEEDS {
         if find_container(ds, repo).is_none() {
             continue;
         }
@@ -2170,8 +2300,16 @@ fn rbac(r: &Render, p: &mut Problems) {
             }
         }
     }
-    // Least privilege: what no sidecar here uses is granted to nobody.
-    for (sa_key, set) in &granted {
+}
+
+/// Least privilege: what no sidecar here uses is granted to nobody.
+fn least_privilege_rules(
+    r: &Render,
+    ds: &Doc,
+    granted: &BTreeMap<ServiceAccountKey, BTreeSet<Grant>>,
+    p: &mut Problems,
+) {
+    for (sa_key, set) in granted {
         for (g, res, v, _) in set {
             let what = format!(
                 "[{}] {}/{}: `{v}` on {res} ({g})",
@@ -2231,9 +2369,34 @@ fn plugin_capabilities() -> BTreeSet<String> {
     out
 }
 
+/// One render, as the rules of `capabilities_agree_with_the_sidecars`
+/// read it: what it runs, and what the driver advertises with its config.
+struct RenderCaps<'a> {
+    r: &'a Render,
+    ds: &'a Doc,
+    /// `[render] DaemonSet/name`: where a problem is.
+    at: String,
+    /// The controller capabilities the driver advertises with the
+    /// rendered config.
+    ctrl: Vec<Ctrl>,
+    /// The plugin capabilities ([`plugin_capabilities`]).
+    plugin: &'a BTreeSet<String>,
+    csidriver: &'a Doc,
+}
+
+impl RenderCaps<'_> {
+    /// Whether the DaemonSet runs the image `repo`.
+    fn runs(&self, repo: &str) -> bool {
+        find_container(self.ds, repo).is_some()
+    }
+    /// Whether the CSIDriver's spec.`k` is true.
+    fn spec(&self, k: &str) -> bool {
+        self.csidriver.y.s(&["spec", k]) == Some("true")
+    }
+}
+
 #[test]
 fn capabilities_agree_with_the_sidecars() {
-    let node = thinpool_csi::grpc::node::CAPABILITIES;
     let plugin = plugin_capabilities();
     // The driver's CSI-Addons identity: CONTROLLER_SERVICE makes the
     // csi-addons sidecar take part in a leader election.
@@ -2246,132 +2409,20 @@ fn capabilities_agree_with_the_sidecars() {
     let mut snapshotter_somewhere = false;
     for r in renders() {
         let ds = r.one("DaemonSet");
-        let at = ds.at();
-        // What the driver advertises with the rendered config.
         let (cfg, _) = configmap_config(r, ds);
-        let ctrl = &thinpool_csi::grpc::controller::capabilities(cfg.controller_expansion)[..];
-        let runs = |repo: &str| find_container(ds, repo).is_some();
-        let csidriver = r.one("CSIDriver");
-        let spec = |k: &str| csidriver.y.s(&["spec", k]) == Some("true");
-        // Every controller sidecar needs CONTROLLER_SERVICE (the resizer and
-        // the provisioner exit without it).
-        for repo in [PROVISIONER, ATTACHER, RESIZER, SNAPSHOTTER] {
-            p.check(!runs(repo) || plugin.contains("ControllerService"), || {
-                format!("{at}: {repo} runs, the driver advertises no CONTROLLER_SERVICE")
-            });
-        }
-        // CreateVolume/DeleteVolume: the provisioner, per node, which needs
-        // topology to find its own volumes.
-        p.check(
-            ctrl.contains(&Ctrl::CreateDeleteVolume) == runs(PROVISIONER),
-            || {
-                format!(
-                    "{at}: CREATE_DELETE_VOLUME advertised {} but csi-provisioner runs {}",
-                    ctrl.contains(&Ctrl::CreateDeleteVolume),
-                    runs(PROVISIONER)
-                )
-            },
-        );
-        p.check(plugin.contains("VolumeAccessibilityConstraints"), || {
-            format!("{at}: --node-deployment needs VOLUME_ACCESSIBILITY_CONSTRAINTS (each node deletes only what its topology holds)")
-        });
-        // ControllerPublish: the attacher, and attachRequired.
-        let publish = ctrl.contains(&Ctrl::PublishUnpublishVolume);
-        p.check(publish == runs(ATTACHER) && publish == spec("attachRequired"), || {
-            format!(
-                "{at}: PUBLISH_UNPUBLISH_VOLUME advertised {publish}, csi-attacher runs {}, CSIDriver attachRequired {}",
-                runs(ATTACHER),
-                spec("attachRequired")
-            )
-        });
-        // The attacher has no per-node mode: with LIST_VOLUMES_PUBLISHED_NODES
-        // every node's instance would reconcile every VolumeAttachment
-        // against its own volumes.
-        p.check(!ctrl.contains(&Ctrl::ListVolumesPublishedNodes) || !runs(ATTACHER), || {
-            format!("{at}: LIST_VOLUMES_PUBLISHED_NODES with a per-node attacher would detach other nodes' volumes in its reconciler")
-        });
-        // GetCapacity: capacity tracking on, storageCapacity on.
-        let capacity = ctrl.contains(&Ctrl::GetCapacity);
-        let enabled = flag(container_by_image(ds, PROVISIONER), "--enable-capacity").as_deref()
-            == Some("true");
-        p.check(capacity == enabled && capacity == spec("storageCapacity"), || {
-            format!("{at}: GET_CAPACITY advertised {capacity}, --enable-capacity {enabled}, CSIDriver storageCapacity {}", spec("storageCapacity"))
-        });
-        // Expansion: the resizer (the trivial resizer when only the node
-        // expands), and a class that allows it.
-        let ctrl_expand = ctrl.contains(&Ctrl::ExpandVolume);
-        // external-resizer has no per-node mode: with one on every node,
-        // controller expansion must be off (the others' NOT_FOUND would
-        // mark the claim infeasible), and the node grows the LV.
-        p.check(!(runs(RESIZER) && ctrl_expand), || {
-            format!("{at}: csi-resizer runs on every node, so controller_expansion must be false in the config (deploy/kubernetes/README.md, \"Sidecars in a per-node deployment\")")
-        });
-        let node_expand = node.contains(&NodeCap::ExpandVolume);
-        let modify = ctrl.contains(&Ctrl::ModifyVolume);
-        p.check(runs(RESIZER) == (ctrl_expand || node_expand || modify), || {
-            format!("{at}: csi-resizer runs {} but controller EXPAND_VOLUME {ctrl_expand}, node EXPAND_VOLUME {node_expand}, MODIFY_VOLUME {modify}", runs(RESIZER))
-        });
-        p.check(!ctrl_expand || plugin.iter().any(|c| c.starts_with("VolumeExpansion")), || {
-            format!("{at}: controller EXPAND_VOLUME without the plugin's VolumeExpansion capability")
-        });
-        let sc = r.one("StorageClass");
-        let allows = sc.y.s(&["allowVolumeExpansion"]) == Some("true");
-        p.check(allows == (ctrl_expand || node_expand), || {
-            format!("{}: allowVolumeExpansion {allows}, but the driver expands: controller {ctrl_expand}, node {node_expand}", sc.at())
-        });
-        // Snapshots: the snapshotter only where the driver cuts them, and a
-        // VolumeSnapshotClass only where a snapshotter runs.
-        let snaps = ctrl.contains(&Ctrl::CreateDeleteSnapshot);
-        snapshotter_somewhere |= runs(SNAPSHOTTER);
-        p.check(!runs(SNAPSHOTTER) || snaps, || {
-            format!("{at}: csi-snapshotter runs, the driver advertises no CREATE_DELETE_SNAPSHOT")
-        });
-        p.check(
-            r.all("VolumeSnapshotClass").next().is_none() || runs(SNAPSHOTTER),
-            || {
-                format!(
-                    "[{}]: a VolumeSnapshotClass without a csi-snapshotter",
-                    r.name
-                )
-            },
-        );
-        // Group snapshots and SnapshotMetadata are socket-only: nothing wires
-        // them (a per-node snapshotter never sees a group's contents, and the
-        // snapshot-metadata sidecar has one address per driver).
-        if let Some(c) = find_container(ds, SNAPSHOTTER) {
-            let gates = flag(c, "--feature-gates").unwrap_or_default();
-            p.check(!gates.contains("CSIVolumeGroupSnapshot=true"), || {
-                format!("{at}: group snapshots are socket-only; the per-node csi-snapshotter cannot serve them")
-            });
-        }
-        p.check(r.all("VolumeGroupSnapshotClass").next().is_none(), || {
-            format!(
-                "[{}]: a VolumeGroupSnapshotClass, but group snapshots are socket-only",
-                r.name
-            )
-        });
-        p.check(
-            r.all("SnapshotMetadataService").next().is_none() && NEVER.iter().all(|n| !runs(n)),
-            || format!("[{}]: SnapshotMetadata is socket-only", r.name),
-        );
-        // CSI-Addons: the sidecar talks to the driver's CSI-Addons socket; a
-        // driver that is its own controller there elects a leader on a lease.
-        if runs(CSI_ADDONS) {
-            let (cfg, _) = configmap_config(r, ds);
-            p.check(!cfg.csi_addons_endpoint.is_empty(), || {
-                format!("{at}: csi-addons runs, the driver serves no CSI-Addons socket")
-            });
-            let leases =
-                grants(r, &mut Problems::default())
-                    .values()
-                    .flatten()
-                    .any(|(g, res, v, _)| {
-                        g == "coordination.k8s.io" && res == "leases" && v == "update"
-                    });
-            p.check(!addons_controller || leases, || {
-                format!("[{}]: the driver's CSI-Addons identity is a controller: csi-addons needs leases", r.name)
-            });
-        }
+        let rc = RenderCaps {
+            r,
+            ds,
+            at: ds.at(),
+            ctrl: thinpool_csi::grpc::controller::capabilities(cfg.controller_expansion),
+            plugin: &plugin,
+            csidriver: r.one("CSIDriver"),
+        };
+        controller_sidecar_rules(&rc, &mut p);
+        expansion_rules(&rc, &mut p);
+        snapshotter_somewhere |= rc.runs(SNAPSHOTTER);
+        snapshot_rules(&rc, &mut p);
+        csi_addons_rules(&rc, addons_controller, &mut p);
     }
     p.check(
         !thinpool_csi::grpc::controller::CAPABILITIES.contains(&Ctrl::CreateDeleteSnapshot)
@@ -2397,4 +2448,155 @@ fn capabilities_agree_with_the_sidecars() {
         );
     }
     p.finish("capabilities against the sidecars");
+}
+
+/// The controller sidecars against the controller capabilities: every
+/// one needs CONTROLLER_SERVICE; the provisioner runs exactly when
+/// CREATE_DELETE_VOLUME is advertised, and per node it needs topology;
+/// the attacher exactly with PUBLISH_UNPUBLISH_VOLUME and attachRequired,
+/// and never with LIST_VOLUMES_PUBLISHED_NODES; GET_CAPACITY exactly with
+/// --enable-capacity and storageCapacity.
+fn controller_sidecar_rules(rc: &RenderCaps, p: &mut Problems) {
+    let (ctrl, plugin, at) = (&rc.ctrl, rc.plugin, &rc.at);
+    // Every controller sidecar needs CONTROLLER_SERVICE (the resizer and
+    // the provisioner exit without it).
+    for repo in [PROVISIONER, ATTACHER, RESIZER, SNAPSHOTTER] {
+        p.check(
+            !rc.runs(repo) || plugin.contains("ControllerService"),
+            || format!("{at}: {repo} runs, the driver advertises no CONTROLLER_SERVICE"),
+        );
+    }
+    // CreateVolume/DeleteVolume: the provisioner, per node, which needs
+    // topology to find its own volumes.
+    p.check(
+        ctrl.contains(&Ctrl::CreateDeleteVolume) == rc.runs(PROVISIONER),
+        || {
+            format!(
+                "{at}: CREATE_DELETE_VOLUME advertised {} but csi-provisioner runs {}",
+                ctrl.contains(&Ctrl::CreateDeleteVolume),
+                rc.runs(PROVISIONER)
+            )
+        },
+    );
+    p.check(plugin.contains("VolumeAccessibilityConstraints"), || {
+        format!("{at}: --node-deployment needs VOLUME_ACCESSIBILITY_CONSTRAINTS (each node deletes only what its topology holds)")
+    });
+    // ControllerPublish: the attacher, and attachRequired.
+    let publish = ctrl.contains(&Ctrl::PublishUnpublishVolume);
+    p.check(publish == rc.runs(ATTACHER) && publish == rc.spec("attachRequired"), || {
+        format!(
+            "{at}: PUBLISH_UNPUBLISH_VOLUME advertised {publish}, csi-attacher runs {}, CSIDriver attachRequired {}",
+            rc.runs(ATTACHER),
+            rc.spec("attachRequired")
+        )
+    });
+    // The attacher has no per-node mode: with LIST_VOLUMES_PUBLISHED_NODES
+    // every node's instance would reconcile every VolumeAttachment
+    // against its own volumes.
+    p.check(!ctrl.contains(&Ctrl::ListVolumesPublishedNodes) || !rc.runs(ATTACHER), || {
+        format!("{at}: LIST_VOLUMES_PUBLISHED_NODES with a per-node attacher would detach other nodes' volumes in its reconciler")
+    });
+    // GetCapacity: capacity tracking on, storageCapacity on.
+    let capacity = ctrl.contains(&Ctrl::GetCapacity);
+    let enabled = flag(container_by_image(rc.ds, PROVISIONER), "--enable-capacity").as_deref()
+        == Some("true");
+    p.check(capacity == enabled && capacity == rc.spec("storageCapacity"), || {
+        format!("{at}: GET_CAPACITY advertised {capacity}, --enable-capacity {enabled}, CSIDriver storageCapacity {}", rc.spec("storageCapacity"))
+    });
+}
+
+/// Expansion: the resizer (the trivial resizer when only the node
+/// expands) runs exactly when something expands or modifies, never with
+/// controller expansion (it has no per-node mode); controller expansion
+/// needs the plugin's VolumeExpansion; the class allows expansion exactly
+/// when the driver expands.
+fn expansion_rules(rc: &RenderCaps, p: &mut Problems) {
+    let (ctrl, plugin, at) = (&rc.ctrl, rc.plugin, &rc.at);
+    let node = thinpool_csi::grpc::node::CAPABILITIES;
+    let ctrl_expand = ctrl.contains(&Ctrl::ExpandVolume);
+    // external-resizer has no per-node mode: with one on every node,
+    // controller expansion must be off (the others' NOT_FOUND would
+    // mark the claim infeasible), and the node grows the LV.
+    p.check(!(rc.runs(RESIZER) && ctrl_expand), || {
+        format!("{at}: csi-resizer runs on every node, so controller_expansion must be false in the config (deploy/kubernetes/README.md, \"Sidecars in a per-node deployment\")")
+    });
+    let node_expand = node.contains(&NodeCap::ExpandVolume);
+    let modify = ctrl.contains(&Ctrl::ModifyVolume);
+    p.check(rc.runs(RESIZER) == (ctrl_expand || node_expand || modify), || {
+        format!("{at}: csi-resizer runs {} but controller EXPAND_VOLUME {ctrl_expand}, node EXPAND_VOLUME {node_expand}, MODIFY_VOLUME {modify}", rc.runs(RESIZER))
+    });
+    p.check(
+        !ctrl_expand || plugin.iter().any(|c| c.starts_with("VolumeExpansion")),
+        || {
+            format!(
+                "{at}: controller EXPAND_VOLUME without the plugin's VolumeExpansion capability"
+            )
+        },
+    );
+    let sc = rc.r.one("StorageClass");
+    let allows = sc.y.s(&["allowVolumeExpansion"]) == Some("true");
+    p.check(allows == (ctrl_expand || node_expand), || {
+        format!("{}: allowVolumeExpansion {allows}, but the driver expands: controller {ctrl_expand}, node {node_expand}", sc.at())
+    });
+}
+
+/// Snapshots: the snapshotter only where the driver cuts them, and a
+/// VolumeSnapshotClass only where a snapshotter runs. Group snapshots and
+/// SnapshotMetadata are socket-only: nothing wires them (a per-node
+/// snapshotter never sees a group's contents, and the snapshot-metadata
+/// sidecar has one address per driver).
+fn snapshot_rules(rc: &RenderCaps, p: &mut Problems) {
+    let (r, at) = (rc.r, &rc.at);
+    let snaps = rc.ctrl.contains(&Ctrl::CreateDeleteSnapshot);
+    p.check(!rc.runs(SNAPSHOTTER) || snaps, || {
+        format!("{at}: csi-snapshotter runs, the driver advertises no CREATE_DELETE_SNAPSHOT")
+    });
+    p.check(
+        r.all("VolumeSnapshotClass").next().is_none() || rc.runs(SNAPSHOTTER),
+        || {
+            format!(
+                "[{}]: a VolumeSnapshotClass without a csi-snapshotter",
+                r.name
+            )
+        },
+    );
+    if let Some(c) = find_container(rc.ds, SNAPSHOTTER) {
+        let gates = flag(c, "--feature-gates").unwrap_or_default();
+        p.check(!gates.contains("CSIVolumeGroupSnapshot=true"), || {
+            format!("{at}: group snapshots are socket-only; the per-node csi-snapshotter cannot serve them")
+        });
+    }
+    p.check(r.all("VolumeGroupSnapshotClass").next().is_none(), || {
+        format!(
+            "[{}]: a VolumeGroupSnapshotClass, but group snapshots are socket-only",
+            r.name
+        )
+    });
+    p.check(
+        r.all("SnapshotMetadataService").next().is_none() && NEVER.iter().all(|n| !rc.runs(n)),
+        || format!("[{}]: SnapshotMetadata is socket-only", r.name),
+    );
+}
+
+/// CSI-Addons: the sidecar talks to the driver's CSI-Addons socket; a
+/// driver that is its own controller there (`addons_controller`) elects a
+/// leader on a lease, which the render must grant.
+fn csi_addons_rules(rc: &RenderCaps, addons_controller: bool, p: &mut Problems) {
+    let (r, at) = (rc.r, &rc.at);
+    if rc.runs(CSI_ADDONS) {
+        let (cfg, _) = configmap_config(r, rc.ds);
+        p.check(!cfg.csi_addons_endpoint.is_empty(), || {
+            format!("{at}: csi-addons runs, the driver serves no CSI-Addons socket")
+        });
+        let leases = grants(r, &mut Problems::default())
+            .values()
+            .flatten()
+            .any(|(g, res, v, _)| g == "coordination.k8s.io" && res == "leases" && v == "update");
+        p.check(!addons_controller || leases, || {
+            format!(
+                "[{}]: the driver's CSI-Addons identity is a controller: csi-addons needs leases",
+                r.name
+            )
+        });
+    }
 }

@@ -612,22 +612,18 @@ mod tests {
         }
     }
 
+    /// What each call of `each_call_logs_one_line_and_never_its_secrets`
+    /// carries in its secrets, which no log line may show.
+    const SECRET: &str = "s3cr3t-Pa55w0rd-value";
+
     /// The real servers, a real client: every call gives exactly one rpc
     /// line with its method, id and code, and counts in the metrics; the
     /// requests' secrets appear nowhere in the log, at any level.
     #[tokio::test]
     async fn each_call_logs_one_line_and_never_its_secrets() {
-        use std::collections::HashMap;
-
         use crate::config::Config;
         use crate::logging::{subscriber, Captured, LogFormat};
-        use crate::proto::csi::v1::controller_client::ControllerClient;
-        use crate::proto::csi::v1::node_client::NodeClient;
-        use crate::proto::csi::v1::*;
-        use crate::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
-        use crate::proto::reclaimspace::ControllerReclaimSpaceRequest;
 
-        const SECRET: &str = "s3cr3t-Pa55w0rd-value";
         let out = Captured::default();
         // Everything, from every crate (tonic, h2, hyper included).
         let _log = tracing::subscriber::set_default(subscriber(
@@ -664,15 +660,47 @@ mod tests {
                 until(stopped),
             ),
         ));
+        let ours = crate::naming::lv_name_for("pvc-secret");
+        calls_with_secrets(&csi, &addons, &ours).await;
+        stop.send(true).unwrap();
+        let (a, b) = servers.await.unwrap();
+        a.unwrap();
+        b.unwrap();
+
+        one_rpc_line_per_call_and_no_secret(&out.text(), &ours);
+
+        let m = driver.exposition().await;
+        for line in [
+            r#"thinpool_csi_rpc_requests_total{service="csi.v1.Controller",method="DeleteVolume"} 2"#,
+            r#"thinpool_csi_rpc_errors_total{service="csi.v1.Controller",method="CreateVolume",code="INVALID_ARGUMENT"} 1"#,
+            r#"thinpool_csi_rpc_errors_total{service="reclaimspace.ReclaimSpaceController",method="ControllerReclaimSpace",code="NOT_FOUND"} 1"#,
+            r#"thinpool_csi_rpc_duration_seconds_count{service="csi.v1.Node",method="NodeStageVolume"} 1"#,
+        ] {
+            assert!(m.lines().any(|l| l == line), "missing {line:?} in\n{m}");
+        }
+    }
+
+    /// The calls of `each_call_logs_one_line_and_never_its_secrets`, each
+    /// with [`SECRET`] in its secrets, to the servers at `csi` and
+    /// `addons`, and the code each must answer; `ours` is a volume id of
+    /// this driver's shape.
+    async fn calls_with_secrets(csi: &std::path::Path, addons: &std::path::Path, ours: &str) {
+        use std::collections::HashMap;
+
+        use crate::proto::csi::v1::controller_client::ControllerClient;
+        use crate::proto::csi::v1::node_client::NodeClient;
+        use crate::proto::csi::v1::*;
+        use crate::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
+        use crate::proto::reclaimspace::ControllerReclaimSpaceRequest;
+
         let uri = |p: &std::path::Path| format!("unix://{}", p.display());
-        let mut ctl = ControllerClient::connect(uri(&csi)).await.unwrap();
-        let mut node = NodeClient::connect(uri(&csi)).await.unwrap();
-        let mut reclaim = ReclaimSpaceControllerClient::connect(uri(&addons))
+        let mut ctl = ControllerClient::connect(uri(csi)).await.unwrap();
+        let mut node = NodeClient::connect(uri(csi)).await.unwrap();
+        let mut reclaim = ReclaimSpaceControllerClient::connect(uri(addons))
             .await
             .unwrap();
         let secrets: HashMap<String, String> =
             [("password".to_string(), SECRET.to_string())].into();
-        let ours = crate::naming::lv_name_for("pvc-secret");
 
         // An id this driver never issues: OK without LVM.
         ctl.delete_volume(DeleteVolumeRequest {
@@ -684,7 +712,7 @@ mod tests {
         // One of ours, with no LVM to run: an error from the volume layer.
         let e = ctl
             .delete_volume(DeleteVolumeRequest {
-                volume_id: ours.clone(),
+                volume_id: ours.into(),
                 secrets: secrets.clone(),
             })
             .await
@@ -701,7 +729,7 @@ mod tests {
         assert_eq!(e.code(), Code::InvalidArgument);
         let e = node
             .node_stage_volume(NodeStageVolumeRequest {
-                volume_id: ours.clone(),
+                volume_id: ours.into(),
                 staging_target_path: "/elsewhere/stage".into(),
                 secrets: secrets.clone(),
                 ..Default::default()
@@ -726,12 +754,13 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::NotFound);
-        stop.send(true).unwrap();
-        let (a, b) = servers.await.unwrap();
-        a.unwrap();
-        b.unwrap();
+    }
 
-        let text = out.text();
+    /// The rule for the log of those calls: no secret, nor its key,
+    /// anywhere in `text`; one rpc line a call, in order, with its method,
+    /// volume id and code; its level by its code, a duration, a service,
+    /// and an error exactly when it failed.
+    fn one_rpc_line_per_call_and_no_secret(text: &str, ours: &str) {
         assert!(!text.contains(SECRET), "a secret reached the log:\n{text}");
         assert!(!text.contains("password"), "a secret's key reached the log");
         let rpc: Vec<serde_json::Value> = text
@@ -753,9 +782,9 @@ mod tests {
             seen,
             vec![
                 want("DeleteVolume", "foreign-id", "OK"),
-                want("DeleteVolume", &ours, &delete_code),
+                want("DeleteVolume", ours, &delete_code),
                 want("CreateVolume", "-", "INVALID_ARGUMENT"),
-                want("NodeStageVolume", &ours, "INVALID_ARGUMENT"),
+                want("NodeStageVolume", ours, "INVALID_ARGUMENT"),
                 want("DeleteSnapshot", "-", "INVALID_ARGUMENT"),
                 want("ControllerReclaimSpace", "foreign-id", "NOT_FOUND"),
             ],
@@ -769,16 +798,6 @@ mod tests {
             assert!(v["service"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
             // Failures say why.
             assert_eq!(v["code"] != "OK", v["error"].is_string(), "{v}");
-        }
-
-        let m = driver.exposition().await;
-        for line in [
-            r#"thinpool_csi_rpc_requests_total{service="csi.v1.Controller",method="DeleteVolume"} 2"#,
-            r#"thinpool_csi_rpc_errors_total{service="csi.v1.Controller",method="CreateVolume",code="INVALID_ARGUMENT"} 1"#,
-            r#"thinpool_csi_rpc_errors_total{service="reclaimspace.ReclaimSpaceController",method="ControllerReclaimSpace",code="NOT_FOUND"} 1"#,
-            r#"thinpool_csi_rpc_duration_seconds_count{service="csi.v1.Node",method="NodeStageVolume"} 1"#,
-        ] {
-            assert!(m.lines().any(|l| l == line), "missing {line:?} in\n{m}");
         }
     }
 

@@ -155,52 +155,32 @@ fn wait_until_detached(backing: &Path) {
     }
 }
 
+/// The ext4 on a loop device that the later steps of
+/// `loop_ext4_lifecycle` work on.
+struct Ext4OnLoop {
+    /// The test's scratch directory.
+    dir: PathBuf,
+    /// The loop device's backing file.
+    backing: PathBuf,
+    dev: PathBuf,
+    /// The loop device's (major, minor).
+    numbers: (u32, u32),
+    /// Where the ext4 is mounted.
+    mnt: PathBuf,
+}
+
 #[test]
 fn loop_ext4_lifecycle() {
     require_root();
     let mut cleanup = Cleanup::new();
     let dir = cleanup.scratch_dir("lifecycle");
 
-    // Sparse backing file; a second call leaves it alone.
     let backing = dir.join("pools/pool.img");
-    assert_eq!(
-        create_sparse_file(&backing, POOL_SIZE).unwrap(),
-        SparseFile::Created
-    );
-    assert_eq!(
-        create_sparse_file(&backing, 2 * POOL_SIZE).unwrap(),
-        SparseFile::Existed { len: POOL_SIZE }
-    );
-    assert_eq!(std::fs::metadata(&backing).unwrap().len(), POOL_SIZE);
-    assert!(
-        allocated_bytes(&backing) < MIB,
-        "backing file is not sparse"
-    );
+    sparse_backing_file_rules(&backing);
 
-    // Attach; find it again by path, also through a detour.
     let dev = attach_loop(&backing).expect("attach_loop");
     cleanup.detach_later(&backing);
-    assert_eq!(find_loop_for_file(&backing).unwrap(), Some(dev.clone()));
-    assert_eq!(
-        find_loop_for_file(&dir.join("pools/./../pools/pool.img")).unwrap(),
-        Some(dev.clone())
-    );
-    let status = loop_status(&dev).unwrap();
-    assert_eq!(
-        status.flags & LO_FLAGS_AUTOCLEAR,
-        0,
-        "must survive our exit"
-    );
-    assert_eq!(status.flags & LO_FLAGS_READ_ONLY, 0);
-    assert_eq!(
-        status.backing_inode,
-        std::fs::metadata(&backing).unwrap().ino()
-    );
-    assert_eq!(block_size_bytes(&dev).unwrap(), POOL_SIZE);
-    let (major, minor) = device_numbers(&dev)
-        .unwrap()
-        .expect("loop is a block device");
-    assert!(is_block_device_unused(&dev).unwrap());
+    let numbers = attached_loop_rules(&dir, &backing, &dev);
 
     // Filesystem, mounted nosuid,nodev with an fs option.
     mkfs_ext4(&dev);
@@ -215,9 +195,86 @@ fn loop_ext4_lifecycle() {
     )
     .expect("mount ext4");
     cleanup.unmount_later(&mnt);
+    let fs = Ext4OnLoop {
+        dir,
+        backing,
+        dev,
+        numbers,
+        mnt,
+    };
 
+    mounted_ext4_rules(&fs);
+    in_use_device_refusal_rules(&fs);
+    fitrim_rules(&fs);
+    freeze_and_thaw_rules(&fs);
+    let link = freeze_acts_on_the_mount_root_only(&fs);
+    // A symlink at an unmount's target is never followed to the mount it
+    // points at.
+    assert!(unmount(&link).unwrap_err().is_not_mounted());
+    assert!(MountInfo::read().unwrap().top_mount_at(&fs.mnt).is_some());
+    freezes_left_by_a_killed_driver_rules(&fs);
+    let ro = read_only_bind_rules(&mut cleanup, &fs);
+    block_node_rules(&fs);
+    unmount_rules(&fs, &ro);
+    discard_rules(&fs);
+
+    // Detach. The device number is free again the moment this returns,
+    // and a test running in parallel may attach it: nothing here may
+    // touch `dev` after this (an O_EXCL open of it would make that
+    // test's exclusive open fail with EBUSY). The backing file tells.
+    detach_loop(&fs.dev).expect("detach");
+    wait_until_detached(&fs.backing);
+}
+
+/// A sparse backing file is made; a second call leaves it alone.
+fn sparse_backing_file_rules(backing: &Path) {
+    assert_eq!(
+        create_sparse_file(backing, POOL_SIZE).unwrap(),
+        SparseFile::Created
+    );
+    assert_eq!(
+        create_sparse_file(backing, 2 * POOL_SIZE).unwrap(),
+        SparseFile::Existed { len: POOL_SIZE }
+    );
+    assert_eq!(std::fs::metadata(backing).unwrap().len(), POOL_SIZE);
+    assert!(allocated_bytes(backing) < MIB, "backing file is not sparse");
+}
+
+/// The attached loop device `dev` is found again by its backing file's
+/// path, also through a detour; it survives our exit, is writable, backs
+/// that file and has its size; unused so far. Its (major, minor).
+fn attached_loop_rules(dir: &Path, backing: &Path, dev: &Path) -> (u32, u32) {
+    let dev = dev.to_path_buf();
+    assert_eq!(find_loop_for_file(backing).unwrap(), Some(dev.clone()));
+    assert_eq!(
+        find_loop_for_file(&dir.join("pools/./../pools/pool.img")).unwrap(),
+        Some(dev.clone())
+    );
+    let status = loop_status(&dev).unwrap();
+    assert_eq!(
+        status.flags & LO_FLAGS_AUTOCLEAR,
+        0,
+        "must survive our exit"
+    );
+    assert_eq!(status.flags & LO_FLAGS_READ_ONLY, 0);
+    assert_eq!(
+        status.backing_inode,
+        std::fs::metadata(backing).unwrap().ino()
+    );
+    assert_eq!(block_size_bytes(&dev).unwrap(), POOL_SIZE);
+    let (major, minor) = device_numbers(&dev)
+        .unwrap()
+        .expect("loop is a block device");
+    assert!(is_block_device_unused(&dev).unwrap());
+    (major, minor)
+}
+
+/// mountinfo shows the ext4 mount as made: the device, type, source,
+/// root, the fs option and nosuid, read-write, and only once.
+fn mounted_ext4_rules(fs: &Ext4OnLoop) {
+    let (dev, mnt, (major, minor)) = (&fs.dev, &fs.mnt, fs.numbers);
     let info = MountInfo::read().unwrap();
-    let mounted = info.top_mount_at(&mnt).expect("mountinfo shows the mount");
+    let mounted = info.top_mount_at(mnt).expect("mountinfo shows the mount");
     assert_eq!(mounted.device(), (major, minor));
     assert_eq!(mounted.fs_type, "ext4");
     assert_eq!(mounted.source, dev.as_os_str());
@@ -226,32 +283,38 @@ fn loop_ext4_lifecycle() {
     assert!(mounted.mount_option("nosuid").is_some());
     assert!(!mounted.is_read_only());
     assert_eq!(info.mounts_of_device(major, minor).len(), 1);
+}
 
-    // In use now: every exclusive operation must refuse.
-    assert!(!is_block_device_unused(&dev).unwrap());
-    assert!(open_exclusive(&dev).unwrap_err().is_busy());
-    assert!(discard_range(&dev, 0, MIB).unwrap_err().is_busy());
-    assert!(detach_loop(&dev).unwrap_err().is_busy());
+/// In use now: every exclusive operation on the device must refuse.
+fn in_use_device_refusal_rules(fs: &Ext4OnLoop) {
+    let (dev, backing) = (&fs.dev, &fs.backing);
+    assert!(!is_block_device_unused(dev).unwrap());
+    assert!(open_exclusive(dev).unwrap_err().is_busy());
+    assert!(discard_range(dev, 0, MIB).unwrap_err().is_busy());
+    assert!(detach_loop(dev).unwrap_err().is_busy());
     assert_eq!(
-        find_loop_for_file(&backing).unwrap(),
+        find_loop_for_file(backing).unwrap(),
         Some(dev.clone()),
         "still attached"
     );
+}
 
-    // Write and delete a file, then trim.
+/// A file written and deleted is trimmed by FITRIM; the reclaim trim
+/// checks the mount root too: another device's numbers are refused
+/// before anything is synced or trimmed.
+fn fitrim_rules(fs: &Ext4OnLoop) {
+    let (dir, mnt, (major, minor)) = (&fs.dir, &fs.mnt, fs.numbers);
     let data = dir.join("mnt/data.bin");
     std::fs::write(&data, vec![0x5a_u8; 16 * MIB as usize]).unwrap();
     File::open(&data).unwrap().sync_all().unwrap();
     std::fs::remove_file(&data).unwrap();
     // SAFETY: sync has no preconditions.
     unsafe { libc::sync() };
-    let root = open_mount_root(&mnt, (major, minor)).expect("open the mount root");
-    let trimmed = fitrim(&root, &mnt, 0, u64::MAX, 0).expect("FITRIM");
+    let root = open_mount_root(mnt, (major, minor)).expect("open the mount root");
+    let trimmed = fitrim(&root, mnt, 0, u64::MAX, 0).expect("FITRIM");
     drop(root);
-    // The reclaim trim checks the mount root too: another device's
-    // numbers are refused before anything is synced or trimmed.
     let e = crate::node::reclaim::trim_filesystem(
-        &mnt,
+        mnt,
         (major, minor + 1),
         "ext4",
         POOL_SIZE,
@@ -261,12 +324,14 @@ fn loop_ext4_lifecycle() {
     assert!(matches!(e, crate::error::Error::NotTheMount(_)), "{e}");
     eprintln!("FITRIM trimmed {trimmed} bytes");
     assert!(trimmed > 0, "FITRIM reported nothing trimmed");
+}
 
-    // Freeze: a second freeze is EBUSY; a write waits for the thaw;
-    // a second thaw reports the filesystem was not frozen.
-    let numbers = (major, minor);
-    freeze::freeze(&mnt, numbers).expect("FIFREEZE");
-    assert!(freeze::freeze(&mnt, numbers).is_err(), "frozen twice");
+/// Freeze: a second freeze is EBUSY; a write waits for the thaw; a second
+/// thaw reports the filesystem was not frozen.
+fn freeze_and_thaw_rules(fs: &Ext4OnLoop) {
+    let (mnt, numbers) = (&fs.mnt, fs.numbers);
+    freeze::freeze(mnt, numbers).expect("FIFREEZE");
+    assert!(freeze::freeze(mnt, numbers).is_err(), "frozen twice");
     let (tx, rx) = std::sync::mpsc::channel();
     let path = mnt.join("during-freeze");
     let writer = std::thread::spawn(move || {
@@ -278,21 +343,27 @@ fn loop_ext4_lifecycle() {
             .is_err(),
         "a write went through a frozen filesystem"
     );
-    assert!(freeze::thaw(&mnt, numbers).unwrap(), "it was frozen");
+    assert!(freeze::thaw(mnt, numbers).unwrap(), "it was frozen");
     rx.recv_timeout(std::time::Duration::from_secs(10))
         .expect("the write finishes after the thaw");
     writer.join().unwrap();
-    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "not frozen any more");
+    assert!(!freeze::thaw(mnt, numbers).unwrap(), "not frozen any more");
+}
 
-    // A freeze acts only on the root of a mount of the expected device:
-    // another device's numbers, a directory inside the filesystem, a
-    // symlink to the mount and another filesystem mounted over the path
-    // are refused, and nothing is frozen.
+/// A freeze acts only on the root of a mount of the expected device:
+/// another device's numbers, a directory inside the filesystem, a symlink
+/// to the mount and another filesystem mounted over the path are refused,
+/// and nothing is frozen. A freeze is thawed through the descriptor it
+/// went through, also when another filesystem was mounted over the path
+/// meanwhile. The symlink to the mount, left for the next step.
+fn freeze_acts_on_the_mount_root_only(fs: &Ext4OnLoop) -> PathBuf {
+    let (dir, mnt, numbers) = (&fs.dir, &fs.mnt, fs.numbers);
+    let (major, minor) = numbers;
     std::fs::create_dir(mnt.join("inside")).unwrap();
     let link = dir.join("link-to-mnt");
-    std::os::unix::fs::symlink(&mnt, &link).unwrap();
+    std::os::unix::fs::symlink(mnt, &link).unwrap();
     for (path, device, found) in [
-        (&mnt, (major, minor + 1), "found a filesystem of device"),
+        (mnt, (major, minor + 1), "found a filesystem of device"),
         (&mnt.join("inside"), numbers, "not the root of a mount"),
         (&link, numbers, "symbolic link"),
     ] {
@@ -307,34 +378,36 @@ fn loop_ext4_lifecycle() {
         assert_eq!(status.code(), tonic::Code::FailedPrecondition);
         assert!(status.message().contains(found), "{status:?}");
     }
-    mount_fs(Path::new("none"), &mnt, "tmpfs", MsFlags::empty(), None).expect("tmpfs over mnt");
-    let e = freeze::freeze(&mnt, numbers).unwrap_err();
+    mount_fs(Path::new("none"), mnt, "tmpfs", MsFlags::empty(), None).expect("tmpfs over mnt");
+    let e = freeze::freeze(mnt, numbers).unwrap_err();
     assert_eq!(e.kind(), SysErrorKind::NotTheMount, "{e}");
     assert!(
         e.to_string().contains("found a filesystem of device"),
         "{e}"
     );
-    unmount(&mnt).expect("unmount the tmpfs");
-    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "nothing was frozen");
+    unmount(mnt).expect("unmount the tmpfs");
+    assert!(!freeze::thaw(mnt, numbers).unwrap(), "nothing was frozen");
 
-    // A freeze is thawed through the descriptor it went through, also
-    // when another filesystem was mounted over the path meanwhile.
-    freeze::freeze(&mnt, numbers).expect("FIFREEZE");
-    mount_fs(Path::new("none"), &mnt, "tmpfs", MsFlags::empty(), None).expect("tmpfs over mnt");
+    freeze::freeze(mnt, numbers).expect("FIFREEZE");
+    mount_fs(Path::new("none"), mnt, "tmpfs", MsFlags::empty(), None).expect("tmpfs over mnt");
     assert!(
-        freeze::thaw(&mnt, numbers).unwrap(),
+        freeze::thaw(mnt, numbers).unwrap(),
         "thawed under the tmpfs"
     );
-    unmount(&mnt).expect("unmount the tmpfs");
-    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "not frozen any more");
+    unmount(mnt).expect("unmount the tmpfs");
+    assert!(!freeze::thaw(mnt, numbers).unwrap(), "not frozen any more");
+    link
+}
 
-    // A symlink at an unmount's target is never followed to the mount it
-    // points at.
-    assert!(unmount(&link).unwrap_err().is_not_mounted());
-    assert!(MountInfo::read().unwrap().top_mount_at(&mnt).is_some());
-
-    // A freeze recorded by a driver that was then killed is thawed at the
-    // next start, and its record goes.
+/// A freeze recorded by a driver that was then killed is thawed at the
+/// next start, and its record goes; so is a record of an earlier version
+/// (bare paths) where the path is a mount, with the device mounted there.
+/// A recorded path that is no mount point any more (a reboot), or a mount
+/// of another device now, is not thawed: FITHAW would reach another
+/// filesystem.
+fn freezes_left_by_a_killed_driver_rules(fs: &Ext4OnLoop) {
+    let (dir, mnt, numbers) = (&fs.dir, &fs.mnt, fs.numbers);
+    let (major, minor) = numbers;
     let records = dir.join("frozen");
     let at = crate::node::freeze::MountOf {
         path: mnt.clone(),
@@ -343,34 +416,29 @@ fn loop_ext4_lifecycle() {
     crate::node::freeze::freeze_recorded(&records.join("group-1"), std::slice::from_ref(&at))
         .unwrap();
     assert!(
-        freeze::freeze(&mnt, numbers).is_err(),
+        freeze::freeze(mnt, numbers).is_err(),
         "frozen by the record's freeze"
     );
     assert_eq!(
         crate::node::freeze::thaw_left_frozen(&records).unwrap(),
         std::slice::from_ref(&at)
     );
-    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "thawed at start-up");
+    assert!(!freeze::thaw(mnt, numbers).unwrap(), "thawed at start-up");
     assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0);
     assert!(crate::node::freeze::thaw_left_frozen(&records)
         .unwrap()
         .is_empty());
-    // A record of an earlier version (bare paths) is thawed where the
-    // path is a mount, with the device mounted there.
-    freeze::freeze(&mnt, numbers).unwrap();
+    freeze::freeze(mnt, numbers).unwrap();
     crate::node::durable::write_atomic(
         &records.join("group-0"),
-        serde_json::to_string(&[&mnt]).unwrap().as_bytes(),
+        serde_json::to_string(&[mnt]).unwrap().as_bytes(),
     )
     .unwrap();
     assert_eq!(
         crate::node::freeze::thaw_left_frozen(&records).unwrap(),
         std::slice::from_ref(&at)
     );
-    assert!(!freeze::thaw(&mnt, numbers).unwrap(), "thawed at start-up");
-    // A recorded path that is no mount point any more (a reboot), or a
-    // mount of another device now, is not thawed: FITHAW would reach
-    // another filesystem.
+    assert!(!freeze::thaw(mnt, numbers).unwrap(), "thawed at start-up");
     let plain = dir.join("plain");
     std::fs::create_dir(&plain).unwrap();
     crate::node::durable::write_atomic(
@@ -391,8 +459,14 @@ fn loop_ext4_lifecycle() {
         .unwrap()
         .is_empty());
     assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0);
+}
 
-    // Read-only bind of a subdirectory.
+/// A read-only bind of a subdirectory refuses writes and shows what the
+/// source holds, which stays writable; mountinfo shows it read-only, of
+/// the subdirectory, with nosuid and nodev kept, and the mount under it
+/// still read-write. The bind's mount point.
+fn read_only_bind_rules(cleanup: &mut Cleanup, fs: &Ext4OnLoop) -> PathBuf {
+    let (dir, mnt, (major, minor)) = (&fs.dir, &fs.mnt, fs.numbers);
     let sub = mnt.join("sub");
     std::fs::create_dir(&sub).unwrap();
     std::fs::write(sub.join("hello"), b"hi").unwrap();
@@ -421,10 +495,17 @@ fn loop_ext4_lifecycle() {
         "nosuid kept: {bind:?}"
     );
     assert!(bind.mount_option("nodev").is_some(), "nodev kept: {bind:?}");
-    assert!(!info.top_mount_at(&mnt).unwrap().is_read_only());
+    assert!(!info.top_mount_at(mnt).unwrap().is_read_only());
     assert_eq!(info.mounts_of_device(major, minor).len(), 2);
+    ro
+}
 
-    // Our own device node for the loop device.
+/// Our own device node for the loop device: exactly the mode asked,
+/// whatever the umask, set through the checked node and never through a
+/// symlink; it reads the device (ext4's superblock magic); the same node
+/// again is fine, another device's at its path is EEXIST.
+fn block_node_rules(fs: &Ext4OnLoop) {
+    let (dir, (major, minor)) = (&fs.dir, fs.numbers);
     let node = dir.join("node");
     make_block_node(&node, major, minor, 0o660).expect("mknod");
     assert_eq!(
@@ -432,7 +513,6 @@ fn loop_ext4_lifecycle() {
         0o660,
         "exactly the mode asked, whatever the umask"
     );
-    // The mode is set through the checked node, never through a symlink.
     let link = dir.join("node-link");
     std::os::unix::fs::symlink(&node, &link).unwrap();
     let err = super::devnode::set_node_mode(&link, major, minor, 0o666).unwrap_err();
@@ -456,31 +536,34 @@ fn loop_ext4_lifecycle() {
     make_block_node(&node, major, minor, 0o600).expect("same node again is fine");
     let err = make_block_node(&node, major, minor + 1, 0o600).unwrap_err();
     assert_eq!(err.errno(), Errno::EEXIST);
+}
 
-    // Unmount everything; repeated or bogus unmounts are told apart.
-    unmount(&ro).unwrap();
-    unmount(&mnt).unwrap();
-    assert!(unmount(&mnt).unwrap_err().is_not_mounted());
+/// Unmount everything (the bind at `ro`, then the ext4); repeated or
+/// bogus unmounts are told apart, and the device is unused again.
+fn unmount_rules(fs: &Ext4OnLoop, ro: &Path) {
+    let (dir, dev, mnt, (major, minor)) = (&fs.dir, &fs.dev, &fs.mnt, fs.numbers);
+    unmount(ro).unwrap();
+    unmount(mnt).unwrap();
+    assert!(unmount(mnt).unwrap_err().is_not_mounted());
     assert!(unmount(&dir.join("missing")).unwrap_err().is_not_found());
     let info = MountInfo::read().unwrap();
-    assert!(!info.is_mount_point(&mnt));
+    assert!(!info.is_mount_point(mnt));
     assert!(info.mounts_of_device(major, minor).is_empty());
-    assert!(is_block_device_unused(&dev).unwrap());
+    assert!(is_block_device_unused(dev).unwrap());
+}
 
-    // Discard a region that holds data: the backing file loses the blocks
-    // and the region reads back as zeros.
+/// Discarding a region that holds data: the backing file loses the
+/// blocks and the region reads back as zeros.
+fn discard_rules(fs: &Ext4OnLoop) {
+    let (dev, backing) = (&fs.dev, &fs.backing);
     let (offset, len) = (160 * MIB, 8 * MIB);
-    let raw = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&dev)
-        .unwrap();
+    let raw = OpenOptions::new().read(true).write(true).open(dev).unwrap();
     raw.write_all_at(&vec![0xab_u8; len as usize], offset)
         .unwrap();
     raw.sync_all().unwrap();
-    let before = allocated_bytes(&backing);
-    discard_range(&dev, offset, len).expect("BLKDISCARD");
-    let after = allocated_bytes(&backing);
+    let before = allocated_bytes(backing);
+    discard_range(dev, offset, len).expect("BLKDISCARD");
+    let after = allocated_bytes(backing);
     eprintln!("backing file allocation: {before} bytes before discard, {after} after");
     assert!(
         before >= after + len,
@@ -493,13 +576,6 @@ fn loop_ext4_lifecycle() {
         "discarded range reads as zeros"
     );
     drop(raw);
-
-    // Detach. The device number is free again the moment this returns,
-    // and a test running in parallel may attach it: nothing here may
-    // touch `dev` after this (an O_EXCL open of it would make that
-    // test's exclusive open fail with EBUSY). The backing file tells.
-    detach_loop(&dev).expect("detach");
-    wait_until_detached(&backing);
 }
 
 #[test]
@@ -736,23 +812,45 @@ fn a_symlink_swapped_in_after_the_check_is_refused() {
     let before = tree(&outside);
     let mounts_before = mounts_under(&outside);
 
-    // Swap: the parent becomes a symlink to the outside.
+    acts_under_a_parent_swapped_for_a_symlink_are_refused(&root, &outside, &target, &staging);
+    acts_on_a_path_swapped_for_a_symlink_are_refused(&root, &outside, &target, &staging);
+
+    assert_eq!(tree(&outside), before, "nothing outside the root changed");
+    assert_eq!(
+        mounts_under(&outside),
+        mounts_before,
+        "no mount outside came or went"
+    );
+
+    the_same_acts_on_plain_paths_work(&root, &target, &staging);
+    drop(cleanup);
+}
+
+/// `what`, which `r` answered, was refused as a path through a symlink
+/// (ELOOP, EXDEV or ENOTDIR).
+fn refused(what: &str, r: Result<()>) {
+    let e = r.expect_err(what);
+    assert!(
+        [Errno::ELOOP, Errno::EXDEV, Errno::ENOTDIR].contains(&e.errno()),
+        "{what}: {e}"
+    );
+}
+
+/// Once the parent of `target` (under `root`) is swapped for a symlink to
+/// `outside`, every act beneath the root through it is refused: bind,
+/// read-only bind, mount, mknod, unlink, mkdir, umount, remount.
+fn acts_under_a_parent_swapped_for_a_symlink_are_refused(
+    root: &Path,
+    outside: &Path,
+    target: &Path,
+    staging: &Path,
+) {
     std::fs::rename(root.join("pod"), root.join("pod.old")).unwrap();
-    std::os::unix::fs::symlink(&outside, root.join("pod")).unwrap();
-    let at = Under {
-        root: &root,
-        path: &target,
-    };
+    std::os::unix::fs::symlink(outside, root.join("pod")).unwrap();
+    let at = Under { root, path: target };
     let source = Under {
-        root: &root,
-        path: &staging,
-    };
-    let refused = |what: &str, r: Result<()>| {
-        let e = r.expect_err(what);
-        assert!(
-            [Errno::ELOOP, Errno::EXDEV, Errno::ENOTDIR].contains(&e.errno()),
-            "{what}: {e}"
-        );
+        root,
+        path: staging,
     };
     refused("bind", bind_mount_beneath(source, at, false));
     refused("read-only bind", bind_mount_beneath(source, at, true));
@@ -762,21 +860,12 @@ fn a_symlink_swapped_in_after_the_check_is_refused() {
     );
     refused("mknod", make_block_node_beneath(at, 7, 0, 0o600));
     let node = root.join("pod/keep");
-    refused(
-        "unlink",
-        remove_beneath(
-            Under {
-                root: &root,
-                path: &node,
-            },
-            false,
-        ),
-    );
+    refused("unlink", remove_beneath(Under { root, path: &node }, false));
     refused(
         "mkdir",
         mkdir_beneath(
             Under {
-                root: &root,
+                root,
                 path: &root.join("pod/new"),
             },
             0o750,
@@ -784,73 +873,64 @@ fn a_symlink_swapped_in_after_the_check_is_refused() {
         .map(drop),
     );
     let m = root.join("pod/m");
-    refused(
-        "umount",
-        unmount_beneath(Under {
-            root: &root,
-            path: &m,
-        }),
-    );
+    refused("umount", unmount_beneath(Under { root, path: &m }));
     refused(
         "remount",
-        remount_flags_beneath(
-            Under {
-                root: &root,
-                path: &m,
-            },
-            MsFlags::MS_RDONLY,
-        ),
+        remount_flags_beneath(Under { root, path: &m }, MsFlags::MS_RDONLY),
     );
+}
 
-    // Swap: the path itself becomes a symlink to a directory and to a
-    // mount outside.
+/// With the parent back, once `target` itself is swapped for a symlink to
+/// a directory and to a mount in `outside`, bind, mount and umount
+/// through it are refused.
+fn acts_on_a_path_swapped_for_a_symlink_are_refused(
+    root: &Path,
+    outside: &Path,
+    target: &Path,
+    staging: &Path,
+) {
+    let at = Under { root, path: target };
+    let source = Under {
+        root,
+        path: staging,
+    };
     std::fs::remove_file(root.join("pod")).unwrap();
     std::fs::rename(root.join("pod.old"), root.join("pod")).unwrap();
-    std::fs::remove_dir(&target).unwrap();
-    std::os::unix::fs::symlink(outside.join("t"), &target).unwrap();
+    std::fs::remove_dir(target).unwrap();
+    std::os::unix::fs::symlink(outside.join("t"), target).unwrap();
     refused("bind onto a symlink", bind_mount_beneath(source, at, false));
     refused(
         "mount onto a symlink",
         mount_fs_beneath(Path::new("tmpfs"), at, "tmpfs", MsFlags::empty(), None),
     );
-    std::fs::remove_file(&target).unwrap();
-    std::os::unix::fs::symlink(outside.join("m"), &target).unwrap();
+    std::fs::remove_file(target).unwrap();
+    std::os::unix::fs::symlink(outside.join("m"), target).unwrap();
     refused("umount through a symlink", unmount_beneath(at));
+}
 
-    assert_eq!(tree(&outside), before, "nothing outside the root changed");
-    assert_eq!(
-        mounts_under(&outside),
-        mounts_before,
-        "no mount outside came or went"
-    );
-
-    // The same acts on plain paths work: a bind lands, read-only, and goes.
-    std::fs::remove_file(&target).unwrap();
+/// The same acts on plain paths work: a bind lands, read-only, and goes;
+/// a node is made beneath the root, with exactly the mode asked.
+fn the_same_acts_on_plain_paths_work(root: &Path, target: &Path, staging: &Path) {
+    let at = Under { root, path: target };
+    let source = Under {
+        root,
+        path: staging,
+    };
+    std::fs::remove_file(target).unwrap();
     assert!(mkdir_beneath(at, 0o750).unwrap());
     bind_mount_beneath(source, at, true).unwrap();
     let info = MountInfo::read().unwrap();
-    let top = info.top_mount_at(&target).expect("bound");
+    let top = info.top_mount_at(target).expect("bound");
     assert!(top.mount_option("ro").is_some(), "read-only bind");
     unmount_beneath(at).unwrap();
-    assert!(MountInfo::read().unwrap().top_mount_at(&target).is_none());
+    assert!(MountInfo::read().unwrap().top_mount_at(target).is_none());
     remove_beneath(at, true).unwrap();
     assert!(!target.exists());
-    // A node made beneath the root, with exactly the mode asked.
     let dev = root.join("pod/dev");
-    make_block_node_beneath(
-        Under {
-            root: &root,
-            path: &dev,
-        },
-        7,
-        0,
-        0o640,
-    )
-    .unwrap();
+    make_block_node_beneath(Under { root, path: &dev }, 7, 0, 0o640).unwrap();
     let meta = std::fs::symlink_metadata(&dev).unwrap();
     assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
     assert_eq!(split_dev(meta.rdev()), (7, 0));
-    drop(cleanup);
 }
 
 /// NodeExpandVolume's xfs grow acts through a descriptor checked to be the

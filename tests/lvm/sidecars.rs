@@ -23,12 +23,16 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use thinpool_csi::proto::csi::v1::group_controller_client::GroupControllerClient;
+use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use thinpool_csi::proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use thinpool_csi::proto::csi::v1::*;
+use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::fixtures::{block_cap, publish_req, stage_req, unpublish_req, unstage_req, Kubelet};
+use crate::fixtures::{
+    block_cap, create_volume, publish_req, stage_req, unpublish_req, unstage_req, Kubelet,
+};
 use crate::harness::{lvm, TestDriver, DRIVER_NAME, MIB, NODE_ID};
 
 /// `deploy/kubernetes/base/storageclass.yaml`'s parameters.
@@ -412,6 +416,45 @@ fn stats_at(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
     }
 }
 
+/// The rule for kubelet's paths that are not the volume's: a path that
+/// holds another device's node is not the volume (`(id1, k1)` and
+/// `(id2, k2)` are two volumes and the paths kubelet mapped them at); nor
+/// is an empty file, a directory or nothing at all at such a path under
+/// volume 1's `pv_dir`.
+async fn not_the_volume_at_other_paths(
+    n: &mut NodeClient<Channel>,
+    (id1, ka): (&str, &Path),
+    (id2, kc): (&str, &Path),
+    pv_dir: &Path,
+) {
+    let e = n
+        .node_get_volume_stats(stats_at(id1, kc))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+    assert!(e.message().contains("device node of"), "{}", e.message());
+    let e = n
+        .node_get_volume_stats(stats_at(id2, ka))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+    let other = pv_dir.join("dev").join("not-mapped");
+    std::fs::File::create(&other).unwrap();
+    for at in [other.clone(), pv_dir.join("dev"), pv_dir.join("dev/gone")] {
+        let e = n
+            .node_get_volume_stats(stats_at(id1, &at))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            Code::NotFound,
+            "{}: {}",
+            at.display(),
+            e.message()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn block_stats_at_kubelets_volume_devices_path() {
     let k = Kubelet::new("sblk");
@@ -428,22 +471,8 @@ async fn block_stats_at_kubelets_volume_devices_path() {
         "pvc-6c1f1d5e-0000-4000-8000-000000000042",
     );
     let (req1, req2) = (block(pv1, 32 * MIB), block(pv2, 16 * MIB));
-    let id1 = c
-        .create_volume(req1)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
-    let id2 = c
-        .create_volume(req2)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id1 = create_volume(&mut c, req1).await.volume_id;
+    let id2 = create_volume(&mut c, req2).await.volume_id;
     let (p1, p2) = (BlockPaths::new(&k, pv1), BlockPaths::new(&k, pv2));
     let (pod_a, pod_b, pod_c) = (
         "0b6ee4b2-1111-4a2f-9c1e-00000000000a",
@@ -493,38 +522,7 @@ async fn block_stats_at_kubelets_volume_devices_path() {
         assert!(!cond.abnormal, "{}", cond.message);
     }
 
-    // A path that holds another device's node is not the volume; nor is
-    // an empty file, a directory or nothing at all at such a path.
-    let e = n
-        .node_get_volume_stats(stats_at(&id1, &kc))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
-    assert!(e.message().contains("device node of"), "{}", e.message());
-    let e = n
-        .node_get_volume_stats(stats_at(&id2, &ka))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
-    let other = p1.csi.join(pv1).join("dev").join("not-mapped");
-    std::fs::File::create(&other).unwrap();
-    for at in [
-        other.clone(),
-        p1.csi.join(pv1).join("dev"),
-        p1.csi.join(pv1).join("dev/gone"),
-    ] {
-        let e = n
-            .node_get_volume_stats(stats_at(&id1, &at))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            e.code(),
-            Code::NotFound,
-            "{}: {}",
-            at.display(),
-            e.message()
-        );
-    }
+    not_the_volume_at_other_paths(&mut n, (&id1, &ka), (&id2, &kc), &p1.csi.join(pv1)).await;
 
     // The read-only pod goes (its overlay with it); then the LV is
     // deactivated behind the driver's back: kubelet's path still answers,

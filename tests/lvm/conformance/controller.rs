@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use super::{required, Rules, SIZE};
-use crate::fixtures::{block_cap, create_req, del, mount_cap};
+use crate::fixtures::{block_cap, create_req, del, mount_cap, snap_req};
 use crate::harness::{lvs, TestDriver, MIB, NODE_ID};
 
 /// Volume ids no volume has: one of the driver's shape, and csi-sanity's.
@@ -47,14 +47,6 @@ fn publish_req(
         volume_id: id.into(),
         node_id: node.into(),
         volume_capability: cap,
-        ..Default::default()
-    }
-}
-
-fn snap_req(name: &str, source: &str) -> CreateSnapshotRequest {
-    CreateSnapshotRequest {
-        name: name.into(),
-        source_volume_id: source.into(),
         ..Default::default()
     }
 }

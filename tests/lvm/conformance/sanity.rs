@@ -22,8 +22,8 @@ use tonic::Code;
 
 use super::{created, raw_call, Rules};
 use crate::fixtures::{
-    block_cap, create_req, del, mount_cap, publish_req, stage_req, unpublish_req, unstage_req,
-    Kubelet,
+    block_cap, create_req, del, mount_cap, publish_req, snap_req, stage_req, unpublish_req,
+    unstage_req, Kubelet,
 };
 use crate::harness::{TestDriver, MIB};
 
@@ -32,14 +32,6 @@ const REPEAT: usize = 10;
 /// Sizes of the volumes here (csi-sanity's are flags; these keep the VM quick).
 const SIZE: u64 = 16 * MIB;
 const EXPANDED: u64 = 32 * MIB;
-
-fn snap_req(name: &str, source: &str) -> CreateSnapshotRequest {
-    CreateSnapshotRequest {
-        name: name.into(),
-        source_volume_id: source.into(),
-        ..Default::default()
-    }
-}
 
 fn del_snap(id: &str) -> DeleteSnapshotRequest {
     DeleteSnapshotRequest {
