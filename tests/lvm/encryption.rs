@@ -6,8 +6,7 @@
 //! at any point; a killed first stage and a reboot both end in a volume
 //! kubelet's next stage opens.
 //!
-//! Key slots use pbkdf2 at its minimum cost: TCG makes argon2 and timed
-//! iterations slow, and the cost of the derivation is not what is tested.
+//! Key slots use pbkdf2 at its minimum cost ([`encryption_table`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,21 +21,18 @@ use thinpool_csi::proto::encryptionkeyrotation::EncryptionKeyRotateRequest;
 use tonic::Code;
 
 use crate::fixtures::{
-    block_cap, create_req, create_volume, heal, mount_cap, node_reclaim, publish_req, read_at,
-    snap_req, stage_req, unpublish_req, unstage_req, write_at, Kubelet,
+    block_cap, create_volume, crypt_mapping, encrypted_req, encryption_table, heal, keyed_stage,
+    mount_cap, node_reclaim, publish_req, read_at, secrets, snap_req, stage_req, unpublish_req,
+    unstage_req, write_at, Kubelet, KEY,
 };
 use crate::harness::{dm_devices, dm_name, dmsetup, lvm, rdev_of, TestDriver, MIB};
 
-const KEY: &str = "correct horse battery staple 7f3a";
 const OTHER: &str = "tr0ub4dor&3 is not the key";
 
 /// The driver's config for these tests: the kubelet root, and key slots
 /// cheap to derive.
 fn crypt_extra(k: &Kubelet, discards: bool) -> String {
-    format!(
-        "{}[encryption]\npbkdf = \"pbkdf2\"\npbkdf_iterations = 1000\nallow_discards = {discards}\n",
-        k.extra()
-    )
+    format!("{}{}", k.extra(), encryption_table(discards))
 }
 
 /// What the tests start from: a kubelet directory, a driver of
@@ -59,39 +55,9 @@ async fn ground(
     (k, d, id, staging)
 }
 
-fn encrypted_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolumeRequest {
-    let mut r = create_req(name, bytes, cap);
-    r.parameters.insert("encrypted".into(), "true".into());
-    r
-}
-
-fn secrets(pass: &str) -> HashMap<String, String> {
-    [("passphrase".to_string(), pass.to_string())].into()
-}
-
-fn keyed_stage(
-    id: &str,
-    staging: &Path,
-    cap: VolumeCapability,
-    pass: &str,
-) -> NodeStageVolumeRequest {
-    let mut r = stage_req(id, staging, cap);
-    r.secrets = secrets(pass);
-    r
-}
-
 /// The LV's device node (LVM makes it when it activates the LV).
 fn lv_node(d: &TestDriver, id: &str) -> PathBuf {
     Path::new("/dev/mapper").join(dm_name(&d.vg, id))
-}
-
-/// The numbers of the volume's open crypt mapping, if there is one.
-fn mapping(id: &str) -> Option<(u32, u32)> {
-    let name = mapping_name(id);
-    dm_devices()
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, nr)| nr)
 }
 
 fn lv_active(d: &TestDriver, id: &str) -> bool {
@@ -135,18 +101,24 @@ fn opens_with(d: &TestDriver, id: &str, pass: &str) -> bool {
     ok
 }
 
+/// Whether `bytes` hold `needle`.
+fn holds(bytes: &[u8], needle: &str) -> bool {
+    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
 /// Reads every process's command line and environment until stopped;
-/// the processes in which `needle` was seen.
+/// the processes in which one of `needles` was seen.
 struct ProcWatch {
     stop: Arc<AtomicBool>,
     seen: std::thread::JoinHandle<Vec<String>>,
 }
 
 impl ProcWatch {
-    fn start(needle: &'static str) -> ProcWatch {
+    fn start(needles: &[&'static str]) -> ProcWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let me = std::process::id().to_string();
+        let needles = needles.to_vec();
         let seen = std::thread::spawn(move || {
             let mut found = Vec::new();
             while !s.load(Ordering::Relaxed) {
@@ -157,7 +129,7 @@ impl ProcWatch {
                     }
                     for f in ["cmdline", "environ"] {
                         let bytes = std::fs::read(e.path().join(f)).unwrap_or_default();
-                        if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                        if needles.iter().any(|n| holds(&bytes, n)) {
                             found.push(format!("{pid}/{f}: {}", String::from_utf8_lossy(&bytes)));
                         }
                     }
@@ -185,14 +157,25 @@ fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
         let meta = std::fs::symlink_metadata(&p).unwrap();
         if meta.is_dir() {
             out.extend(files_holding(&p, needle));
-        } else if meta.is_file() {
-            let bytes = std::fs::read(&p).unwrap_or_default();
-            if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
-                out.push(p);
-            }
+        } else if meta.is_file() && holds(&std::fs::read(&p).unwrap_or_default(), needle) {
+            out.push(p);
         }
     }
     out
+}
+
+/// No process was `seen` with a key ([`ProcWatch::finish`]), and none of
+/// `keys` is in the driver's log (every start's) or in a file under its
+/// state_dir.
+#[track_caller]
+fn assert_no_key_leaks(d: &TestDriver, seen: Vec<String>, keys: &[&str]) {
+    assert!(seen.is_empty(), "a key in a process: {seen:?}");
+    let log = d.log();
+    for key in keys {
+        assert!(!log.contains(key), "the key {key:?} in the driver's log");
+        let holding = files_holding(&d.state_dir(), key);
+        assert!(holding.is_empty(), "the key {key:?} in {holding:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -209,9 +192,9 @@ async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_le
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("node-stage-secret-name"), "{e:?}");
-    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+    assert!(crypt_mapping(&id).is_none() && !lv_active(&d, &id));
 
-    let watch = ProcWatch::start(KEY);
+    let watch = ProcWatch::start(&[KEY]);
     n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
         .await
         .unwrap();
@@ -226,7 +209,7 @@ async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_le
             .any(|l| l.starts_with("Version:") && l.trim_end().ends_with('2')),
         "{dump}"
     );
-    let crypt = mapping(&id).expect("the mapping is open while staged");
+    let crypt = crypt_mapping(&id).expect("the mapping is open while staged");
     let mounted = std::fs::metadata(&staging).unwrap();
     assert_eq!(
         (
@@ -241,7 +224,7 @@ async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_le
     n.node_unstage_volume(unstage_req(&id, &staging))
         .await
         .unwrap();
-    assert!(mapping(&id).is_none(), "unstage closes the mapping");
+    assert!(crypt_mapping(&id).is_none(), "unstage closes the mapping");
     assert!(!lv_active(&d, &id), "and deactivates the LV");
 
     // A wrong key: UNAUTHENTICATED, and the volume stays as it was.
@@ -251,7 +234,7 @@ async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_le
         .unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert!(!e.message().contains(OTHER), "{e:?}");
-    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+    assert!(crypt_mapping(&id).is_none() && !lv_active(&d, &id));
     assert!(std::fs::read_dir(&staging).unwrap().next().is_none());
 
     // The right one: the data is there.
@@ -271,13 +254,9 @@ async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_le
     n.node_unstage_volume(unstage_req(&id, &staging))
         .await
         .unwrap();
-    assert!(mapping(&id).is_none());
+    assert!(crypt_mapping(&id).is_none());
 
-    let seen = watch.finish();
-    assert!(seen.is_empty(), "the key in a process: {seen:?}");
-    assert!(!d.log().contains(KEY), "the key in the driver's log");
-    let holding = files_holding(&d.state_dir(), KEY);
-    assert!(holding.is_empty(), "the key in {holding:?}");
+    assert_no_key_leaks(&d, watch.finish(), &[KEY]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -391,7 +370,7 @@ async fn an_encrypted_volume_grows_online_and_its_copies_open_with_its_key() {
             );
         }
         n.node_unstage_volume(unstage_req(copy, &st)).await.unwrap();
-        assert!(mapping(copy).is_none());
+        assert!(crypt_mapping(copy).is_none());
     }
     n.node_unstage_volume(unstage_req(&id, &staging))
         .await
@@ -417,7 +396,7 @@ async fn a_raw_block_volume_publishes_the_opened_device() {
     n.node_publish_volume(publish_req(&id, &staging, &target, block_cap(), false))
         .await
         .unwrap();
-    let crypt = mapping(&id).expect("open while staged");
+    let crypt = crypt_mapping(&id).expect("open while staged");
     assert_eq!(rdev_of(&target), Some(crypt), "the target is the mapping");
     let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
     write_at(&target, 0, &pattern).unwrap();
@@ -437,7 +416,7 @@ async fn a_raw_block_volume_publishes_the_opened_device() {
     n.node_unstage_volume(unstage_req(&id, &elsewhere))
         .await
         .unwrap();
-    assert_eq!(mapping(&id), Some(crypt));
+    assert_eq!(crypt_mapping(&id), Some(crypt));
     assert_eq!(read_at(&target, 0, 4096), pattern);
     n.node_unpublish_volume(unpublish_req(&id, &target))
         .await
@@ -445,7 +424,7 @@ async fn a_raw_block_volume_publishes_the_opened_device() {
     n.node_unstage_volume(unstage_req(&id, &staging))
         .await
         .unwrap();
-    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+    assert!(crypt_mapping(&id).is_none() && !lv_active(&d, &id));
 }
 
 /// ReclaimSpace through dm-crypt: only where the class lets discards
@@ -459,7 +438,7 @@ async fn reclaim_through_the_mapping(discards: bool) -> (u64, u64) {
     n.node_stage_volume(keyed_stage(&id, &staging, cap, KEY))
         .await
         .unwrap();
-    let crypt = mapping(&id).unwrap();
+    let crypt = crypt_mapping(&id).unwrap();
     let limit = std::fs::read_to_string(format!(
         "/sys/dev/block/{}:{}/queue/discard_max_bytes",
         crypt.0, crypt.1
@@ -501,6 +480,104 @@ async fn rotate(d: &TestDriver, id: &str, current: &str, new: &str) -> Result<()
     .map(|_| ())
 }
 
+/// As the csi-addons sidecar calls it, on a volume staged at `staging`
+/// that [`KEY`] opens: the node-stage Secret as secrets, no
+/// encryption_key; the Secret's nextPassphrase is the new key ([`OTHER`]).
+/// Without nextPassphrase the rotation is INVALID_ARGUMENT. A stage with
+/// that Secret opens the volume after (passphrase refused, nextPassphrase
+/// taken), and one whose Secret was promoted (the old key as
+/// previousPassphrase) too.
+async fn sidecar_rotation(d: &TestDriver, id: &str, staging: &Path) {
+    let mut r = EncryptionKeyRotationControllerClient::connect(d.addons_uri())
+        .await
+        .unwrap();
+    let secret: HashMap<String, String> = [
+        ("passphrase".to_string(), KEY.to_string()),
+        ("nextPassphrase".to_string(), OTHER.to_string()),
+    ]
+    .into();
+    let sidecar = |secrets: HashMap<String, String>| EncryptionKeyRotateRequest {
+        volume_id: id.into(),
+        secrets,
+        ..Default::default()
+    };
+    let e = r
+        .encryption_key_rotate(sidecar(secrets(KEY)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("nextPassphrase"), "{e:?}");
+    r.encryption_key_rotate(sidecar(secret.clone()))
+        .await
+        .unwrap();
+    assert!(opens_with(d, id, OTHER) && !opens_with(d, id, KEY));
+    let mut n = d.node().await;
+    for secrets in [
+        secret,
+        [
+            ("passphrase".to_string(), "not it".to_string()),
+            ("previousPassphrase".to_string(), OTHER.to_string()),
+        ]
+        .into(),
+    ] {
+        n.node_unstage_volume(unstage_req(id, staging))
+            .await
+            .unwrap();
+        let mut restage = stage_req(id, staging, block_cap());
+        restage.secrets = secrets;
+        n.node_stage_volume(restage).await.unwrap();
+    }
+}
+
+/// Rotations between [`KEY`] (the volume's key now) and [`OTHER`], each
+/// cut by a kill of the driver at a fraction of `whole` (how long a
+/// rotation takes here) and retried after the restart: one key opens the
+/// volume after each kill, and only the new one after each retry. What
+/// each kill met: (ms after the call, old key opens, new key opens).
+async fn rotations_cut_by_kills(
+    d: &mut TestDriver,
+    id: &str,
+    whole: Duration,
+) -> Vec<(u128, bool, bool)> {
+    let (mut current, mut new) = (KEY, OTHER);
+    let mut states = Vec::new();
+    for twentieth in [0u32, 5, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 24] {
+        let delay = whole * twentieth / 20;
+        let uri = d.addons_uri();
+        let (i, cur, nw) = (id.to_string(), current.to_string(), new.to_string());
+        let call = tokio::spawn(async move {
+            // The driver may be gone before the call reaches it.
+            let Ok(mut r) = EncryptionKeyRotationControllerClient::connect(uri).await else {
+                return;
+            };
+            let _ = r
+                .encryption_key_rotate(EncryptionKeyRotateRequest {
+                    volume_id: i,
+                    encryption_key: nw,
+                    secrets: secrets(&cur),
+                    ..Default::default()
+                })
+                .await;
+        });
+        tokio::time::sleep(delay).await;
+        d.kill9_with_children();
+        let _ = call.await;
+        let (old_opens, new_opens) = (opens_with(d, id, current), opens_with(d, id, new));
+        states.push((delay.as_millis(), old_opens, new_opens));
+        assert!(
+            old_opens || new_opens,
+            "killed after {delay:?}: neither key opens"
+        );
+        d.spawn_and_heal().await;
+        rotate(d, id, current, new)
+            .await
+            .unwrap_or_else(|e| panic!("the retry after {delay:?}: {e:?}"));
+        assert!(opens_with(d, id, new) && !opens_with(d, id, current));
+        (current, new) = (new, current);
+    }
+    states
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
     let (k, mut d, id, staging) = ground(
@@ -512,6 +589,9 @@ async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
         block_cap(),
     )
     .await;
+    // Neither passphrase in a process through the first rotations (the
+    // watch ends before the timed one, whose time places the kills).
+    let watch = ProcWatch::start(&[KEY, OTHER]);
     d.node()
         .await
         .node_stage_volume(keyed_stage(&id, &staging, block_cap(), KEY))
@@ -523,6 +603,7 @@ async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
     let e = rotate(&d, &id, KEY, "a third key").await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert!(opens_with(&d, &id, OTHER) && !opens_with(&d, &id, "a third key"));
+    let seen = watch.finish();
 
     // A key an interrupted earlier rotation added (by hand here) is wiped
     // by the next rotation: only the new key opens afterwards.
@@ -551,88 +632,9 @@ async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
         "every other slot is wiped"
     );
 
-    // As the csi-addons sidecar calls it: the node-stage Secret as
-    // secrets, no encryption_key; the Secret's nextPassphrase is the new
-    // key. Without nextPassphrase the rotation is INVALID_ARGUMENT. A
-    // stage with that Secret opens the volume after (passphrase refused,
-    // nextPassphrase taken), and one whose Secret was promoted (the old
-    // key as previousPassphrase) too.
-    let mut r = EncryptionKeyRotationControllerClient::connect(d.addons_uri())
-        .await
-        .unwrap();
-    let secret: HashMap<String, String> = [
-        ("passphrase".to_string(), KEY.to_string()),
-        ("nextPassphrase".to_string(), OTHER.to_string()),
-    ]
-    .into();
-    let sidecar = |secrets: HashMap<String, String>| EncryptionKeyRotateRequest {
-        volume_id: id.clone(),
-        secrets,
-        ..Default::default()
-    };
-    let e = r
-        .encryption_key_rotate(sidecar(secrets(KEY)))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains("nextPassphrase"), "{e:?}");
-    r.encryption_key_rotate(sidecar(secret.clone()))
-        .await
-        .unwrap();
-    assert!(opens_with(&d, &id, OTHER) && !opens_with(&d, &id, KEY));
-    let mut n = d.node().await;
-    for secrets in [
-        secret,
-        [
-            ("passphrase".to_string(), "not it".to_string()),
-            ("previousPassphrase".to_string(), OTHER.to_string()),
-        ]
-        .into(),
-    ] {
-        n.node_unstage_volume(unstage_req(&id, &staging))
-            .await
-            .unwrap();
-        let mut restage = stage_req(&id, &staging, block_cap());
-        restage.secrets = secrets;
-        n.node_stage_volume(restage).await.unwrap();
-    }
+    sidecar_rotation(&d, &id, &staging).await;
     rotate(&d, &id, OTHER, KEY).await.unwrap();
-    let (mut current, mut new) = (KEY, OTHER);
-    let mut states: Vec<(u128, bool, bool)> = Vec::new();
-    for twentieth in [0u32, 5, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 24] {
-        let delay = whole * twentieth / 20;
-        let uri = d.addons_uri();
-        let (i, cur, nw) = (id.clone(), current.to_string(), new.to_string());
-        let call = tokio::spawn(async move {
-            // The driver may be gone before the call reaches it.
-            let Ok(mut r) = EncryptionKeyRotationControllerClient::connect(uri).await else {
-                return;
-            };
-            let _ = r
-                .encryption_key_rotate(EncryptionKeyRotateRequest {
-                    volume_id: i,
-                    encryption_key: nw,
-                    secrets: secrets(&cur),
-                    ..Default::default()
-                })
-                .await;
-        });
-        tokio::time::sleep(delay).await;
-        d.kill9_with_children();
-        let _ = call.await;
-        let (old_opens, new_opens) = (opens_with(&d, &id, current), opens_with(&d, &id, new));
-        states.push((delay.as_millis(), old_opens, new_opens));
-        assert!(
-            old_opens || new_opens,
-            "killed after {delay:?}: neither key opens"
-        );
-        d.spawn_and_heal().await;
-        rotate(&d, &id, current, new)
-            .await
-            .unwrap_or_else(|e| panic!("the retry after {delay:?}: {e:?}"));
-        assert!(opens_with(&d, &id, new) && !opens_with(&d, &id, current));
-        (current, new) = (new, current);
-    }
+    let states = rotations_cut_by_kills(&mut d, &id, whole).await;
     eprintln!("MEASURE key rotation killed at (ms, old opens, new opens): {states:?}");
     // The kills met the volume before the new key was added, between the
     // add and the wipe (both keys open), and after: each step was cut.
@@ -645,7 +647,10 @@ async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
         .node_unstage_volume(unstage_req(&id, &staging))
         .await
         .unwrap();
-    assert!(mapping(&id).is_none());
+    assert!(crypt_mapping(&id).is_none());
+    // Through every rotation, kill and restart: neither passphrase in the
+    // driver's log or its state_dir.
+    assert_no_key_leaks(&d, seen, &[KEY, OTHER]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -671,7 +676,7 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
         let _ = call.await;
         // Whether the kill cut a format: its marker stays until mkfs ends.
         let marker = d.state_dir().join("formatting").join(&id).exists();
-        cut.push((delay, marker, mapping(&id).is_some()));
+        cut.push((delay, marker, crypt_mapping(&id).is_some()));
         d.spawn_and_heal().await;
         n = d.node().await;
         let mut tries = 0;
@@ -695,7 +700,10 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
         n.node_unstage_volume(unstage_req(&id, &staging))
             .await
             .unwrap();
-        assert!(mapping(&id).is_none(), "nothing stays open after unstage");
+        assert!(
+            crypt_mapping(&id).is_none(),
+            "nothing stays open after unstage"
+        );
         n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
             .await
             .unwrap();
@@ -742,7 +750,7 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
     d.spawn_and_heal().await;
     let (abnormal, message) = heal(&d, &id, &target, &staging, None).await;
     assert!(abnormal && message.contains("closed"), "{message}");
-    assert!(mapping(&id).is_none());
+    assert!(crypt_mapping(&id).is_none());
     n = d.node().await;
     n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
         .await
@@ -760,7 +768,7 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
     n.node_unstage_volume(unstage_req(&id, &staging))
         .await
         .unwrap();
-    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+    assert!(crypt_mapping(&id).is_none() && !lv_active(&d, &id));
 
     // A mapping of the driver's name that no record names (what a killed
     // failing stage can leave) is closed at start-up.
@@ -774,10 +782,10 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
         .unwrap();
     std::io::Write::write_all(&mut open.stdin.take().unwrap(), KEY.as_bytes()).unwrap();
     assert!(open.wait().unwrap().success());
-    assert!(mapping(&id).is_some());
+    assert!(crypt_mapping(&id).is_some());
     d.stop();
     d.spawn_and_heal().await;
-    assert!(mapping(&id).is_none(), "{}", d.log_tail(20));
+    assert!(crypt_mapping(&id).is_none(), "{}", d.log_tail(20));
     assert!(d.log().contains("closed a crypt mapping no record names"));
 }
 
@@ -826,5 +834,5 @@ async fn tpcsi_stages_and_rotates_with_passphrase_files() {
     assert!(crate::fixtures::tpcsi(&d, &["unstage", &id, &st])
         .status
         .success());
-    assert!(mapping(&id).is_none() && !lv_active(&d, &id));
+    assert!(crypt_mapping(&id).is_none() && !lv_active(&d, &id));
 }

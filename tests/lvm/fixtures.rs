@@ -5,6 +5,7 @@
 //! dm); it is also compiled into the benches, this file is not. A helper
 //! only one module uses stays in that module.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::Status;
 
-use crate::harness::{lvs, TestDriver};
+use crate::harness::{dm_devices, lvs, TestDriver};
 
 // ---------------------------------------------------------------------------
 // The kubelet's directory
@@ -78,6 +79,56 @@ impl Drop for Kubelet {
 /// A path as a request field.
 pub(crate) fn s(p: &Path) -> String {
     p.to_str().unwrap().to_string()
+}
+
+// ---------------------------------------------------------------------------
+// Encryption
+// ---------------------------------------------------------------------------
+
+/// The passphrase of the suite's encrypted volumes.
+pub(crate) const KEY: &str = "correct horse battery staple 7f3a";
+
+/// The driver's `[encryption]` table for the suite (after every top-level
+/// key of a config): key slots cheap to derive (pbkdf2 at its minimum
+/// cost: TCG makes argon2 and timed iterations slow, and the cost of the
+/// derivation is not what is tested).
+pub(crate) fn encryption_table(discards: bool) -> String {
+    format!(
+        "[encryption]\npbkdf = \"pbkdf2\"\npbkdf_iterations = 1000\nallow_discards = {discards}\n"
+    )
+}
+
+/// CreateVolume of a volume with StorageClass parameter `encrypted: "true"`.
+pub(crate) fn encrypted_req(name: &str, bytes: u64, cap: VolumeCapability) -> CreateVolumeRequest {
+    let mut r = create_req(name, bytes, cap);
+    r.parameters.insert("encrypted".into(), "true".into());
+    r
+}
+
+/// A node-stage Secret holding `pass`.
+pub(crate) fn secrets(pass: &str) -> HashMap<String, String> {
+    [("passphrase".to_string(), pass.to_string())].into()
+}
+
+/// NodeStageVolume with the node-stage Secret of `pass`.
+pub(crate) fn keyed_stage(
+    id: &str,
+    staging: &Path,
+    cap: VolumeCapability,
+    pass: &str,
+) -> NodeStageVolumeRequest {
+    let mut r = stage_req(id, staging, cap);
+    r.secrets = secrets(pass);
+    r
+}
+
+/// The numbers of the volume's open crypt mapping, if there is one.
+pub(crate) fn crypt_mapping(id: &str) -> Option<(u32, u32)> {
+    let name = thinpool_csi::node::crypt::mapping_name(id);
+    dm_devices()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, nr)| nr)
 }
 
 // ---------------------------------------------------------------------------
@@ -330,6 +381,62 @@ pub(crate) async fn heal(
         .into_inner();
     eprintln!("HEAL {id}: abnormal={} {}", r.abnormal, r.message);
     (r.abnormal, r.message)
+}
+
+// ---------------------------------------------------------------------------
+// The metrics endpoint
+// ---------------------------------------------------------------------------
+
+/// A `metrics_address` for a driver's config: a free port on the loopback
+/// interface, which is brought up first ([`loopback_up`]).
+pub(crate) fn metrics_address() -> String {
+    loopback_up();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// The VM's init leaves the loopback interface down: bring it up, as
+/// `ip link set lo up` does (SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP),
+/// without needing iproute2 on the machine.
+fn loopback_up() {
+    // SAFETY: a zeroed ifreq with a NUL-terminated name, passed to the two
+    // interface-flag ioctls on a socket this function owns and closes.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let get = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
+        let err = std::io::Error::last_os_error();
+        assert_eq!(get, 0, "SIOCGIFFLAGS lo: {err}");
+        if req.ifr_ifru.ifru_flags & libc::IFF_UP as libc::c_short == 0 {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            let set = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
+            let err = std::io::Error::last_os_error();
+            assert_eq!(set, 0, "SIOCSIFFLAGS lo up: {err}");
+        }
+        libc::close(fd);
+    }
+}
+
+/// GET /metrics: the samples by series (`name{labels}`); an answer other
+/// than 200 OK fails the test.
+pub(crate) async fn scrape(addr: &str) -> BTreeMap<String, f64> {
+    thinpool_csi::metrics::http::scrape(addr.parse().unwrap())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The value of `series` in scrape `m`, which must hold it.
+pub(crate) fn sample(m: &BTreeMap<String, f64>, series: &str) -> f64 {
+    *m.get(series)
+        .unwrap_or_else(|| panic!("no {series} in the scrape: {m:#?}"))
 }
 
 // ---------------------------------------------------------------------------

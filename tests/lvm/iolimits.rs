@@ -2,15 +2,17 @@
 //! `io.max` in the cgroup of the pod that has the volume published, from
 //! the StorageClass's parameters, changed live by ControllerModifyVolume,
 //! set again after a restart, taken away at unpublish; not enforced (and
-//! said so) where the pod has no cgroup.
+//! said so, and counted in the metrics) where the pod has no cgroup.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use thinpool_csi::metrics::IO_UNENFORCED;
 use thinpool_csi::proto::csi::v1::*;
 
 use crate::fixtures::{
-    block_cap, create_req, create_volume, publish_req, s, stage_req, unpublish_req, Kubelet,
+    block_cap, create_req, create_volume, metrics_address, publish_req, s, sample, scrape,
+    stage_req, unpublish_req, Kubelet,
 };
 use crate::harness::{rdev_of, TestDriver, MIB};
 
@@ -106,6 +108,50 @@ impl Drop for PodCgroup {
     }
 }
 
+/// The same `mib` MiB written to `dev` as the `limited` runs (each a
+/// limit in bytes/s and the seconds it took), from the cgroup of another
+/// pod `uid` of the same `layout`, whose io.max holds no limit. Prints
+/// them together; the unlimited run must take at most half the slowest
+/// limited one's time, so the limit is what slows those.
+fn compare_unlimited(
+    what: &str,
+    layout: Layout,
+    uid: &str,
+    dev: &Path,
+    mib: u64,
+    limited: &[(u64, f64)],
+) {
+    let free = PodCgroup::new(uid, layout);
+    assert_eq!(
+        free.io_max().trim(),
+        "",
+        "no limit in the unlimited pod's cgroup"
+    );
+    let unlimited = free.write_secs(dev, mib);
+    drop(free);
+    let rate = mib as f64 / unlimited;
+    let runs: Vec<String> = limited
+        .iter()
+        .map(|&(limit, secs)| {
+            let limit_mib = limit as f64 / MIB as f64;
+            format!(
+                "limit {limit_mib} MiB/s {secs:.2} s ({:.1}x the unlimited time, unlimited rate {:.1}x the limit)",
+                secs / unlimited,
+                rate / limit_mib
+            )
+        })
+        .collect();
+    eprintln!(
+        "MEASURE io.max ({what}): {mib} MiB unlimited {unlimited:.2} s ({rate:.1} MiB/s); {}",
+        runs.join("; ")
+    );
+    let slowest = limited.iter().map(|l| l.1).fold(0.0, f64::max);
+    assert!(
+        unlimited * 2.0 <= slowest,
+        "unlimited {unlimited:.2} s is not clearly faster than limited {slowest:.2} s"
+    );
+}
+
 fn within(secs: f64, want: f64) -> bool {
     (secs - want).abs() <= want * 0.2
 }
@@ -165,6 +211,14 @@ async fn limits_are_set_in_the_pods_cgroup_changed_live_and_taken_away() {
     let faster = pod.write_secs(&target, 8);
     eprintln!("MEASURE io.max: 8 MiB at 4 MiB/s took {faster:.2} s");
     assert!(within(faster, 2.0), "{faster} s");
+    compare_unlimited(
+        "block, systemd",
+        Layout::Systemd,
+        "7a1e2d3c-4b5a-6978-8796-a5b4c3d2e1f1",
+        &target,
+        8,
+        &[(2 * MIB, limited), (4 * MIB, faster)],
+    );
 
     // A restart sets them again (here: after someone cleared them).
     std::fs::write(pod.path().join("io.max"), format!("{dev_nr} wbps=max")).unwrap();
@@ -223,10 +277,23 @@ async fn a_filesystem_volume_is_limited_in_a_cgroupfs_pod() {
     let secs = pod.write_secs(&file, 8);
     eprintln!("MEASURE io.max (ext4, cgroupfs): 8 MiB at 2 MiB/s took {secs:.2} s");
     assert!(within(secs, 4.0), "{secs} s");
+    compare_unlimited(
+        "ext4, cgroupfs",
+        Layout::Cgroupfs,
+        "5c1e2d3c-4b5a-6978-8796-a5b4c3d2e1f1",
+        &file,
+        8,
+        &[(2 * MIB, secs)],
+    );
     n.node_unpublish_volume(unpublish_req(&id, &target))
         .await
         .unwrap();
     assert!(!pod.io_max().contains("wbps="), "{}", pod.io_max());
+}
+
+/// The unenforced-limits counter of the driver's metrics at `addr`.
+async fn unenforced(addr: &str) -> f64 {
+    sample(&scrape(addr).await, IO_UNENFORCED)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -234,8 +301,13 @@ async fn a_limit_that_cannot_be_set_is_said_and_the_volume_still_served() {
     let k = Kubelet::new("iolimnone");
     // No cgroup of this pod anywhere.
     let uid = "9b1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
-    let extra = format!("{}cgroup_root = \"{CGROUP}\"\n", k.extra());
+    let addr = metrics_address();
+    let extra = format!(
+        "{}cgroup_root = \"{CGROUP}\"\nmetrics_address = \"{addr}\"\n",
+        k.extra()
+    );
     let d = TestDriver::start("iolimnone", 96 * MIB, &extra).await;
+    assert_eq!(unenforced(&addr).await, 0.0);
     let mut req = create_req("pvc-unenforced", 16 * MIB, block_cap());
     req.parameters.insert("readIOPS".into(), "100".into());
     let id = create_volume(&mut d.controller().await, req)
@@ -249,6 +321,7 @@ async fn a_limit_that_cannot_be_set_is_said_and_the_volume_still_served() {
     n.node_publish_volume(publish_req(&id, &staging, &target, block_cap(), false))
         .await
         .expect("published although the limit cannot be set");
+    assert_eq!(unenforced(&addr).await, 1.0, "the publish counts");
     let stats = n
         .node_get_volume_stats(NodeGetVolumeStatsRequest {
             volume_id: id.clone(),
@@ -264,6 +337,12 @@ async fn a_limit_that_cannot_be_set_is_said_and_the_volume_still_served() {
         "{cond:?}"
     );
     assert!(cond.message.contains("no cgroup of pod"), "{cond:?}");
+    // NodeGetVolumeStats tried to set them again, and failed again.
+    assert_eq!(
+        unenforced(&addr).await,
+        2.0,
+        "the stats call's retry counts"
+    );
     // A bad limit is refused by name.
     let mut bad = create_req("pvc-bad-limit", 16 * MIB, block_cap());
     bad.parameters.insert("writeIOPS".into(), "-5".into());
@@ -273,4 +352,6 @@ async fn a_limit_that_cannot_be_set_is_said_and_the_volume_still_served() {
     n.node_unpublish_volume(unpublish_req(&id, &target))
         .await
         .unwrap();
+    // Taking away limits that were never set is no failure to set them.
+    assert_eq!(unenforced(&addr).await, 2.0, "the unpublish does not count");
 }

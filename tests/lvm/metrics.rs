@@ -11,50 +11,11 @@ use thinpool_csi::lvm::report::Capacity;
 use thinpool_csi::proto::csi::v1::*;
 use tonic::Code;
 
-use crate::fixtures::{block_cap, create_req, mount_cap};
+use crate::fixtures::{block_cap, create_req, metrics_address, mount_cap, sample, scrape};
 use crate::harness::{counting_lvm, file_lines, lvm, lvs, sh, TestDriver, MIB};
-
-/// GET /metrics: the samples by series (`name{labels}`); an answer other
-/// than 200 OK fails the test.
-async fn scrape(addr: &str) -> BTreeMap<String, f64> {
-    thinpool_csi::metrics::http::scrape(addr.parse().unwrap())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn get(m: &BTreeMap<String, f64>, series: &str) -> f64 {
-    *m.get(series)
-        .unwrap_or_else(|| panic!("no {series} in the scrape: {m:#?}"))
-}
 
 fn rpc(kind: &str, method: &str) -> String {
     format!("thinpool_csi_rpc_{kind}{{service=\"csi.v1.Controller\",method=\"{method}\"}}")
-}
-
-/// The VM's init leaves the loopback interface down: bring it up, as
-/// `ip link set lo up` does (SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP),
-/// without needing iproute2 on the machine.
-fn loopback_up() {
-    // SAFETY: a zeroed ifreq with a NUL-terminated name, passed to the two
-    // interface-flag ioctls on a socket this function owns and closes.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo".iter().enumerate() {
-            req.ifr_name[i] = *b as libc::c_char;
-        }
-        let get = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
-        let err = std::io::Error::last_os_error();
-        assert_eq!(get, 0, "SIOCGIFFLAGS lo: {err}");
-        if req.ifr_ifru.ifru_flags & libc::IFF_UP as libc::c_short == 0 {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            let set = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
-            let err = std::io::Error::last_os_error();
-            assert_eq!(set, 0, "SIOCSIFFLAGS lo up: {err}");
-        }
-        libc::close(fd);
-    }
 }
 
 /// The LVM commands in the wrapper's log, less the start-up check of each
@@ -116,45 +77,48 @@ async fn volumes_and_a_snapshot(
 fn assert_pool_metrics(m: &BTreeMap<String, f64>, vg: &str) -> thinpool_csi::lvm::report::Lv {
     let report = lvs(vg);
     let pool = report.find("pool").expect("the thin pool");
-    assert_eq!(get(m, "thinpool_csi_pool_up{class=\"default\"}"), 1.0);
-    assert_eq!(get(m, "thinpool_csi_pool_usable{class=\"default\"}"), 1.0);
+    assert_eq!(sample(m, "thinpool_csi_pool_up{class=\"default\"}"), 1.0);
     assert_eq!(
-        get(m, "thinpool_csi_pool_size_bytes{class=\"default\"}"),
+        sample(m, "thinpool_csi_pool_usable{class=\"default\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(m, "thinpool_csi_pool_size_bytes{class=\"default\"}"),
         pool.size as f64
     );
     let data = pool.data_percent.expect("Data% of an active pool");
     assert!(data > 0.0, "4 MiB were written to the pool");
     assert_eq!(
-        get(m, "thinpool_csi_pool_data_percent{class=\"default\"}"),
+        sample(m, "thinpool_csi_pool_data_percent{class=\"default\"}"),
         data
     );
     assert_eq!(
-        get(m, "thinpool_csi_pool_metadata_percent{class=\"default\"}"),
+        sample(m, "thinpool_csi_pool_metadata_percent{class=\"default\"}"),
         pool.metadata_percent.expect("Metadata% of an active pool")
     );
     // Both metadata stores, and how many LVs each still takes.
     assert!(pool.metadata_size > 0 && pool.vg_mda_size > 0, "{pool:?}");
     assert_eq!(
-        get(
+        sample(
             m,
             "thinpool_csi_pool_metadata_size_bytes{class=\"default\"}"
         ),
         pool.metadata_size as f64
     );
     assert_eq!(
-        get(
+        sample(
             m,
             "thinpool_csi_vg_metadata_area_size_bytes{class=\"default\"}"
         ),
         pool.vg_mda_size as f64
     );
-    let mda_free = get(
+    let mda_free = sample(
         m,
         "thinpool_csi_vg_metadata_area_free_bytes{class=\"default\"}",
     );
     assert!(mda_free > 0.0 && mda_free < pool.vg_mda_size as f64 / 2.0);
     for store in ["pool", "vg"] {
-        let left = get(
+        let left = sample(
             m,
             &format!("thinpool_csi_metadata_lvs_left{{class=\"default\",store=\"{store}\"}}"),
         );
@@ -163,26 +127,26 @@ fn assert_pool_metrics(m: &BTreeMap<String, f64>, vg: &str) -> thinpool_csi::lvm
     let volumes = report.lvs.iter().filter(|lv| lv.name.starts_with("csi-"));
     let snapshots = report.lvs.iter().filter(|lv| lv.name.starts_with("snap-"));
     assert_eq!(
-        get(m, "thinpool_csi_volumes{class=\"default\"}"),
+        sample(m, "thinpool_csi_volumes{class=\"default\"}"),
         volumes.clone().count() as f64
     );
-    assert_eq!(get(m, "thinpool_csi_volumes{class=\"default\"}"), 2.0);
+    assert_eq!(sample(m, "thinpool_csi_volumes{class=\"default\"}"), 2.0);
     assert_eq!(
-        get(m, "thinpool_csi_snapshots{class=\"default\"}"),
+        sample(m, "thinpool_csi_snapshots{class=\"default\"}"),
         snapshots.clone().count() as f64
     );
-    assert_eq!(get(m, "thinpool_csi_snapshots{class=\"default\"}"), 1.0);
+    assert_eq!(sample(m, "thinpool_csi_snapshots{class=\"default\"}"), 1.0);
     let virtual_sum = volumes.chain(snapshots).map(|lv| lv.size).sum();
     let cap = Capacity::compute(pool.size, pool.data_percent.unwrap(), 4.0, virtual_sum);
     assert_eq!(
-        get(
+        sample(
             m,
             "thinpool_csi_pool_overprovisioned_free_bytes{class=\"default\"}"
         ),
         cap.virtual_headroom as f64
     );
     assert_eq!(
-        get(
+        sample(
             m,
             "thinpool_csi_pool_physical_free_bytes{class=\"default\"}"
         ),
@@ -249,13 +213,7 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
     // writes a line per call.
     let tools = tempfile::tempdir().unwrap();
     let (wrapper, calls) = counting_lvm(tools.path());
-    loopback_up();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = metrics_address();
     // A short cache lifetime: the scrapes below come after it passed, so
     // the first reads LVM afresh and the second must not.
     let max_age = 3;
@@ -273,8 +231,11 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
 
     volumes_and_a_snapshot(&d, &mut c).await;
     let before = scrape(&addr).await;
-    assert_eq!(get(&before, &rpc("requests_total", "CreateVolume")), 2.0);
-    assert_eq!(get(&before, &rpc("requests_total", "CreateSnapshot")), 1.0);
+    assert_eq!(sample(&before, &rpc("requests_total", "CreateVolume")), 2.0);
+    assert_eq!(
+        sample(&before, &rpc("requests_total", "CreateSnapshot")),
+        1.0
+    );
     assert!(!before
         .keys()
         .any(|k| k.starts_with("thinpool_csi_rpc_errors_total")));
@@ -331,17 +292,23 @@ async fn metrics_match_lvs_and_an_unchanged_pool_costs_no_lvm_command() {
     let m = second;
     let not_found = "thinpool_csi_rpc_errors_total{service=\"csi.v1.Controller\",\
                      method=\"ControllerGetVolume\",code=\"NOT_FOUND\"}";
-    assert_eq!(get(&m, not_found), 1.0);
-    assert_eq!(get(&m, &rpc("requests_total", "ControllerGetVolume")), 1.0);
-    assert_eq!(get(&m, &rpc("requests_total", "CreateVolume")), 2.0);
-    assert_eq!(get(&m, &rpc("duration_seconds_count", "CreateVolume")), 2.0);
+    assert_eq!(sample(&m, not_found), 1.0);
+    assert_eq!(
+        sample(&m, &rpc("requests_total", "ControllerGetVolume")),
+        1.0
+    );
+    assert_eq!(sample(&m, &rpc("requests_total", "CreateVolume")), 2.0);
+    assert_eq!(
+        sample(&m, &rpc("duration_seconds_count", "CreateVolume")),
+        2.0
+    );
     let errors: Vec<&String> = m
         .keys()
         .filter(|k| k.starts_with("thinpool_csi_rpc_errors_total"))
         .collect();
     assert_eq!(errors, vec![not_found], "no other call failed");
     let probe = "thinpool_csi_rpc_requests_total{service=\"csi.v1.Identity\",method=\"Probe\"}";
-    assert!(get(&m, probe) >= 1.0, "the harness's Probe is counted");
+    assert!(sample(&m, probe) >= 1.0, "the harness's Probe is counted");
 
     // The pool and its contents, as `lvs` (run here, not by the driver)
     // reports them.

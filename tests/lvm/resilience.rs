@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use thinpool_csi::mountinfo::{Mount, MountInfo};
+use thinpool_csi::node::crypt::mapping_name;
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::*;
@@ -26,11 +27,12 @@ use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
 use crate::fixtures::{
-    block_cap, create_req, del, heal, mkfs_runs, mount_cap, mount_flags, mounts_under, publish_req,
-    read_at, stage_req, unpublish_req, unstage_req, write_at, Kubelet,
+    block_cap, create_req, crypt_mapping, del, encrypted_req, encryption_table, heal, keyed_stage,
+    mkfs_runs, mount_cap, mount_flags, mounts_under, publish_req, read_at, stage_req,
+    unpublish_req, unstage_req, write_at, Kubelet, KEY,
 };
 use crate::harness::{
-    abandon_after, dm_of_vg, dm_table_of, dmsetup, drop_caches, lvm, lvs, overlays_of,
+    abandon_after, dm_devices, dm_of_vg, dm_table_of, dmsetup, drop_caches, lvm, lvs, overlays_of,
     pool_dm_names, rdev_of, retry, retry_n, try_lvm, umount_all_under, Abandoned, TestDriver, MIB,
 };
 
@@ -1202,6 +1204,10 @@ const STORM_DEADLINE: Duration = Duration::from_secs(30);
 const STORM_RETRY_FOR: Duration = Duration::from_secs(300);
 const STORM_WORKERS: usize = 3;
 const STORM_MIN_VOLUMES: usize = 12;
+/// Every this many storm volumes one is encrypted ([`Kind::Encrypted`]):
+/// two at least, few enough that cryptsetup under TCG leaves the storm's
+/// time about what it was.
+const STORM_ENCRYPTED_EVERY: usize = 6;
 const BLOCK_DATA: usize = 64 * 1024;
 
 /// An answer the CO retries: the driver was away or busy, or the call's
@@ -1295,9 +1301,8 @@ impl StormCo {
             .map_err(connect_error)
     }
 
-    async fn create(&self, name: &str, bytes: u64, cap: VolumeCapability) -> String {
-        let req = create_req(name, bytes, cap);
-        self.call(&format!("CreateVolume {name}"), |dl| {
+    async fn create(&self, req: CreateVolumeRequest) -> String {
+        self.call(&format!("CreateVolume {}", req.name), |dl| {
             let r = req.clone();
             async move {
                 self.controller()
@@ -1389,8 +1394,8 @@ impl StormCo {
             .collect()
     }
 
-    async fn stage(&self, id: &str, staging: &Path, cap: &VolumeCapability) {
-        let req = stage_req(id, staging, cap.clone());
+    async fn stage(&self, id: &str, staging: &Path, kind: Kind) {
+        let req = kind.stage_req(id, staging);
         self.call(&format!("NodeStageVolume {id}"), |dl| {
             let r = req.clone();
             async move {
@@ -1454,13 +1459,32 @@ impl StormCo {
 enum Kind {
     Ext4,
     Block,
+    /// ext4 on LUKS2: StorageClass parameter `encrypted: "true"`, staged
+    /// with the node-stage Secret of [`KEY`].
+    Encrypted,
 }
 
 impl Kind {
     fn cap(self) -> VolumeCapability {
         match self {
-            Kind::Ext4 => mount_cap("ext4"),
+            Kind::Ext4 | Kind::Encrypted => mount_cap("ext4"),
             Kind::Block => block_cap(),
+        }
+    }
+
+    fn create_req(self, name: &str) -> CreateVolumeRequest {
+        match self {
+            Kind::Ext4 => create_req(name, 32 * MIB, self.cap()),
+            Kind::Block => create_req(name, 16 * MIB, self.cap()),
+            // 16 MiB of it is the LUKS2 header.
+            Kind::Encrypted => encrypted_req(name, 32 * MIB, self.cap()),
+        }
+    }
+
+    fn stage_req(self, id: &str, staging: &Path) -> NodeStageVolumeRequest {
+        match self {
+            Kind::Encrypted => keyed_stage(id, staging, self.cap(), KEY),
+            Kind::Ext4 | Kind::Block => stage_req(id, staging, self.cap()),
         }
     }
 }
@@ -1505,7 +1529,7 @@ fn update(model: &Model, i: usize, f: impl FnOnce(&mut Vol)) {
 
 fn write_data(v: &Vol, data: &[u8]) -> std::io::Result<()> {
     match v.kind {
-        Kind::Ext4 => write_file(&v.target.join("data"), data),
+        Kind::Ext4 | Kind::Encrypted => write_file(&v.target.join("data"), data),
         Kind::Block => write_at(&v.target, 0, data),
     }
 }
@@ -1514,7 +1538,9 @@ fn write_data(v: &Vol, data: &[u8]) -> std::io::Result<()> {
 /// mismatch.
 fn check_data(v: &Vol, want: &[u8]) -> Result<(), String> {
     let got = match v.kind {
-        Kind::Ext4 => std::fs::read(v.target.join("data")).map_err(|e| e.to_string()),
+        Kind::Ext4 | Kind::Encrypted => {
+            std::fs::read(v.target.join("data")).map_err(|e| e.to_string())
+        }
         Kind::Block => {
             let read = || -> std::io::Result<Vec<u8>> {
                 let mut f = std::fs::File::open(&v.target)?;
@@ -1543,7 +1569,7 @@ fn check_data(v: &Vol, want: &[u8]) -> Result<(), String> {
 
 fn storm_data(kind: Kind, name: &str, seed: u64, cycle: u64) -> Vec<u8> {
     match kind {
-        Kind::Ext4 => format!("{name} cycle {cycle} seed {seed}\n")
+        Kind::Ext4 | Kind::Encrypted => format!("{name} cycle {cycle} seed {seed}\n")
             .repeat(128)
             .into_bytes(),
         Kind::Block => {
@@ -1557,6 +1583,8 @@ fn storm_data(kind: Kind, name: &str, seed: u64, cycle: u64) -> Vec<u8> {
 /// One volume's life, as the CO drives it: create, one or two cycles of
 /// stage, publish, check, write, unpublish, unstage (and maybe reclaim),
 /// then delete it, or leave it staged and published, or leave it unstaged.
+/// Every [`STORM_ENCRYPTED_EVERY`]th volume is encrypted, and is never
+/// deleted in the storm, so that the read-back checks its data.
 async fn storm_volume(
     co: &StormCo,
     k: &Kubelet,
@@ -1566,17 +1594,15 @@ async fn storm_volume(
     i: usize,
     rng: &mut Rng,
 ) {
-    let kind = if rng.chance(1, 2) {
+    let kind = if i % STORM_ENCRYPTED_EVERY == 1 {
+        Kind::Encrypted
+    } else if rng.chance(1, 2) {
         Kind::Ext4
     } else {
         Kind::Block
     };
     let name = format!("zstorm-{i}");
     let cap = kind.cap();
-    let size = match kind {
-        Kind::Ext4 => 32 * MIB,
-        Kind::Block => 16 * MIB,
-    };
     let vol = Vol {
         name: name.clone(),
         kind,
@@ -1595,12 +1621,12 @@ async fn storm_volume(
         problems.lock().unwrap().push(p);
     };
 
-    let id = co.create(&name, size, cap.clone()).await;
+    let id = co.create(kind.create_req(&name)).await;
     update(model, i, |v| v.id = Some(id.clone()));
     let data_seed = rng.next();
     let cycles = 1 + rng.below(2);
     for cycle in 0..cycles {
-        co.stage(&id, &staging, &cap).await;
+        co.stage(&id, &staging, kind).await;
         update(model, i, |v| v.staged = true);
         co.publish(&id, &staging, &target, &cap).await;
         update(model, i, |v| v.published = true);
@@ -1633,12 +1659,12 @@ async fn storm_volume(
         }
     }
     match rng.below(4) {
-        0 | 1 => {
+        0 | 1 if kind != Kind::Encrypted => {
             co.delete(&id).await;
             update(model, i, |v| v.deleted = true);
         }
-        2 => {
-            co.stage(&id, &staging, &cap).await;
+        0 | 2 => {
+            co.stage(&id, &staging, kind).await;
             update(model, i, |v| v.staged = true);
             co.publish(&id, &staging, &target, &cap).await;
             update(model, i, |v| v.published = true);
@@ -1779,10 +1805,21 @@ fn lost_and_leaked(
     (lost, leaked)
 }
 
-/// Where the mounts and nodes differ from what the CO did last.
+/// Where the mounts, nodes and crypt mappings differ from what the CO did
+/// last (an encrypted volume's mapping is open while it is staged, and
+/// only then).
 fn mount_mismatches(vols: &[Vol]) -> Vec<String> {
     let mut mount_mismatch = Vec::new();
     for v in vols {
+        if let (Kind::Encrypted, Some(id)) = (v.kind, v.held()) {
+            let open = crypt_mapping(id).is_some();
+            if open != v.staged {
+                mount_mismatch.push(format!(
+                    "{}: staged={}, but its crypt mapping open={open}",
+                    v.name, v.staged
+                ));
+            }
+        }
         if !v.staged && mount_at(&v.staging).is_some() {
             mount_mismatch.push(format!(
                 "{}: mounted at its staging path after unstage",
@@ -1794,7 +1831,7 @@ fn mount_mismatches(vols: &[Vol]) -> Vec<String> {
         }
         if v.published {
             let there = match v.kind {
-                Kind::Ext4 => mount_at(&v.target).is_some(),
+                Kind::Ext4 | Kind::Encrypted => mount_at(&v.target).is_some(),
                 Kind::Block => is_block_node(&v.target),
             };
             if !there {
@@ -1806,24 +1843,31 @@ fn mount_mismatches(vols: &[Vol]) -> Vec<String> {
 }
 
 /// Reads back the data of every volume the CO holds (staging and
-/// publishing the unstaged ones again): the mismatches, and how many
-/// volumes were checked.
-async fn read_back(co: &StormCo, vols: &[Vol]) -> (Vec<String>, usize) {
+/// publishing the unstaged ones again, an encrypted one with its key):
+/// the mismatches, how many volumes were checked, and how many of them
+/// were encrypted. No encrypted volume to check is a mismatch too.
+async fn read_back(co: &StormCo, vols: &[Vol]) -> (Vec<String>, usize, usize) {
     let mut bad_data = Vec::new();
-    let mut checked = 0;
+    let (mut checked, mut encrypted) = (0, 0);
     for v in vols.iter().filter(|v| v.held().is_some()) {
         let id = v.id.as_deref().unwrap();
         let Some(want) = &v.data else { continue };
         if !v.published {
-            co.stage(id, &v.staging, &v.kind.cap()).await;
+            co.stage(id, &v.staging, v.kind).await;
             co.publish(id, &v.staging, &v.target, &v.kind.cap()).await;
         }
         checked += 1;
+        if v.kind == Kind::Encrypted {
+            encrypted += 1;
+        }
         if let Err(e) = check_data(v, want) {
             bad_data.push(e);
         }
     }
-    (bad_data, checked)
+    if encrypted == 0 {
+        bad_data.push("no encrypted volume's data was read back".into());
+    }
+    (bad_data, checked, encrypted)
 }
 
 /// The CO deletes every snapshot and volume it holds.
@@ -1840,11 +1884,19 @@ async fn delete_everything(co: &StormCo, vols: &[Vol], snaps_held: &BTreeSet<Str
 }
 
 /// What is left of the storm's volumes on the node after the CO deleted
-/// everything: mounts, dm devices, overlays, block nodes, LVs, loop
-/// devices beyond the VG's own.
+/// everything: mounts, dm devices, overlays, crypt mappings, block nodes,
+/// LVs, loop devices beyond the VG's own.
 fn leftovers(d: &TestDriver, k: &Kubelet, vols: &[Vol]) -> Vec<String> {
     let all_ids: Vec<&str> = vols.iter().filter_map(|v| v.id.as_deref()).collect();
     let mut leftovers = Vec::new();
+    // Crypt mappings of the driver's naming (`tpcsi-crypt-<id>`) for any
+    // of the storm's volumes; other tests' may run beside this one.
+    let crypt: BTreeSet<String> = all_ids.iter().map(|id| mapping_name(id)).collect();
+    for (n, _) in dm_devices() {
+        if crypt.contains(&n) {
+            leftovers.push(format!("crypt mapping {n}"));
+        }
+    }
     for m in mounts_under(k.root.path()) {
         leftovers.push(format!("mount {}", m.display()));
     }
@@ -1897,7 +1949,11 @@ async fn kill9_storm() {
     let mut d = TestDriver::start(
         "zstorm",
         512 * MIB,
-        &format!("{}overprovision_ratio = 50.0\n", k.extra()),
+        &format!(
+            "{}overprovision_ratio = 50.0\n{}",
+            k.extra(),
+            encryption_table(false)
+        ),
     )
     .await;
     let co = StormCo {
@@ -1947,7 +2003,7 @@ async fn kill9_storm() {
 
     // The data of every volume still held reads back (unstaged ones are
     // staged and published again to read it).
-    let (bad_data, checked) = read_back(&co, &vols).await;
+    let (bad_data, checked, encrypted_checked) = read_back(&co, &vols).await;
 
     // The CO deletes everything; nothing of the volumes is left.
     delete_everything(&co, &vols, &snaps_held).await;
@@ -1958,8 +2014,8 @@ async fn kill9_storm() {
     eprintln!(
         "MEASURE storm kills={kills} calls={} retried={} lost={} leaked={} seed={seed} volumes={} \
          held_at_end={} snapshots={} snapshots_lost={} snapshots_leaked={} reclaims={} mount_mismatch={} \
-         bad_data={} data_checked={checked} leftovers={} \
-         storm_time={:.1}s restart_median={:.2}s restart_max={:.2}s",
+         bad_data={} data_checked={checked} encrypted={} encrypted_checked={encrypted_checked} \
+         leftovers={} storm_time={:.1}s restart_median={:.2}s restart_max={:.2}s",
         stats.calls.load(Ordering::Relaxed),
         stats.retried.load(Ordering::Relaxed),
         lost.len(),
@@ -1972,6 +2028,7 @@ async fn kill9_storm() {
         stats.reclaims.load(Ordering::Relaxed),
         mount_mismatch.len(),
         bad_data.len(),
+        vols.iter().filter(|v| v.kind == Kind::Encrypted).count(),
         leftovers.len(),
         secs(storm_time),
         restarts.get(restarts.len() / 2).map_or(0.0, |x| secs(*x)),
@@ -1992,6 +2049,11 @@ async fn kill9_storm() {
         .chain(mount_mismatch)
         .chain(bad_data)
         .chain(leftovers)
+        .chain(
+            d.log()
+                .contains(KEY)
+                .then(|| "the passphrase in the driver's log".to_string()),
+        )
         .collect();
     assert!(
         all.is_empty(),
