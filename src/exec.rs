@@ -4,10 +4,10 @@
 //! A command is stopped only by its own timeout, never because the caller
 //! went away: the child is not killed when the future is dropped (tokio
 //! reaps it), and mutations run as tasks that outlive their caller anyway
-//! (`crate::volume::Ops`). Past its timeout a command is stopped as its
-//! [`Stop`] says: LVM gets SIGINT, at which it stops at a safe point, and
-//! is waited for; it never gets SIGKILL, which can leave a thin pool half
-//! active. The same signal reaches a child whose driver was killed
+//! (`crate::volume::Volumes::detached`). Past its timeout a command is
+//! stopped as its [`Stop`] says: LVM gets SIGINT, at which it stops at a
+//! safe point, and is waited for; it never gets SIGKILL, which can leave a
+//! thin pool half active. The same signal reaches a child whose driver was killed
 //! (`PR_SET_PDEATHSIG`), so no orphan races a restarted driver.
 
 use std::process::Stdio;

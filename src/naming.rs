@@ -146,14 +146,14 @@ pub fn validate_class_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// The device class an id or LV name belongs to (`None`: the default
-/// class, whose names carry none) and the name within it. A prefix that is
-/// not a class name is left in the name, so the shape checks refuse it.
 /// The device class an id or LV name belongs to, by name.
 pub fn class_of(id: &str) -> &str {
     split_class(id).0.unwrap_or(DEFAULT_CLASS)
 }
 
+/// The device class an id or LV name belongs to (`None`: the default
+/// class, whose names carry none) and the name within it. A prefix that is
+/// not a class name is left in the name, so the shape checks refuse it.
 pub fn split_class(id: &str) -> (Option<&str>, &str) {
     match id.split_once(CLASS_SEP) {
         Some((class, rest)) if validate_class_name(class).is_ok() && class != DEFAULT_CLASS => {

@@ -1785,6 +1785,12 @@ fn health_rules(nds: &NodeDs, p: &mut Problems) {
             && ready.iter().any(|a| a == "probe"),
         || format!("{at}: the driver's readinessProbe must exec `tpcsi probe`, is {ready:?}"),
     );
+    // One device class down must not make the pod unready while the
+    // default one serves (src/bin/tpcsi/probe.rs says why).
+    p.check(
+        ready.iter().any(|a| a == "--tolerate-other-classes"),
+        || format!("{at}: the driver's readinessProbe must pass --tolerate-other-classes, is {ready:?}"),
+    );
     let reg = container_by_image(ds, REGISTRAR);
     let reg_port = endpoint_port(reg);
     let reg_probe = probe_port(reg, "livenessProbe");

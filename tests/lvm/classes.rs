@@ -271,6 +271,39 @@ async fn capacity_conditions_and_tpcsi_per_class(t: &TwoClasses, fast_id: &str) 
             .any(|l| l.starts_with(fast_id) && l.contains(" fast ")),
         "{table}"
     );
+    // `--class` keeps one class's volumes: the id's prefix, none for
+    // `default`.
+    let listed = |class: &str| -> Vec<String> {
+        let out = tpcsi(d, &["--json", "list", "--class", class]);
+        assert!(out.status.success(), "{out:?}");
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        list["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["volume_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(listed("fast"), vec![fast_id.to_string()]);
+    let plain = listed("default");
+    assert!(
+        !plain.is_empty() && plain.iter().all(|id| id.starts_with("csi-")),
+        "{plain:?}"
+    );
+    let out = tpcsi(d, &["list", "--class", "slow"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no volumes in device class slow\n"
+    );
+    // Both classes up: probe is ready, and names each class's pool.
+    let out = tpcsi(d, &["probe"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        table.contains("pool of class default (default): takes new volumes")
+            && table.contains("pool of class fast: takes new volumes"),
+        "{table}"
+    );
 }
 
 /// Stage (the class's filesystem), expand, reclaim and snapshot volume
@@ -318,9 +351,39 @@ async fn a_volume_lives_in_its_class(t: &TwoClasses, class: &Class, id: &str) ->
         "{snap:?}"
     );
     assert!(lvs(&class.vg).find(&snap.snapshot_id).is_some());
+    snapshot_listed_in_its_class(t, class, &snap.snapshot_id);
     unpublish_unstage(d, id, &staging, &target).await;
 
     (snap.snapshot_id, grown.capacity_bytes as u64)
+}
+
+/// tpcsi's snapshot list shows the snapshot's class, and `--class` keeps
+/// it or leaves it out.
+fn snapshot_listed_in_its_class(t: &TwoClasses, class: &Class, snap_id: &str) {
+    let d = &t.d;
+    let out = tpcsi(d, &["snapshot", "list", "--class", class.label()]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(snap_id) && l.contains(&format!(" {} ", class.label()))),
+        "{table}"
+    );
+    let other = if class.name.is_some() {
+        "default"
+    } else {
+        "fast"
+    };
+    let out = tpcsi(d, &["--json", "snapshot", "list", "--class", other]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        list["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["device_class"] == other && s["snapshot_id"] != snap_id),
+        "{list}"
+    );
 }
 
 /// A request for a volume of `size` in `class` with `source` as content.
@@ -477,6 +540,33 @@ async fn a_lost_class_leaves_the_other_serving(t: &TwoClasses) {
         "{}",
         d.log_tail(20)
     );
+    // Probe's answer has only `ready`: `tpcsi probe` says which class is
+    // down, with its error, and exits 5; the pod's readiness
+    // (`--tolerate-other-classes`) stays, the default class serving.
+    let out = tpcsi(d, &["probe"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "tpcsi probe: {stderr}");
+    assert!(
+        stderr.contains("device class fast takes no new volume")
+            && stderr.contains(fast_vg.as_str()),
+        "{stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("pool of class fast: takes no new volume"),
+        "{out:?}"
+    );
+    let out = tpcsi(d, &["--json", "probe", "--tolerate-other-classes"]);
+    assert!(out.status.success(), "{out:?}");
+    let probe: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(probe["pool"]["takes_new_volumes"], true, "{probe}");
+    let fast = probe["device_classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["device_class"] == "fast")
+        .cloned()
+        .unwrap_or_else(|| panic!("no class fast in {probe}"));
+    assert_eq!(fast["takes_new_volumes"], false, "{probe}");
     // tpcsi's capacity of every class shows the broken one's error and
     // the other's figures.
     let out = tpcsi(d, &["--json", "capacity"]);

@@ -19,7 +19,8 @@ pub struct Cli {
 
 pub const EXIT_CODES: &str =
     "Exit status: 0 success; 1 a local error (bad config file, bad input); \
-2 a usage error; 3 the socket cannot be reached; 4 no answer within --timeout; 10 + the gRPC code when the driver \
+2 a usage error; 3 the socket cannot be reached; 4 no answer within --timeout; 5 (probe) a device \
+class other than the default one takes no new volume while the default one does; 10 + the gRPC code when the driver \
 answers an error (13 INVALID_ARGUMENT, 15 NOT_FOUND, 16 ALREADY_EXISTS, \
 19 FAILED_PRECONDITION, 20 ABORTED, 22 UNIMPLEMENTED, ...).";
 
@@ -56,9 +57,10 @@ pub struct Global {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Probe the driver on both sockets, then ask GetCapacity whether a
-    /// new volume fits: the pod's readiness (exit 0 only when both hold)
-    Probe,
+    /// Probe the driver on both sockets, then ask GetCapacity of every
+    /// device class whether a new volume fits: exit 0 only when all hold;
+    /// the default class's failure keeps its code, another class's is 5
+    Probe(ProbeArgs),
     /// Plugin name, version, manifest, capabilities and node info
     Info,
     /// Capacity of the pool (GetCapacity), and both metadata stores from
@@ -67,7 +69,7 @@ pub enum Command {
     /// Create a volume
     Create(CreateArgs),
     /// List every volume (all pages)
-    List,
+    List(ClassFilter),
     /// Show one volume (ControllerGetVolume)
     Get {
         /// Volume id (csi-...)
@@ -137,12 +139,32 @@ pub enum SnapshotCommand {
         /// Only this snapshot
         #[arg(long, value_name = "SNAPSHOT_ID")]
         id: Option<String>,
+        #[command(flatten)]
+        filter: ClassFilter,
     },
     /// Delete a snapshot
     Delete {
         /// Snapshot id (snap-...)
         snapshot_id: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Exit as the default device class's pool says even when another
+    /// class takes no new volume (it is still shown): the pod's readiness,
+    /// which one class down must not fail while the default one serves
+    #[arg(long)]
+    pub tolerate_other_classes: bool,
+}
+
+/// A listing's device class: the id's prefix (`fast.csi-…`), none for
+/// `default`. Filtered here: ListVolumes and ListSnapshots take no class.
+#[derive(Debug, Args, Default, Clone)]
+pub struct ClassFilter {
+    /// Only those of this device class (`default`: the top-level pool's)
+    #[arg(long, value_name = "NAME", value_parser = parse_class)]
+    pub class: Option<String>,
 }
 
 /// How a volume is consumed: a filesystem (`--fs`) or a raw block device.
@@ -342,6 +364,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     }
 }
 
+/// A device class name, as the driver's config takes it.
+pub fn parse_class(s: &str) -> Result<String, String> {
+    thinpool_csi::naming::validate_class_name(s).map(|()| s.to_string())
+}
+
 /// `KEY=VALUE`, the key not empty; the value may hold `=`.
 pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
@@ -465,7 +492,10 @@ mod tests {
             "unix:///tmp/b.sock",
         ])
         .unwrap();
-        assert!(matches!(cli.command, Command::List));
+        assert!(matches!(
+            cli.command,
+            Command::List(ClassFilter { class: None })
+        ));
         assert!(cli.global.json);
         assert_eq!(cli.global.endpoint.as_deref(), Some("unix:///tmp/a.sock"));
         assert_eq!(
@@ -503,7 +533,42 @@ mod tests {
         let cli = parse(&["snapshot", "list", "--volume", "csi-x"]).unwrap();
         assert!(matches!(
             cli.command,
-            Command::Snapshot(SnapshotCommand::List { volume: Some(ref v), id: None }) if v == "csi-x"
+            Command::Snapshot(SnapshotCommand::List { volume: Some(ref v), id: None, .. }) if v == "csi-x"
+        ));
+    }
+
+    #[test]
+    fn listings_and_probe_take_their_flags() {
+        use clap::error::ErrorKind;
+        let cli = parse(&["list", "--class", "fast"]).unwrap();
+        assert!(
+            matches!(cli.command, Command::List(ClassFilter { class: Some(ref c) }) if c == "fast")
+        );
+        let cli = parse(&["snapshot", "list", "--class", "default"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Snapshot(SnapshotCommand::List { filter: ClassFilter { class: Some(ref c) }, .. }) if c == "default"
+        ));
+        // Not a class name: a usage error, before any call.
+        let kind = |args: &[&str]| parse(args).unwrap_err().kind();
+        assert_eq!(
+            kind(&["list", "--class", "Fast"]),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(kind(&["list", "--class", ""]), ErrorKind::ValueValidation);
+        let cli = parse(&["probe"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Probe(ProbeArgs {
+                tolerate_other_classes: false
+            })
+        ));
+        let cli = parse(&["probe", "--tolerate-other-classes"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Probe(ProbeArgs {
+                tolerate_other_classes: true
+            })
         ));
     }
 }

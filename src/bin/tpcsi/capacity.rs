@@ -3,13 +3,15 @@
 //! names, each with both metadata stores of that class scraped from the
 //! driver's metrics (one scrape for all). A class that is down shows its
 //! error among the others; when every class is down the command fails
-//! with the first one's code.
+//! with the first one's code. `probe` asks every class the same way
+//! ([`every_class`]).
 
 use std::collections::BTreeMap;
 
 use thinpool_csi::naming::DEFAULT_CLASS;
 use thinpool_csi::proto::csi::v1 as csi;
 use thinpool_csi::proto::csi::v1::identity_client::IdentityClient;
+use tonic::Status;
 
 use crate::args;
 use crate::capability::given_capability;
@@ -32,6 +34,55 @@ pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
         c.show(&answered(&r, &class, samples.as_ref()));
         return Ok(());
     }
+    let every = every_class(c, &req).await?;
+    let samples = samples(&c.ends).await;
+    let mut first_error = None;
+    let classes: Vec<_> = every
+        .answers
+        .into_iter()
+        .map(|(class, answer)| match answer {
+            Ok(r) => ClassCapacity::Answered(answered(&r, &class, samples.as_ref())),
+            Err(s) => {
+                let failed = ClassCapacity::Failed {
+                    error: format!("{:?}: {}", s.code(), s.message()),
+                    device_class: class,
+                };
+                first_error.get_or_insert(s);
+                failed
+            }
+        })
+        .collect();
+    // Every class down: the command fails as a single call would.
+    if let Some(e) = first_error.filter(|_| {
+        classes
+            .iter()
+            .all(|c| matches!(c, ClassCapacity::Failed { .. }))
+    }) {
+        return Err(e.into());
+    }
+    c.show(&CapacitiesOut {
+        default_device_class: every.default,
+        device_classes: classes,
+    });
+    Ok(())
+}
+
+/// GetCapacity of one request in every device class the driver serves.
+pub struct EveryClass {
+    /// The class a request without `deviceClass` goes to.
+    pub default: String,
+    /// Each class's answer, or its error, in the manifest's order.
+    pub answers: Vec<(
+        String,
+        std::result::Result<csi::GetCapacityResponse, Status>,
+    )>,
+}
+
+/// `req` asked of every class the driver's GetPluginInfo manifest names
+/// (`deviceClass` set to each). A class that is down answers UNAVAILABLE
+/// and the others still answer, so an error is kept beside them, not
+/// returned; the error returned is GetPluginInfo's, or a connection's.
+pub async fn every_class(c: &mut Ctx, req: &csi::GetCapacityRequest) -> Result<EveryClass> {
     let mut manifest = IdentityClient::new(c.csi().await?)
         .get_plugin_info(csi::GetPluginInfoRequest {})
         .await?
@@ -43,39 +94,15 @@ pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
     let names = manifest
         .remove("device_classes")
         .unwrap_or_else(|| default.clone());
-    let samples = samples(&c.ends).await;
-    let mut classes = Vec::new();
-    let mut first_error = None;
+    let mut answers = Vec::new();
     for class in names.split(',').filter(|n| !n.is_empty()) {
         let mut one = req.clone();
         one.parameters
             .insert(DEVICE_CLASS.to_string(), class.to_string());
-        // A class that is down answers UNAVAILABLE; the others still show.
-        classes.push(match c.controller().await?.get_capacity(one).await {
-            Ok(r) => ClassCapacity::Answered(answered(&r.into_inner(), class, samples.as_ref())),
-            Err(s) => {
-                let failed = ClassCapacity::Failed {
-                    device_class: class.to_string(),
-                    error: format!("{:?}: {}", s.code(), s.message()),
-                };
-                first_error.get_or_insert(s);
-                failed
-            }
-        });
+        let answer = c.controller().await?.get_capacity(one).await;
+        answers.push((class.to_string(), answer.map(tonic::Response::into_inner)));
     }
-    // Every class down: the command fails as a single call would.
-    if let Some(e) = first_error.filter(|_| {
-        classes
-            .iter()
-            .all(|c| matches!(c, ClassCapacity::Failed { .. }))
-    }) {
-        return Err(e.into());
-    }
-    c.show(&CapacitiesOut {
-        default_device_class: default,
-        device_classes: classes,
-    });
-    Ok(())
+    Ok(EveryClass { default, answers })
 }
 
 fn answered(

@@ -1,5 +1,6 @@
 //! Why a command failed, and so its exit status: 1 for bad input, 3 for
-//! a socket out of reach, 4 for no answer in time, 10 + the gRPC code for
+//! a socket out of reach, 4 for no answer in time, 5 for `probe` finding a
+//! device class other than the default one down, 10 + the gRPC code for
 //! the driver's error; and the line (or JSON) that says so.
 
 use std::time::Duration;
@@ -18,6 +19,9 @@ pub enum Failure {
     Connect(String),
     /// No answer within `--timeout`: 4.
     Timeout(Duration),
+    /// `probe`: a device class other than the default one takes no new
+    /// volume, while the default one does: 5.
+    ClassDown(String),
     /// The driver answered an error: 10 + its gRPC code.
     Grpc(Status),
 }
@@ -25,6 +29,7 @@ pub enum Failure {
 pub const EXIT_LOCAL: u8 = 1;
 pub const EXIT_CONNECT: u8 = 3;
 pub const EXIT_TIMEOUT: u8 = 4;
+pub const EXIT_CLASS_DOWN: u8 = 5;
 pub const EXIT_GRPC_BASE: u8 = 10;
 
 impl Failure {
@@ -33,13 +38,16 @@ impl Failure {
             Failure::Local(_) => EXIT_LOCAL,
             Failure::Connect(_) => EXIT_CONNECT,
             Failure::Timeout(_) => EXIT_TIMEOUT,
+            Failure::ClassDown(_) => EXIT_CLASS_DOWN,
             Failure::Grpc(s) => EXIT_GRPC_BASE + s.code() as u8,
         }
     }
 
     pub fn to_out(&self) -> ErrorOut {
         let (code, code_number, message) = match self {
-            Failure::Local(m) | Failure::Connect(m) => (None, None, m.clone()),
+            Failure::Local(m) | Failure::Connect(m) | Failure::ClassDown(m) => {
+                (None, None, m.clone())
+            }
             Failure::Timeout(t) => (
                 None,
                 None,
@@ -105,6 +113,7 @@ mod tests {
         assert_eq!(Failure::Connect("x".into()).exit_status(), 3);
         assert_eq!(Failure::Local("x".into()).line(), "error: x");
         assert_eq!(Failure::Local("x".into()).exit_status(), 1);
+        assert_eq!(Failure::ClassDown("x".into()).exit_status(), 5);
     }
 
     #[test]

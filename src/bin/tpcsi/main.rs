@@ -91,11 +91,11 @@ async fn within(
 
 async fn command(c: &mut Ctx, command: Command) -> Result<()> {
     match command {
-        Command::Probe => probe::probe(c).await,
+        Command::Probe(a) => probe::probe(c, a).await,
         Command::Info => info::info(c).await,
         Command::Capacity(a) => capacity::capacity(c, a).await,
         Command::Create(a) => volume::create(c, a).await,
-        Command::List => volume::list_volumes(c).await,
+        Command::List(f) => volume::list_volumes(c, f.class).await,
         Command::Get { volume_id } => volume::get(c, volume_id).await,
         Command::Expand(a) => volume::expand(c, a).await,
         Command::Delete { volume_id } => volume::delete(c, volume_id).await,
@@ -145,7 +145,10 @@ mod tests {
         };
         let t = Duration::from_millis(300);
         let start = std::time::Instant::now();
-        match within(Some(t), command(&mut c, Command::Probe)).await {
+        let probe = Command::Probe(args::ProbeArgs {
+            tolerate_other_classes: false,
+        });
+        match within(Some(t), command(&mut c, probe)).await {
             Err(f @ Failure::Timeout(_)) => {
                 assert_eq!(f.exit_status(), 4);
                 assert!(f.line().contains("no answer within"), "{}", f.line());

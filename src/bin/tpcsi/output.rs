@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use thinpool_csi::naming::class_of;
 use thinpool_csi::proto::csi::v1 as csi;
 
 /// An answer: JSON for scripts, a table for people.
@@ -159,10 +160,7 @@ impl VolumeOut {
             .map(|kv| [kv].into());
         VolumeOut {
             volume_id: v.volume_id.clone(),
-            device_class: thinpool_csi::naming::split_class(&v.volume_id)
-                .0
-                .unwrap_or(thinpool_csi::naming::DEFAULT_CLASS)
-                .to_string(),
+            device_class: class_of(&v.volume_id).to_string(),
             capacity_bytes: bytes(v.capacity_bytes),
             access_type: if fs_type.is_some() { "mount" } else { "block" }.into(),
             fs_type,
@@ -170,6 +168,22 @@ impl VolumeOut {
             volume_context: v.volume_context.clone().into_iter().collect(),
             condition: condition.map(Condition::from),
         }
+    }
+}
+
+impl Entry for VolumeOut {
+    const PLURAL: &'static str = "volumes";
+    const HEADERS: &'static [&'static str] = &[
+        "VOLUME ID",
+        "CLASS",
+        "SIZE",
+        "ACCESS",
+        "SOURCE",
+        "CONDITION",
+    ];
+
+    fn device_class(&self) -> &str {
+        &self.device_class
     }
 
     fn row(&self) -> Vec<String> {
@@ -192,44 +206,70 @@ impl VolumeOut {
     }
 }
 
-const VOLUME_HEADERS: [&str; 6] = [
-    "VOLUME ID",
-    "CLASS",
-    "SIZE",
-    "ACCESS",
-    "SOURCE",
-    "CONDITION",
-];
+/// One row of a listing: a volume or a snapshot.
+pub trait Entry: Serialize {
+    /// The listing's JSON field, and what its table calls the entries.
+    const PLURAL: &'static str;
+    const HEADERS: &'static [&'static str];
+    /// The device class the entry's id names (`default` for none).
+    fn device_class(&self) -> &str;
+    fn row(&self) -> Vec<String>;
+}
 
-impl Render for VolumeOut {
-    fn table(&self) -> String {
-        table(&VOLUME_HEADERS, &[self.row()])
+/// Every volume or snapshot, or those of device class `class` (`--class`:
+/// ListVolumes and ListSnapshots take no class, the id says it). JSON:
+/// `{"volumes": [...]}` or `{"snapshots": [...]}`.
+#[derive(Debug)]
+pub struct Listing<T> {
+    pub entries: Vec<T>,
+    pub class: Option<String>,
+}
+
+pub type VolumeList = Listing<VolumeOut>;
+pub type SnapshotList = Listing<SnapshotOut>;
+
+impl<T: Entry> Listing<T> {
+    pub fn new(all: Vec<T>, class: Option<String>) -> Listing<T> {
+        let entries = all
+            .into_iter()
+            .filter(|e| class.as_deref().is_none_or(|c| e.device_class() == c))
+            .collect();
+        Listing { entries, class }
     }
 }
 
-/// A table of `rows`, or `empty` when there are none.
-fn listing(headers: &[&str], rows: Vec<Vec<String>>, empty: &str) -> String {
-    if rows.is_empty() {
-        return format!("{empty}\n");
+impl<T: Entry> Serialize for Listing<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry(T::PLURAL, &self.entries)?;
+        m.end()
     }
-    table(headers, &rows)
 }
 
-#[derive(Debug, Serialize)]
-pub struct VolumeList {
-    pub volumes: Vec<VolumeOut>,
-}
-
-impl Render for VolumeList {
+/// One volume or snapshot alone (create, get): a table of one row.
+impl<T: Entry> Render for T {
     fn table(&self) -> String {
-        let rows = self.volumes.iter().map(VolumeOut::row).collect();
-        listing(&VOLUME_HEADERS, rows, "no volumes")
+        table(T::HEADERS, &[self.row()])
+    }
+}
+
+impl<T: Entry> Render for Listing<T> {
+    fn table(&self) -> String {
+        let rows: Vec<_> = self.entries.iter().map(T::row).collect();
+        match &self.class {
+            _ if !rows.is_empty() => table(T::HEADERS, &rows),
+            Some(c) => format!("no {} in device class {c}\n", T::PLURAL),
+            None => format!("no {}\n", T::PLURAL),
+        }
     }
 }
 
 #[derive(Debug, Serialize, PartialEq)]
 pub struct SnapshotOut {
     pub snapshot_id: String,
+    /// The device class the id names (`default` for none).
+    pub device_class: String,
     pub source_volume_id: String,
     pub size_bytes: u64,
     pub creation_time: Option<String>,
@@ -241,6 +281,7 @@ impl SnapshotOut {
     pub fn new(s: &csi::Snapshot) -> SnapshotOut {
         SnapshotOut {
             snapshot_id: s.snapshot_id.clone(),
+            device_class: class_of(&s.snapshot_id).to_string(),
             source_volume_id: s.source_volume_id.clone(),
             size_bytes: bytes(s.size_bytes),
             creation_time: s.creation_time.as_ref().map(|t| rfc3339(t.seconds)),
@@ -248,35 +289,32 @@ impl SnapshotOut {
             group_snapshot_id: Some(s.group_snapshot_id.clone()).filter(|g| !g.is_empty()),
         }
     }
+}
+
+impl Entry for SnapshotOut {
+    const PLURAL: &'static str = "snapshots";
+    const HEADERS: &'static [&'static str] = &[
+        "SNAPSHOT ID",
+        "CLASS",
+        "SOURCE VOLUME",
+        "SIZE",
+        "CREATED",
+        "READY",
+    ];
+
+    fn device_class(&self) -> &str {
+        &self.device_class
+    }
 
     fn row(&self) -> Vec<String> {
         vec![
             self.snapshot_id.clone(),
+            self.device_class.clone(),
             self.source_volume_id.clone(),
             human(self.size_bytes),
             self.creation_time.clone().unwrap_or_else(|| "-".into()),
             yes_no(self.ready_to_use),
         ]
-    }
-}
-
-const SNAPSHOT_HEADERS: [&str; 5] = ["SNAPSHOT ID", "SOURCE VOLUME", "SIZE", "CREATED", "READY"];
-
-impl Render for SnapshotOut {
-    fn table(&self) -> String {
-        table(&SNAPSHOT_HEADERS, &[self.row()])
-    }
-}
-
-#[derive(Debug, Serialize)]
-pub struct SnapshotList {
-    pub snapshots: Vec<SnapshotOut>,
-}
-
-impl Render for SnapshotList {
-    fn table(&self) -> String {
-        let rows = self.snapshots.iter().map(SnapshotOut::row).collect();
-        listing(&SNAPSHOT_HEADERS, rows, "no snapshots")
     }
 }
 
@@ -315,12 +353,18 @@ impl Render for Done {
 #[derive(Debug, Serialize)]
 pub struct ProbeOut {
     pub services: Vec<ProbeService>,
+    /// The default device class's pool: the readiness `probe` gave
+    /// before device classes, kept for scripts.
     pub pool: PoolReadiness,
+    pub default_device_class: String,
+    /// Every class's pool, the default one's too, in the manifest's order.
+    pub device_classes: Vec<PoolReadiness>,
 }
 
-/// Whether the pool takes a new volume, from GetCapacity.
-#[derive(Debug, Serialize)]
+/// Whether a device class's pool takes a new volume, from GetCapacity.
+#[derive(Debug, Serialize, Clone)]
 pub struct PoolReadiness {
+    pub device_class: String,
     pub takes_new_volumes: bool,
     /// GetCapacity's `available_capacity`; absent when it failed.
     pub available_capacity: Option<u64>,
@@ -332,10 +376,28 @@ pub struct PoolReadiness {
 }
 
 impl PoolReadiness {
-    pub fn from_capacity(r: &csi::GetCapacityResponse) -> PoolReadiness {
+    /// Class `device_class`'s readiness from its GetCapacity answer.
+    pub fn new(
+        device_class: &str,
+        answer: &Result<csi::GetCapacityResponse, tonic::Status>,
+    ) -> PoolReadiness {
+        let device_class = device_class.to_string();
+        let r = match answer {
+            Ok(r) => r,
+            Err(s) => {
+                return PoolReadiness {
+                    device_class,
+                    takes_new_volumes: false,
+                    available_capacity: None,
+                    reason: Some(format!("GetCapacity: {}", s.message())),
+                    code: Some(s.code()),
+                }
+            }
+        };
         let available = bytes(r.available_capacity);
         let takes = available > 0 && r.maximum_volume_size.is_none_or(|m| m > 0);
         PoolReadiness {
+            device_class,
             takes_new_volumes: takes,
             available_capacity: Some(available),
             reason: (!takes).then(|| {
@@ -348,27 +410,27 @@ impl PoolReadiness {
         }
     }
 
-    pub fn refused(code: tonic::Code, message: &str) -> PoolReadiness {
-        PoolReadiness {
-            takes_new_volumes: false,
-            available_capacity: None,
-            reason: Some(format!("GetCapacity: {message}")),
-            code: Some(code),
-        }
-    }
-
     /// The exit this readiness gives: a pool that takes no volume is
     /// RESOURCE_EXHAUSTED, a GetCapacity error keeps its own code.
     pub fn verdict(&self) -> Result<(), tonic::Status> {
-        match (&self.reason, self.code) {
-            (None, _) => Ok(()),
-            (Some(r), Some(code)) => Err(tonic::Status::new(
-                code,
-                format!("the pool takes no new volume: {r}"),
-            )),
-            (Some(r), None) => Err(tonic::Status::resource_exhausted(format!(
-                "the pool takes no new volume: {r}"
-            ))),
+        let Some(r) = &self.reason else {
+            return Ok(());
+        };
+        let message = format!(
+            "the pool of device class {} takes no new volume: {r}",
+            self.device_class
+        );
+        Err(tonic::Status::new(
+            self.code.unwrap_or(tonic::Code::ResourceExhausted),
+            message,
+        ))
+    }
+
+    fn summary(&self) -> String {
+        match (&self.reason, self.available_capacity) {
+            (None, Some(a)) => format!("takes new volumes ({} available)", human(a)),
+            (Some(r), _) => format!("takes no new volume: {r}"),
+            (None, None) => "unknown".into(),
         }
     }
 }
@@ -389,15 +451,18 @@ impl Render for ProbeOut {
             .iter()
             .map(|s| vec![s.service.into(), s.endpoint.clone(), yes_no(s.ready)])
             .collect();
-        let pool = match (&self.pool.reason, self.pool.available_capacity) {
-            (None, Some(a)) => format!("takes new volumes ({} available)", human(a)),
-            (Some(r), _) => format!("takes no new volume: {r}"),
-            (None, None) => "unknown".into(),
-        };
-        format!(
-            "{}pool: {pool}\n",
-            table(&["SERVICE", "ENDPOINT", "READY"], &rows)
-        )
+        let mut out = table(&["SERVICE", "ENDPOINT", "READY"], &rows);
+        // One class: `pool: …`, as before classes; else one line a class.
+        let one = self.device_classes.len() == 1;
+        for p in &self.device_classes {
+            let label = match p.device_class == self.default_device_class {
+                _ if one => "pool".to_string(),
+                true => format!("pool of class {} (default)", p.device_class),
+                false => format!("pool of class {}", p.device_class),
+            };
+            let _ = writeln!(out, "{label}: {}", p.summary());
+        }
+        out
     }
 }
 
@@ -783,6 +848,14 @@ mod tests {
         assert_eq!(f, "a:       1\nlonger:  2\n");
     }
 
+    /// A table line's cells (two or more spaces apart).
+    fn cells(line: &str) -> Vec<&str> {
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect()
+    }
+
     fn volume() -> csi::Volume {
         csi::Volume {
             capacity_bytes: 128 << 20,
@@ -833,18 +906,13 @@ mod tests {
             abnormal: true,
             message: "pool full".into(),
         };
-        let list = VolumeList {
-            volumes: vec![VolumeOut::new(&volume(), Some(&bad))],
-        };
+        let list = VolumeList::new(vec![VolumeOut::new(&volume(), Some(&bad))], None);
         let t = list.table();
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 2, "{t}");
         assert!(lines[0].starts_with("VOLUME ID"), "{t}");
         assert_eq!(
-            lines[1]
-                .split("  ")
-                .filter(|c| !c.is_empty())
-                .collect::<Vec<_>>(),
+            cells(lines[1]),
             vec![
                 "csi-pvc-1-0123456789abcdef",
                 "default",
@@ -854,15 +922,70 @@ mod tests {
                 "abnormal: pool full"
             ]
         );
-        assert_eq!(VolumeList { volumes: vec![] }.table(), "no volumes\n");
+        assert_eq!(VolumeList::new(vec![], None).table(), "no volumes\n");
+    }
+
+    #[test]
+    fn listings_keep_the_class_asked_for() {
+        let mut fast = volume();
+        fast.volume_id = "fast.csi-pvc-2-0123456789abcdef".into();
+        let all = || vec![VolumeOut::new(&volume(), None), VolumeOut::new(&fast, None)];
+        let ids = |l: &VolumeList| {
+            l.entries
+                .iter()
+                .map(|v| v.volume_id.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&VolumeList::new(all(), None)).len(), 2);
+        let only_fast = VolumeList::new(all(), Some("fast".into()));
+        assert_eq!(ids(&only_fast), vec![fast.volume_id.clone()]);
+        assert_eq!(cells(only_fast.table().lines().nth(1).unwrap())[1], "fast");
+        // `default`: the ids that carry no class.
+        assert_eq!(
+            ids(&VolumeList::new(all(), Some("default".into()))),
+            vec![volume().volume_id]
+        );
+        let none = VolumeList::new(all(), Some("slow".into()));
+        assert_eq!(none.table(), "no volumes in device class slow\n");
+        // JSON: the same field names, the class not among them.
+        assert_eq!(
+            serde_json::to_value(&none).unwrap(),
+            serde_json::json!({"volumes": []})
+        );
+
+        let snap = |id: &str| {
+            SnapshotOut::new(&csi::Snapshot {
+                snapshot_id: id.into(),
+                ..Default::default()
+            })
+        };
+        let snaps = || {
+            vec![
+                snap("snap-a-0011223344556677"),
+                snap("fast.snap-b-0011223344556677"),
+            ]
+        };
+        let fast_snaps = SnapshotList::new(snaps(), Some("fast".into()));
+        assert_eq!(fast_snaps.entries.len(), 1);
+        assert_eq!(fast_snaps.entries[0].device_class, "fast");
+        assert_eq!(
+            SnapshotList::new(snaps(), Some("default".into())).entries[0].snapshot_id,
+            "snap-a-0011223344556677"
+        );
+        assert_eq!(SnapshotList::new(snaps(), None).entries.len(), 2);
+        assert_eq!(
+            SnapshotList::new(snaps(), Some("slow".into())).table(),
+            "no snapshots in device class slow\n"
+        );
+        assert_eq!(SnapshotList::new(vec![], None).table(), "no snapshots\n");
     }
 
     #[test]
     fn snapshot_output() {
         let s = csi::Snapshot {
             size_bytes: 1 << 30,
-            snapshot_id: "snap-a-0011223344556677".into(),
-            source_volume_id: "csi-v-0123456789abcdef".into(),
+            snapshot_id: "fast.snap-a-0011223344556677".into(),
+            source_volume_id: "fast.csi-v-0123456789abcdef".into(),
             creation_time: Some(prost_types::Timestamp {
                 seconds: 0,
                 nanos: 0,
@@ -874,8 +997,9 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&out).unwrap(),
             serde_json::json!({
-                "snapshot_id": "snap-a-0011223344556677",
-                "source_volume_id": "csi-v-0123456789abcdef",
+                "snapshot_id": "fast.snap-a-0011223344556677",
+                "device_class": "fast",
+                "source_volume_id": "fast.csi-v-0123456789abcdef",
                 "size_bytes": 1073741824,
                 "creation_time": "1970-01-01T00:00:00Z",
                 "ready_to_use": true,
@@ -884,6 +1008,17 @@ mod tests {
         );
         let t = out.table();
         assert!(t.starts_with("SNAPSHOT ID"), "{t}");
+        assert_eq!(
+            cells(t.lines().nth(1).unwrap()),
+            vec![
+                "fast.snap-a-0011223344556677",
+                "fast",
+                "fast.csi-v-0123456789abcdef",
+                "1 GiB",
+                "1970-01-01T00:00:00Z",
+                "yes"
+            ]
+        );
         assert!(
             t.contains("1 GiB") && t.contains("1970-01-01T00:00:00Z") && t.contains("yes"),
             "{t}"
@@ -1033,17 +1168,22 @@ mod tests {
 
     #[test]
     fn probe_readiness_follows_get_capacity() {
-        let cap = |available, max| csi::GetCapacityResponse {
-            available_capacity: available,
-            maximum_volume_size: max,
-            minimum_volume_size: None,
+        let cap = |available, max| {
+            Ok(csi::GetCapacityResponse {
+                available_capacity: available,
+                maximum_volume_size: max,
+                minimum_volume_size: None,
+            })
         };
-        let ok = PoolReadiness::from_capacity(&cap(64 << 20, Some(1 << 30)));
+        let ok = PoolReadiness::new("default", &cap(64 << 20, Some(1 << 30)));
         assert!(ok.takes_new_volumes && ok.verdict().is_ok());
         let out = ProbeOut {
             services: vec![],
-            pool: ok,
+            pool: ok.clone(),
+            default_device_class: "default".into(),
+            device_classes: vec![ok],
         };
+        // One class: the line it had before classes.
         assert!(
             out.table()
                 .ends_with("pool: takes new volumes (64 MiB available)\n"),
@@ -1054,7 +1194,7 @@ mod tests {
         // Full, failed or past the overprovision limit: 0 available, or
         // no room for the smallest volume.
         for r in [cap(0, Some(0)), cap(0, None), cap(4 << 20, Some(0))] {
-            let p = PoolReadiness::from_capacity(&r);
+            let p = PoolReadiness::new("default", &r);
             assert!(!p.takes_new_volumes, "{r:?}");
             let e = p.verdict().unwrap_err();
             assert_eq!(e.code(), tonic::Code::ResourceExhausted);
@@ -1062,13 +1202,20 @@ mod tests {
         }
 
         // A missing pool: GetCapacity's own error and code.
-        let p = PoolReadiness::refused(tonic::Code::Unavailable, "thin pool vg/pool not found");
+        let p = PoolReadiness::new(
+            "fast",
+            &Err(tonic::Status::unavailable("thin pool vg/pool not found")),
+        );
         let e = p.verdict().unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable);
-        assert!(e.message().contains("vg/pool not found"), "{e:?}");
+        assert!(
+            e.message().contains("device class fast") && e.message().contains("vg/pool not found"),
+            "{e:?}"
+        );
         assert_eq!(
             serde_json::to_value(&p).unwrap(),
             serde_json::json!({
+                "device_class": "fast",
                 "takes_new_volumes": false,
                 "available_capacity": null,
                 "reason": "GetCapacity: thin pool vg/pool not found",

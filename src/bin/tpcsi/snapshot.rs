@@ -33,7 +33,7 @@ pub async fn snapshot(c: &mut Ctx, s: SnapshotCommand) -> Result<()> {
                 .ok_or_else(|| Status::internal("CreateSnapshot answered no snapshot"))?;
             c.show(&SnapshotOut::new(&s));
         }
-        SnapshotCommand::List { volume, id } => {
+        SnapshotCommand::List { volume, id, filter } => {
             let (volume, id) = (volume.unwrap_or_default(), id.unwrap_or_default());
             let snapshots = all_pages(|starting_token| {
                 let mut ctl = ctl.clone();
@@ -55,7 +55,7 @@ pub async fn snapshot(c: &mut Ctx, s: SnapshotCommand) -> Result<()> {
                 }
             })
             .await?;
-            c.show(&SnapshotList { snapshots });
+            c.show(&SnapshotList::new(snapshots, filter.class));
         }
         SnapshotCommand::Delete { snapshot_id } => {
             let req = csi::DeleteSnapshotRequest {

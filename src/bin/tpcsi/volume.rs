@@ -48,7 +48,9 @@ pub async fn create(c: &mut Ctx, a: args::CreateArgs) -> Result<()> {
     Ok(())
 }
 
-pub async fn list_volumes(c: &mut Ctx) -> Result<()> {
+/// Every volume, or those of device class `class` (ListVolumes takes
+/// no class: the id says it).
+pub async fn list_volumes(c: &mut Ctx, class: Option<String>) -> Result<()> {
     let ctl = c.controller().await?;
     let volumes = all_pages(|starting_token| {
         let mut ctl = ctl.clone();
@@ -72,7 +74,7 @@ pub async fn list_volumes(c: &mut Ctx) -> Result<()> {
         }
     })
     .await?;
-    c.show(&VolumeList { volumes });
+    c.show(&VolumeList::new(volumes, class));
     Ok(())
 }
 
