@@ -1873,7 +1873,9 @@ fn provisioner_rules(nds: &NodeDs, p: &mut Problems) {
     let prov = container_by_image(nds.ds, PROVISIONER);
     for (f, v) in [
         ("--enable-capacity", Some("true")),
-        ("--capacity-ownerref-level", Some("1")),
+        // The pod owns its node's CSIStorageCapacity objects, so they go
+        // with it (base/node.yaml says why).
+        ("--capacity-ownerref-level", Some("0")),
         ("--strict-topology", Some("true")),
     ] {
         let got = flag(prov, f);
@@ -2063,13 +2065,6 @@ const SIDECAR_NEEDS: &[(&str, &[Need])] = &[
                 true,
             ),
             (
-                "csi-provisioner (capacity owner)",
-                "apps",
-                "daemonsets",
-                &["get"],
-                true,
-            ),
-            (
                 "csi-provisioner (restore)",
                 "snapshot.storage.k8s.io",
                 "volumesnapshots",
@@ -2209,6 +2204,13 @@ const SIDECAR_NEEDS: &[(&str, &[Need])] = &[
                 false,
             ),
             (
+                "csi-addons (key rotation: the PV's node-stage Secret)",
+                "",
+                "secrets",
+                &["get"],
+                true,
+            ),
+            (
                 "csi-addons (reclaim)",
                 "",
                 "persistentvolumes",
@@ -2316,7 +2318,7 @@ fn least_privilege_rules(
     p: &mut Problems,
 ) {
     for (sa_key, set) in granted {
-        for (g, res, v, _) in set {
+        for (g, res, v, ns) in set {
             let what = format!(
                 "[{}] {}/{}: `{v}` on {res} ({g})",
                 r.name, sa_key.0, sa_key.1
@@ -2324,8 +2326,24 @@ fn least_privilege_rules(
             p.check(g != "*" && res != "*" && v != "*", || {
                 format!("{what}: no wildcards")
             });
-            p.check(res != "secrets", || {
-                format!("{what}: no secrets (no class names one)")
+            // Only csi-addons reads a Secret (the encrypted class's
+            // node-stage Secret, for key rotation): `get`, in the driver's
+            // namespace, where the example keeps it; nothing lists them.
+            p.check(
+                res != "secrets"
+                    || (v == "get"
+                        && sa_key.0 == ds.ns()
+                        && ns == ds.ns()
+                        && find_container(ds, CSI_ADDONS).is_some()),
+                || {
+                    format!(
+                        "{what}: secrets only for csi-addons' key rotation: `get` in {}",
+                        ds.ns()
+                    )
+                },
+            );
+            p.check(!(g == "apps" && res == "daemonsets"), || {
+                format!("{what}: the provisioner's capacity owner is its pod, read by name; no DaemonSet")
             });
             p.check(res != "nodes", || {
                 format!("{what}: per-node sidecars read no Node (the provisioner builds its own from NodeGetInfo)")
