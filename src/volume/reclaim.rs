@@ -122,20 +122,22 @@ impl Volumes {
                 .advise("reclaim it with NodeReclaimSpace while it is staged, or call ControllerReclaimSpace again when nothing uses it"));
             }
             let access = vol.tags.access.clone();
-            if vol.tags.encrypted {
-                let pre = d.usage(&id).await?;
-                return d.nothing_reclaimed(&id, pre, "it is encrypted and the controller holds no key to mount it").await;
-            }
+            let encrypted = vol.tags.encrypted;
             let pool_chunk = d.pool(&report)?.chunk_size.max(512);
             let was_active = vol.lv.is_active();
-            // An LV that was active already has its usage in this report.
+            // An LV that was active already has its usage in this report;
+            // an inactive one shows no Data% until it is activated (an
+            // encrypted one too: activating the LV opens no mapping).
             let known_pre = vol.lv.allocated_bytes().filter(|_| was_active);
             if !was_active {
                 d.lvm.activate(&id).await?;
             }
-            let res = d
-                .reclaim_unused(&id, access, pool_chunk, known_pre, &cancel)
-                .await;
+            let res = if encrypted {
+                d.encrypted_untouched(&id, known_pre).await
+            } else {
+                d.reclaim_unused(&id, access, pool_chunk, known_pre, &cancel)
+                    .await
+            };
             if !was_active {
                 if let Err(e) = d.lvm.deactivate(&id).await {
                     tracing::warn!(%id, error = %e, "ControllerReclaimSpace: could not deactivate again");
@@ -143,6 +145,25 @@ impl Volumes {
             }
             res
         })
+        .await
+    }
+
+    /// An encrypted volume the controller cannot trim (it holds no key to
+    /// mount it): its usage before and after, on an active LV.
+    async fn encrypted_untouched(
+        &self,
+        id: &VolumeId,
+        known_pre: Option<u64>,
+    ) -> Result<Reclaimed> {
+        let pre = match known_pre {
+            Some(p) => p,
+            None => self.usage(id).await?,
+        };
+        self.nothing_reclaimed(
+            id,
+            pre,
+            "it is encrypted and the controller holds no key to mount it",
+        )
         .await
     }
 

@@ -5,6 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+use thinpool_csi::naming;
 use thinpool_csi::proto::csi::v1::*;
 use thinpool_csi::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
 use thinpool_csi::proto::reclaimspace::NodeReclaimSpaceRequest;
@@ -477,7 +478,10 @@ async fn listed_across_a_restart(t: &mut TwoClasses, held: &[Held]) {
 async fn deleted_in_their_class(t: &TwoClasses, held: &Held, class: &Class) {
     let mut c = t.d.controller().await;
     let e = c
-        .delete_volume(del(&format!("gone.{}", held.volume)))
+        .delete_volume(del(&format!(
+            "gone.{}",
+            naming::split_class(&held.volume).1
+        )))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");

@@ -18,6 +18,8 @@ use thinpool_csi::node::crypt::mapping_name;
 use thinpool_csi::proto::csi::v1::*;
 use thinpool_csi::proto::encryptionkeyrotation::encryption_key_rotation_controller_client::EncryptionKeyRotationControllerClient;
 use thinpool_csi::proto::encryptionkeyrotation::EncryptionKeyRotateRequest;
+use thinpool_csi::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
+use thinpool_csi::proto::reclaimspace::ControllerReclaimSpaceRequest;
 use tonic::Code;
 
 use crate::fixtures::{
@@ -454,7 +456,33 @@ async fn reclaim_through_the_mapping(discards: bool) -> (u64, u64) {
     n.node_unstage_volume(unstage_req(&id, &staging))
         .await
         .unwrap();
+    controller_reclaim_leaves_it_closed(&d, &id).await;
     (pre, post)
+}
+
+/// Unstaged, its LV inactive: ControllerReclaimSpace trims nothing (the
+/// controller holds no key), answers the usage LVM shows once the LV is
+/// active, opens no mapping and leaves the LV inactive.
+async fn controller_reclaim_leaves_it_closed(d: &TestDriver, id: &str) {
+    let lv = |d: &TestDriver| crate::harness::lvs(&d.vg).find(id).cloned().unwrap();
+    assert!(!lv(d).is_active());
+    let mut ctl = ReclaimSpaceControllerClient::connect(d.addons_uri())
+        .await
+        .unwrap();
+    let r = ctl
+        .controller_reclaim_space(ControllerReclaimSpaceRequest {
+            volume_id: id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerReclaimSpace of an unstaged encrypted volume")
+        .into_inner();
+    let (pre, post) = (
+        r.pre_usage.unwrap().usage_bytes,
+        r.post_usage.unwrap().usage_bytes,
+    );
+    assert!(pre > 0 && post == pre, "nothing trimmed: {pre} -> {post}");
+    assert!(crypt_mapping(id).is_none() && !lv(d).is_active());
 }
 
 #[tokio::test(flavor = "multi_thread")]
