@@ -1788,7 +1788,10 @@ fn health_rules(nds: &NodeDs, p: &mut Problems) {
     // One device class down must not make the pod unready while the
     // default one serves (src/bin/tpcsi/probe.rs says why).
     p.check(
-        ready.iter().any(|a| a == "--tolerate-other-classes"),
+        ready
+            .iter()
+            .position(|a| a == "probe")
+            .is_some_and(|at| ready[at..].iter().any(|a| a == "--tolerate-other-classes")),
         || format!("{at}: the driver's readinessProbe must pass --tolerate-other-classes, is {ready:?}"),
     );
     let reg = container_by_image(ds, REGISTRAR);

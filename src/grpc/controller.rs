@@ -201,10 +201,13 @@ impl ControllerService {
     async fn list(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse> {
         let max = validate::page(req.max_entries, &req.starting_token, naming::is_volume_id)?;
         let (page, next_token) = self.classes.list_volumes(&req.starting_token, max).await?;
-        // Entries leave out accessible_topology (OPTIONAL in Volume): every
-        // volume listed is on this node, as CreateVolume and
-        // ControllerGetVolume say; repeated on each of thousands of
-        // entries it was a third of the answer.
+        // Entries leave out accessible_topology (OPTIONAL in Volume). The
+        // spec lets a CO read its absence as "reachable from every node";
+        // no Kubernetes component reads it from ListVolumes (the
+        // provisioner never calls it; external-health-monitor, not
+        // deployed here, reads the id and the condition), and CreateVolume and ControllerGetVolume still name
+        // this node. On 500 volumes it was a third of the answer and put
+        // ListVolumes past its P3 limit (docs/behaviour.md).
         let entries = page
             .iter()
             .map(|v| list_volumes_response::Entry {

@@ -34,7 +34,7 @@ pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
         c.show(&answered(&r, &class, samples.as_ref()));
         return Ok(());
     }
-    let every = every_class(c, &req).await?;
+    let every = every_class(c, &req, None).await?;
     let samples = samples(&c.ends).await;
     let mut first_error = None;
     let classes: Vec<_> = every
@@ -82,7 +82,15 @@ pub struct EveryClass {
 /// (`deviceClass` set to each). A class that is down answers UNAVAILABLE
 /// and the others still answer, so an error is kept beside them, not
 /// returned; the error returned is GetPluginInfo's, or a connection's.
-pub async fn every_class(c: &mut Ctx, req: &csi::GetCapacityRequest) -> Result<EveryClass> {
+/// With `others_within`, a class other than the default that has not
+/// answered by then counts as DEADLINE_EXCEEDED: a class whose disk hangs
+/// (its LVM command waits up to the driver's command timeout) cannot hold
+/// the caller past that.
+pub async fn every_class(
+    c: &mut Ctx,
+    req: &csi::GetCapacityRequest,
+    others_within: Option<std::time::Duration>,
+) -> Result<EveryClass> {
     let mut manifest = IdentityClient::new(c.csi().await?)
         .get_plugin_info(csi::GetPluginInfoRequest {})
         .await?
@@ -99,7 +107,18 @@ pub async fn every_class(c: &mut Ctx, req: &csi::GetCapacityRequest) -> Result<E
         let mut one = req.clone();
         one.parameters
             .insert(DEVICE_CLASS.to_string(), class.to_string());
-        let answer = c.controller().await?.get_capacity(one).await;
+        let mut client = c.controller().await?;
+        let call = client.get_capacity(one);
+        let answer = match others_within.filter(|_| class != default) {
+            Some(within) => tokio::time::timeout(within, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(format!(
+                        "device class {class} did not answer GetCapacity within {within:?}"
+                    )))
+                }),
+            None => call.await,
+        };
         answers.push((class.to_string(), answer.map(tonic::Response::into_inner)));
     }
     Ok(EveryClass { default, answers })

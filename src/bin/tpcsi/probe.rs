@@ -31,6 +31,11 @@ use crate::failure::{Failure, Result};
 use crate::output::{PoolReadiness, ProbeOut, ProbeService};
 use csi::identity_client::IdentityClient;
 
+/// How long a class other than the default may take to answer
+/// GetCapacity under `--tolerate-other-classes` (the deployment's
+/// readiness probe gives the whole probe 8 s).
+const OTHERS_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub async fn probe(c: &mut Ctx, a: ProbeArgs) -> Result<()> {
     let mut services = Vec::new();
     let r = IdentityClient::new(c.csi().await?)
@@ -56,7 +61,10 @@ pub async fn probe(c: &mut Ctx, a: ProbeArgs) -> Result<()> {
     // Probe says the driver serves; whether a class's pool takes a new
     // volume is GetCapacity's answer (0 while it is full, failed or
     // read-only, an error while it is missing).
-    let every = every_class(c, &csi::GetCapacityRequest::default()).await?;
+    // Tolerating the other classes, a hung one must not use up the
+    // readiness probe's time either: each gets OTHERS_WITHIN.
+    let within = a.tolerate_other_classes.then_some(OTHERS_WITHIN);
+    let every = every_class(c, &csi::GetCapacityRequest::default(), within).await?;
     let classes: Vec<PoolReadiness> = every
         .answers
         .iter()
