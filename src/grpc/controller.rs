@@ -205,9 +205,10 @@ impl ControllerService {
         // spec lets a CO read its absence as "reachable from every node";
         // no Kubernetes component reads it from ListVolumes (the
         // provisioner never calls it; external-health-monitor, not
-        // deployed here, reads the id and the condition), and CreateVolume and ControllerGetVolume still name
-        // this node. On 500 volumes it was a third of the answer and put
-        // ListVolumes past its P3 limit (docs/behaviour.md).
+        // deployed here, reads the id and the condition), and
+        // CreateVolume and ControllerGetVolume still name this node. On
+        // 500 volumes it was a third of the answer and put ListVolumes
+        // past its P3 limit (docs/behaviour.md).
         let entries = page
             .iter()
             .map(|v| list_volumes_response::Entry {
