@@ -132,12 +132,9 @@ impl Volumes {
             if !was_active {
                 d.lvm.activate(&id).await?;
             }
-            let res = if encrypted {
-                d.encrypted_untouched(&id, known_pre).await
-            } else {
-                d.reclaim_unused(&id, access, pool_chunk, known_pre, &cancel)
-                    .await
-            };
+            let res = d
+                .reclaim_unused(&id, access, encrypted, pool_chunk, known_pre, &cancel)
+                .await;
             if !was_active {
                 if let Err(e) = d.lvm.deactivate(&id).await {
                     tracing::warn!(%id, error = %e, "ControllerReclaimSpace: could not deactivate again");
@@ -148,30 +145,13 @@ impl Volumes {
         .await
     }
 
-    /// An encrypted volume the controller cannot trim (it holds no key to
-    /// mount it): its usage before and after, on an active LV.
-    async fn encrypted_untouched(
-        &self,
-        id: &VolumeId,
-        known_pre: Option<u64>,
-    ) -> Result<Reclaimed> {
-        let pre = match known_pre {
-            Some(p) => p,
-            None => self.usage(id).await?,
-        };
-        self.nothing_reclaimed(
-            id,
-            pre,
-            "it is encrypted and the controller holds no key to mount it",
-        )
-        .await
-    }
-
-    /// The reclaim itself, on an active LV nothing else uses.
+    /// The reclaim itself, on an active LV nothing else uses; none for an
+    /// encrypted volume, which the controller holds no key to mount.
     async fn reclaim_unused(
         &self,
         id: &VolumeId,
         access: Option<Access>,
+        encrypted: bool,
         chunk: u64,
         known_pre: Option<u64>,
         cancel: &Cancel,
@@ -181,6 +161,10 @@ impl Volumes {
             Some(p) => p,
             None => self.usage(id).await?,
         };
+        if encrypted {
+            let why = "it is encrypted and the controller holds no key to mount it";
+            return self.nothing_reclaimed(id, pre, why).await;
+        }
         let stop = self.reclaim_stop(cancel);
         let bound = self.cfg.reclaim_timeout() + self.cfg.command_timeout();
         match access {

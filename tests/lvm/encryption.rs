@@ -18,14 +18,12 @@ use thinpool_csi::node::crypt::mapping_name;
 use thinpool_csi::proto::csi::v1::*;
 use thinpool_csi::proto::encryptionkeyrotation::encryption_key_rotation_controller_client::EncryptionKeyRotationControllerClient;
 use thinpool_csi::proto::encryptionkeyrotation::EncryptionKeyRotateRequest;
-use thinpool_csi::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
-use thinpool_csi::proto::reclaimspace::ControllerReclaimSpaceRequest;
 use tonic::Code;
 
 use crate::fixtures::{
-    block_cap, create_volume, crypt_mapping, encrypted_req, encryption_table, heal, keyed_stage,
-    mount_cap, node_reclaim, publish_req, read_at, secrets, snap_req, stage_req, unpublish_req,
-    unstage_req, write_at, Kubelet, KEY,
+    block_cap, controller_reclaim, create_volume, crypt_mapping, encrypted_req, encryption_table,
+    heal, keyed_stage, mount_cap, node_reclaim, publish_req, read_at, secrets, snap_req, stage_req,
+    unpublish_req, unstage_req, write_at, Kubelet, KEY,
 };
 use crate::harness::{dm_devices, dm_name, dmsetup, lvm, rdev_of, TestDriver, MIB};
 
@@ -466,21 +464,7 @@ async fn reclaim_through_the_mapping(discards: bool) -> (u64, u64) {
 async fn controller_reclaim_leaves_it_closed(d: &TestDriver, id: &str) {
     let lv = |d: &TestDriver| crate::harness::lvs(&d.vg).find(id).cloned().unwrap();
     assert!(!lv(d).is_active());
-    let mut ctl = ReclaimSpaceControllerClient::connect(d.addons_uri())
-        .await
-        .unwrap();
-    let r = ctl
-        .controller_reclaim_space(ControllerReclaimSpaceRequest {
-            volume_id: id.to_string(),
-            ..Default::default()
-        })
-        .await
-        .expect("ControllerReclaimSpace of an unstaged encrypted volume")
-        .into_inner();
-    let (pre, post) = (
-        r.pre_usage.unwrap().usage_bytes,
-        r.post_usage.unwrap().usage_bytes,
-    );
+    let (pre, post) = controller_reclaim(d, id).await;
     assert!(pre > 0 && post == pre, "nothing trimmed: {pre} -> {post}");
     assert!(crypt_mapping(id).is_none() && !lv(d).is_active());
 }

@@ -356,6 +356,28 @@ pub(crate) async fn node_reclaim(d: &TestDriver, id: &str, staging: &Path) -> (u
     )
 }
 
+/// ControllerReclaimSpace of a volume nothing uses, which must succeed:
+/// its pre and post usage.
+pub(crate) async fn controller_reclaim(d: &TestDriver, id: &str) -> (u64, u64) {
+    use thinpool_csi::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
+    use thinpool_csi::proto::reclaimspace::ControllerReclaimSpaceRequest;
+    let mut c = ReclaimSpaceControllerClient::connect(d.addons_uri())
+        .await
+        .unwrap();
+    let r = c
+        .controller_reclaim_space(ControllerReclaimSpaceRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("ControllerReclaimSpace of {id}: {e:?}"))
+        .into_inner();
+    (
+        r.pre_usage.unwrap().usage_bytes as u64,
+        r.post_usage.unwrap().usage_bytes as u64,
+    )
+}
+
 /// NodeHealer, which must answer: whether it found the volume abnormal,
 /// and its message.
 pub(crate) async fn heal(
