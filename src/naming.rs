@@ -21,7 +21,8 @@ use sha2::{Digest, Sha256};
 
 /// CSI's general limit for strings (spec, "Size Limits").
 pub const MAX_STRING: usize = 128;
-const ID_PREFIX: &str = "csi-";
+/// What every volume id (and its LV name) begins with, after its class.
+pub const ID_PREFIX: &str = "csi-";
 const READABLE_LEN: usize = 40;
 const HASH_HEX: usize = 16;
 
@@ -220,9 +221,12 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
     if s.len() % 2 != 0 {
         return None;
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+    s.as_bytes()
+        .chunks_exact(2)
+        .map(|h| {
+            let digit = |c: u8| nibble(c.to_ascii_lowercase());
+            Some(digit(h[0])? << 4 | digit(h[1])?)
+        })
         .collect()
 }
 
@@ -425,8 +429,26 @@ fn spelled_out(co_name: &str) -> bool {
 fn name_in(lv_name: &str) -> Option<String> {
     let (_, lv_name) = split_class(lv_name);
     let rest = lv_name.strip_prefix(ID_PREFIX)?;
-    let readable = rest.get(..rest.len().checked_sub(HASH_HEX + 1)?)?;
-    (spelled_out(readable) && lv_name_for(readable) == lv_name).then(|| readable.to_string())
+    let (readable, tail) = rest.split_at_checked(rest.len().checked_sub(HASH_HEX + 1)?)?;
+    // A spelled-out name is its own readable part, so `lv_name_for` of it
+    // is this LV's name exactly when the tail is `-` and its hash: checked
+    // without building the name (every ListVolumes entry decodes this).
+    let hash = tail.strip_prefix('-')?.as_bytes();
+    let digest = Sha256::digest(readable.as_bytes());
+    let matches = digest[..HASH_HEX / 2]
+        .iter()
+        .zip(hash.chunks_exact(2))
+        .all(|(b, h)| nibble(h[0]) == Some(b >> 4) && nibble(h[1]) == Some(b & 15));
+    (spelled_out(readable) && matches).then(|| readable.to_string())
+}
+
+/// A lowercase hex digit's value (what [`hex`] writes).
+fn nibble(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
 }
 
 impl VolumeTags {
@@ -963,6 +985,29 @@ mod tests {
         assert!(unhex("0").is_none());
         assert!(unhex("g0").is_none());
         assert!(unhex("é0").is_none());
+        assert!(unhex("+f").is_none(), "a sign is no hex digit");
+        assert_eq!(unhex("FF").unwrap(), b"\xff");
+    }
+
+    #[test]
+    fn a_spelled_out_name_is_read_back_only_with_its_own_hash() {
+        let name = "pvc-0a1b2c3d-4b5a-6978-8796-a5b4c3d2e1f0";
+        let lv = lv_name_for(name);
+        assert_eq!(name_in(&lv).as_deref(), Some(name));
+        assert_eq!(
+            name_in(&in_class(Some("fast"), lv.clone())).as_deref(),
+            Some(name)
+        );
+        let (body, hash) = lv.split_at(lv.len() - HASH_HEX);
+        let wrong = format!("{body}{}", if hash.starts_with('0') { "1" } else { "0" }) + &hash[1..];
+        assert_eq!(name_in(&wrong), None, "another name's hash");
+        assert_eq!(name_in(&format!("{body}{}", hash.to_uppercase())), None);
+        assert_eq!(name_in(&format!("{body}{hash}0")), None, "a longer tail");
+        // A name that is not spelled out (too long, or other characters)
+        // is never read from the LV name.
+        let long = "a".repeat(READABLE_LEN + 1);
+        assert_eq!(name_in(&lv_name_for(&long)), None);
+        assert_eq!(name_in(&lv_name_for("Data_1")), None);
     }
 
     #[test]

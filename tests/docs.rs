@@ -326,3 +326,115 @@ fn every_allowed_fs_option_is_documented() {
     }
     assert!(missing.is_empty(), "not documented: {missing:?}");
 }
+
+/// The services of the protos `build.rs` compiles, each with its file and
+/// its RPCs, read from the `.proto` text (comments left out).
+fn proto_services() -> Vec<(String, String, Vec<String>)> {
+    let build = read("build.rs");
+    let files: Vec<&str> = build.split('"').filter(|s| s.ends_with(".proto")).collect();
+    assert!(files.len() >= 5, "build.rs compiles {files:?}");
+    let mut services = Vec::new();
+    for file in files {
+        let text: String = read(&format!("proto/{file}"))
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let spaced: String = text
+            .chars()
+            .flat_map(|c| match c {
+                '(' | ')' | '{' | '}' | ';' => vec![' ', c, ' '],
+                _ => vec![c],
+            })
+            .collect();
+        let words: Vec<&str> = spaced.split_whitespace().collect();
+        for (i, w) in words.iter().enumerate() {
+            // A declaration is `service Name {` or `rpc Name (`, not a
+            // field of that name (`Service service = 1;`).
+            match (*w, words.get(i + 2).copied()) {
+                ("service", Some("{")) => {
+                    services.push((file.to_string(), words[i + 1].to_string(), Vec::new()))
+                }
+                ("rpc", Some("(")) => services
+                    .last_mut()
+                    .unwrap_or_else(|| panic!("{file}: an rpc outside a service"))
+                    .2
+                    .push(words[i + 1].to_string()),
+                _ => {}
+            }
+        }
+    }
+    services
+}
+
+/// `word` in `text` as a whole word (not inside a longer name).
+fn names(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + word.len()..].chars().next();
+        !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric)
+    })
+}
+
+/// Every RPC the driver serves is named in docs/behaviour.md ("what each
+/// CSI and CSI-Addons call does"), every CSI-Addons proto in its CSI-Addons
+/// section, and every CSI-Addons service in docs/configuration.md's
+/// `csi_addons_endpoint` row. The RPCs come from the protos `build.rs`
+/// compiles, each of whose services `src/grpc/mod.rs` serves.
+#[test]
+fn docs_name_every_served_rpc() {
+    let services = proto_services();
+    let serve = read("src/grpc/mod.rs");
+    let behaviour = read("docs/behaviour.md");
+    let addons_section = behaviour
+        .split("## CSI-Addons")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/behaviour.md has a CSI-Addons section");
+    let config = read("docs/configuration.md");
+    let addons_row = config
+        .lines()
+        .find(|l| l.starts_with("| `csi_addons_endpoint` |"))
+        .expect("docs/configuration.md has a csi_addons_endpoint row");
+    let mut missing = Vec::new();
+    let mut rpcs = 0;
+    for (file, service, calls) in &services {
+        if !names(&serve, &format!("{service}Server")) {
+            missing.push(format!(
+                "{file}: service {service} is not served in src/grpc/mod.rs"
+            ));
+        }
+        for rpc in calls {
+            rpcs += 1;
+            if !names(&behaviour, rpc) {
+                missing.push(format!("docs/behaviour.md: {service}.{rpc}"));
+            }
+        }
+        let Some(dir) = file.strip_suffix(".proto").and_then(|f| f.split_once('/')) else {
+            continue;
+        };
+        if file.starts_with("github.com/") {
+            continue;
+        }
+        if !addons_section.contains(&format!("proto/{}", dir.0)) {
+            missing.push(format!(
+                "docs/behaviour.md's CSI-Addons section: proto/{}",
+                dir.0
+            ));
+        }
+        let short = service
+            .strip_suffix("Controller")
+            .or_else(|| service.strip_suffix("Node"))
+            .unwrap_or(service);
+        if !addons_row.contains(short) {
+            missing.push(format!(
+                "docs/configuration.md's csi_addons_endpoint row: {short}"
+            ));
+        }
+    }
+    assert!(
+        rpcs >= 35,
+        "only {rpcs} RPCs read from the protos: {services:?}"
+    );
+    assert!(missing.is_empty(), "not named:\n{}", missing.join("\n"));
+}

@@ -253,6 +253,9 @@ impl std::fmt::Display for Problem {
 /// One `lvs` snapshot of our volume group.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
+    /// Sorted by name (byte order), each name once: [`Report::parse`]
+    /// sorts what LVM printed and [`Report::apply`] keeps the order, so a
+    /// name is found, and a page of names begun, by binary search.
     pub lvs: Vec<Lv>,
     /// How many LVs LVM printed: the LVs our writes added since (the
     /// metadata figures do not count them yet) are the difference.
@@ -276,6 +279,9 @@ impl Report {
             return Err(Error::Internal("LVM JSON has no \"report\" array".into()));
         }
         sink.lvs.shrink_to_fit();
+        // LVM prints by name already (its default sort), so this is one
+        // pass; its order of names is not relied on.
+        sink.lvs.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(Report {
             read_len: sink.lvs.len(),
             lvs: sink.lvs,
@@ -287,8 +293,30 @@ impl Report {
         self.lvs.len().saturating_sub(self.read_len) as u64
     }
 
+    /// Where `name` is, or would be inserted, in `lvs`.
+    fn position(&self, name: &str) -> std::result::Result<usize, usize> {
+        self.lvs.binary_search_by(|lv| lv.name.as_str().cmp(name))
+    }
+
     pub fn find(&self, name: &str) -> Option<&Lv> {
-        self.lvs.iter().find(|lv| lv.name == name)
+        self.position(name).ok().map(|i| &self.lvs[i])
+    }
+
+    /// The LVs whose names begin with `prefix`, in name order, from the
+    /// first name after `after` (every one when `after` is empty): a page
+    /// starts with two binary searches, whatever the VG holds.
+    pub fn named_after<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: &str,
+    ) -> impl Iterator<Item = &'a Lv> + 'a {
+        let mut start = self.lvs.partition_point(|lv| lv.name.as_str() < prefix);
+        if !after.is_empty() {
+            start = start.max(self.lvs.partition_point(|lv| lv.name.as_str() <= after));
+        }
+        self.lvs[start..]
+            .iter()
+            .take_while(move |lv| lv.name.starts_with(prefix))
     }
 
     /// The thin volumes that live in `pool`.
@@ -356,9 +384,9 @@ impl Report {
                 tags,
                 read_ahead,
             } => {
-                if self.find(name).is_some() {
+                let Err(at) = self.position(name) else {
                     return;
-                }
+                };
                 // VG figures are the same on every row, and a thin LV
                 // takes nothing from the VG's free space.
                 let Some(p) = self.find(pool).cloned() else {
@@ -366,42 +394,49 @@ impl Report {
                 };
                 let mut tags = tags.clone();
                 tags.sort();
-                self.lvs.push(Lv {
-                    name: name.clone(),
-                    vg: p.vg.clone(),
-                    // Thin volume, writable, inherited allocation,
-                    // inactive, thin target, zeroing as LVM shows it.
-                    attr: "Vwi---tz--".into(),
-                    size: *size,
-                    pool: pool.clone(),
-                    segtype: "thin".into(),
-                    data_percent: None,
-                    metadata_percent: None,
-                    tags,
-                    health: String::new(),
-                    kernel: None,
-                    vg_extent_size: p.vg_extent_size,
-                    vg_size: p.vg_size,
-                    vg_free: p.vg_free,
-                    chunk_size: 0,
-                    created: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .ok()
-                        .map(|d| d.as_secs() as i64),
-                    origin: String::new(),
-                    read_ahead: match read_ahead.as_deref() {
-                        None | Some("auto") => "auto".into(),
-                        Some(sectors) => sectors
-                            .parse::<u64>()
-                            .map_or_else(|_| sectors.to_string(), |n| (n * 512).to_string()),
+                self.lvs.insert(
+                    at,
+                    Lv {
+                        name: name.clone(),
+                        vg: p.vg.clone(),
+                        // Thin volume, writable, inherited allocation,
+                        // inactive, thin target, zeroing as LVM shows it.
+                        attr: "Vwi---tz--".into(),
+                        size: *size,
+                        pool: pool.clone(),
+                        segtype: "thin".into(),
+                        data_percent: None,
+                        metadata_percent: None,
+                        tags,
+                        health: String::new(),
+                        kernel: None,
+                        vg_extent_size: p.vg_extent_size,
+                        vg_size: p.vg_size,
+                        vg_free: p.vg_free,
+                        chunk_size: 0,
+                        created: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .ok()
+                            .map(|d| d.as_secs() as i64),
+                        origin: String::new(),
+                        read_ahead: match read_ahead.as_deref() {
+                            None | Some("auto") => "auto".into(),
+                            Some(sectors) => sectors
+                                .parse::<u64>()
+                                .map_or_else(|_| sectors.to_string(), |n| (n * 512).to_string()),
+                        },
+                        thin_id: None,
+                        metadata_size: 0,
+                        vg_mda_size: p.vg_mda_size,
+                        vg_mda_free: p.vg_mda_free,
                     },
-                    thin_id: None,
-                    metadata_size: 0,
-                    vg_mda_size: p.vg_mda_size,
-                    vg_mda_free: p.vg_mda_free,
-                });
+                );
             }
-            Write::Removed(name) => self.lvs.retain(|lv| lv.name != *name),
+            Write::Removed(name) => {
+                if let Ok(at) = self.position(name) {
+                    self.lvs.remove(at);
+                }
+            }
             Write::Resized { name, size } => {
                 if let Some(lv) = self.find_mut(name) {
                     lv.size = *size;
@@ -436,7 +471,7 @@ impl Report {
     }
 
     fn find_mut(&mut self, name: &str) -> Option<&mut Lv> {
-        self.lvs.iter_mut().find(|lv| lv.name == name)
+        self.position(name).ok().map(|i| &mut self.lvs[i])
     }
 }
 
@@ -1171,6 +1206,73 @@ mod tests {
             read_ahead: None,
         });
         assert!(r.find("x").is_none());
+    }
+
+    /// The report is kept in name order, whatever order LVM printed and
+    /// whatever our writes added or removed, and a page of names is begun
+    /// by prefix and after a name.
+    #[test]
+    fn rows_stay_in_name_order_and_pages_begin_by_search() {
+        let pool = r#"{"lv_name":"pool","vg_name":"vg1","lv_attr":"twi-aotz--","lv_size":"8388608","pool_lv":"","segtype":"thin-pool","data_percent":"1.00","metadata_percent":"1.00","lv_tags":"","lv_health_status":"","lv_kernel_major":"253","lv_kernel_minor":"1","vg_extent_size":"4194304","vg_size":"16777216","vg_free":"0","chunk_size":"65536"}"#;
+        let thin = |n: &str| {
+            pool.replace(r#""pool","vg_name""#, &format!(r#""{n}","vg_name""#))
+                .replace(r#""pool_lv":"""#, r#""pool_lv":"pool""#)
+                .replace("twi-aotz--", "Vwi---tz--")
+                .replace("thin-pool", "thin")
+        };
+        let printed = ["csi-c", "snap-a", "csi-a", "fast.csi-a", "csi-e"].map(thin);
+        let mut r = Report::parse(&format!(
+            r#"{{"report":[{{"lv":[{},{pool}]}}]}}"#,
+            printed.join(",")
+        ))
+        .unwrap();
+        let names = |r: &Report| r.lvs.iter().map(|lv| lv.name.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(&r),
+            ["csi-a", "csi-c", "csi-e", "fast.csi-a", "pool", "snap-a"]
+        );
+        let create = |name: &str| Write::CreatedThin {
+            name: name.into(),
+            pool: "pool".into(),
+            size: 1,
+            tags: vec![],
+            read_ahead: None,
+        };
+        r.apply(&create("csi-d"));
+        r.apply(&create("csi-0"));
+        r.apply(&create("zz"));
+        r.apply(&Write::Removed("csi-c".into()));
+        assert_eq!(
+            names(&r),
+            [
+                "csi-0",
+                "csi-a",
+                "csi-d",
+                "csi-e",
+                "fast.csi-a",
+                "pool",
+                "snap-a",
+                "zz"
+            ]
+        );
+        for n in names(&r) {
+            assert_eq!(r.find(&n).unwrap().name, n);
+        }
+        assert!(r.find("csi-c").is_none() && r.find("csi-b").is_none());
+        let page = |prefix: &str, after: &str| {
+            r.named_after(prefix, after)
+                .map(|lv| lv.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(page("csi-", ""), ["csi-0", "csi-a", "csi-d", "csi-e"]);
+        assert_eq!(page("csi-", "csi-a"), ["csi-d", "csi-e"]);
+        // A token that is gone (deleted since) still pages on after it.
+        assert_eq!(page("csi-", "csi-c"), ["csi-d", "csi-e"]);
+        assert!(page("csi-", "csi-e").is_empty());
+        assert_eq!(page("fast.csi-", ""), ["fast.csi-a"]);
+        // A token before the prefix's names starts at the first of them.
+        assert_eq!(page("fast.csi-", "csi-0"), ["fast.csi-a"]);
+        assert!(page("nothing-", "").is_empty());
     }
 
     #[test]

@@ -1,12 +1,20 @@
 //! Formatting markers: one small file per volume, under `state_dir`, that
-//! exists only while a format the driver began is unfinished (see
-//! `mounts::stage`). Written with fsync of the file and its directory, so it
-//! survives a crash or a reboot.
+//! means one thing: a format the driver began on a blank volume has not
+//! finished. It is written before the first write of the format (mkfs; for
+//! an encrypted volume, `luksFormat`) and removed once the last one exited
+//! 0 (mkfs of the filesystem inside; for raw block, LUKS2 alone). So a
+//! marker that a stage finds before it writes anything was left by an
+//! earlier call that was cut: that, and only that, is logged as
+//! [`UNFINISHED`] (see `mounts::stage`, `volume::crypt`). Written with
+//! fsync of the file and its directory, so it survives a crash or a reboot.
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::node::durable;
+
+/// The warning a stage logs when it finds a marker an earlier call left.
+pub const UNFINISHED: &str = "a format this driver began did not finish; formatting again";
 
 /// True when the marker exists.
 pub fn exists(marker: &Path) -> Result<bool> {

@@ -35,6 +35,10 @@ pub struct StageFacts {
     /// was ever written (and it was: its LUKS2 header), so its filesystem
     /// is made only under the formatting marker.
     pub under: Option<(u32, u32)>,
+    /// This stage wrote the LUKS2 of that mapping under the formatting
+    /// marker: the marker is its own, and the filesystem it makes now is
+    /// the rest of the same format (nothing was cut; no warning).
+    pub luks_written: bool,
 }
 
 /// NodeStageVolume for mount access: format only a never-written device
@@ -42,13 +46,15 @@ pub struct StageFacts {
 /// Idempotent: a staging path that already is a mount of this device is
 /// left as it is.
 ///
-/// `marker` is the volume's formatting marker: written (and synced) before
-/// mkfs runs and removed once mkfs exited 0.
-/// A marker still present means a format this driver began on a blank
-/// device did not finish (the driver was killed, or mkfs timed out): the
-/// device then holds only what that mkfs wrote, and it is formatted again
-/// instead of being refused for good. Without a marker, the format guard
-/// stands: data the driver did not write is never formatted.
+/// `marker` is the volume's formatting marker ([`marker`]): written (and
+/// synced) before mkfs runs, or for an encrypted volume before its LUKS2,
+/// and removed once mkfs exited 0. A marker found here that this stage did
+/// not write (`pool.luks_written` is false) means a format an earlier call
+/// began on a blank device did not finish (the driver was killed, or mkfs
+/// timed out): the device then holds only what that format wrote, and it
+/// is formatted again, with a warning, instead of being refused for good.
+/// Without a marker, the format guard stands: data the driver did not
+/// write is never formatted.
 pub async fn stage(
     tools: &Tools,
     dev: &Device,
@@ -74,10 +80,12 @@ pub async fn stage(
         }
         return Ok(());
     }
+    // The marker of the LUKS2 this stage wrote is not an earlier call's.
     let m = marker.to_path_buf();
-    let unfinished = tools
-        .blocking("read the formatting marker", move || marker::exists(&m))
-        .await?;
+    let unfinished = !pool.luks_written
+        && tools
+            .blocking("read the formatting marker", move || marker::exists(&m))
+            .await?;
 
     // A thin volume that maps no sector of its pool was never written
     // and reads zeros everywhere: it holds no signature, and blkid need
@@ -89,9 +97,17 @@ pub async fn stage(
         _ => blkid::probe(tools, &dev.path).await?,
     };
     let plan = match blkid::plan(&found, fs_type, mapped) {
+        _ if pool.luks_written => {
+            tracing::info!(
+                volume = dev.volume_id,
+                fs_type,
+                "formatting the filesystem inside the LUKS2 this stage wrote"
+            );
+            blkid::Plan::Format
+        }
         _ if unfinished => {
             tracing::warn!(volume = dev.volume_id, ?found, marker = %marker.display(),
-                "a format this driver began did not finish; formatting again");
+                "{}", marker::UNFINISHED);
             blkid::Plan::Format
         }
         plan => plan,

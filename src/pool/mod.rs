@@ -11,7 +11,7 @@ pub mod status;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::config::{Config, LoopPool};
+use crate::config::{Autopilot, Config, LoopPool};
 use crate::error::{Error, Result};
 use crate::lvm::report::{report_args, rows, text};
 use crate::lvm::{room, Lvm};
@@ -28,7 +28,7 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
         Ok(report) => {
             if let Some(lp) = &cfg.loop_pool {
                 // The VG is there; keep its loop device attached for next time.
-                loop_device(lp)?;
+                loop_device(lp, &cfg.autopilot)?;
             }
             report
         }
@@ -40,7 +40,14 @@ pub async fn ensure(cfg: &Config, lvm: &Lvm) -> Result<()> {
             let Some(lp) = &cfg.loop_pool else {
                 return Err(missing);
             };
-            build_vg_on_loop(lp, lvm, &owner_tag, cfg.metadata_reserve_lvs).await?;
+            build_vg_on_loop(
+                lp,
+                &cfg.autopilot,
+                lvm,
+                &owner_tag,
+                cfg.metadata_reserve_lvs,
+            )
+            .await?;
             lvm.fresh_report().await?
         }
         Err(e) => return Err(e),
@@ -247,18 +254,45 @@ async fn vg_tags(lvm: &Lvm) -> Result<Vec<String>> {
     Ok(tags)
 }
 
+/// What an existing backing file's length is, against its configured
+/// size and how far the class's autopilot may grow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileSize {
+    Configured,
+    /// Longer, within `backing_file_limit` of an autopilot that is on: a
+    /// size the driver itself reached, expected.
+    GrownByAutopilot,
+    /// Shorter, or longer than this driver would have made it.
+    Other,
+}
+
+fn file_size(len: u64, configured: u64, autopilot: &Autopilot) -> FileSize {
+    if len == configured {
+        FileSize::Configured
+    } else if len > configured && autopilot.enabled && len <= autopilot.backing_file_limit {
+        FileSize::GrownByAutopilot
+    } else {
+        FileSize::Other
+    }
+}
+
 /// The loop device over the backing file: the one already attached, or a
 /// new one. Creates the sparse file first if it is missing.
-fn loop_device(lp: &LoopPool) -> Result<(std::path::PathBuf, bool)> {
+fn loop_device(lp: &LoopPool, autopilot: &Autopilot) -> Result<(std::path::PathBuf, bool)> {
     let created = match sys::create_sparse_file(&lp.backing_file, lp.size)? {
         SparseFile::Created => {
             tracing::info!(file = %lp.backing_file.display(), size = lp.size, "created sparse backing file");
             true
         }
         SparseFile::Existed { len } => {
-            if len != lp.size {
-                tracing::warn!(file = %lp.backing_file.display(), len, configured = lp.size,
-                    "backing file exists with another size; keeping it as it is");
+            let file = lp.backing_file.display();
+            match file_size(len, lp.size, autopilot) {
+                FileSize::Configured => {}
+                FileSize::GrownByAutopilot => tracing::info!(%file, len, configured = lp.size,
+                    limit = autopilot.backing_file_limit,
+                    "backing file is as the autopilot grew it; keeping it"),
+                FileSize::Other => tracing::warn!(%file, len, configured = lp.size,
+                    "backing file exists with another size; keeping it as it is"),
             }
             false
         }
@@ -298,8 +332,14 @@ async fn pv_vg(lvm: &Lvm, dev: &Path) -> Result<Option<String>> {
     Ok(None)
 }
 
-async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str, reserve: u64) -> Result<()> {
-    let (dev, created) = loop_device(lp)?;
+async fn build_vg_on_loop(
+    lp: &LoopPool,
+    autopilot: &Autopilot,
+    lvm: &Lvm,
+    owner_tag: &str,
+    reserve: u64,
+) -> Result<()> {
+    let (dev, created) = loop_device(lp, autopilot)?;
     let dev_s = dev.display().to_string();
     match pv_vg(lvm, &dev).await? {
         Some(vg) if vg == lvm.vg => {
@@ -360,6 +400,35 @@ async fn build_vg_on_loop(lp: &LoopPool, lvm: &Lvm, owner_tag: &str, reserve: u6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file the autopilot grew (longer, within its limit) is expected,
+    /// not a warning; one shorter than configured, or longer than the
+    /// autopilot may make it, or with the autopilot off, is.
+    #[test]
+    fn a_backing_file_the_autopilot_grew_is_its_expected_size() {
+        let mib = 1 << 20;
+        let on = Autopilot {
+            enabled: true,
+            backing_file_limit: 320 * mib,
+            ..Autopilot::default()
+        };
+        let off = Autopilot {
+            enabled: false,
+            ..on.clone()
+        };
+        assert_eq!(file_size(64 * mib, 64 * mib, &on), FileSize::Configured);
+        assert_eq!(
+            file_size(160 * mib, 64 * mib, &on),
+            FileSize::GrownByAutopilot
+        );
+        assert_eq!(
+            file_size(320 * mib, 64 * mib, &on),
+            FileSize::GrownByAutopilot
+        );
+        assert_eq!(file_size(321 * mib, 64 * mib, &on), FileSize::Other);
+        assert_eq!(file_size(32 * mib, 64 * mib, &on), FileSize::Other);
+        assert_eq!(file_size(160 * mib, 64 * mib, &off), FileSize::Other);
+    }
 
     fn rows(r: &[(&str, &str)]) -> Vec<(String, String)> {
         r.iter()

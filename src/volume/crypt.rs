@@ -35,6 +35,18 @@ pub fn missing_passphrase(id: &str) -> Error {
     ))
 }
 
+/// What [`Volumes::open_crypt`] did for a stage.
+pub(super) struct OpenedCrypt {
+    /// The open mapping.
+    pub dev: Device,
+    /// This call opened it (and closes it again if the stage fails).
+    pub opened: bool,
+    /// This call wrote LUKS2 under the formatting marker: the marker is
+    /// this stage's own, and the filesystem inside is the rest of the
+    /// format, not a format an earlier call left unfinished.
+    pub formatted: bool,
+}
+
 impl Volumes {
     /// The open crypt mapping of volume `id` over its LV `lv`, if there
     /// is one. A device of the mapping's name that maps anything else is
@@ -73,9 +85,10 @@ impl Volumes {
 
     /// Opens the encrypted volume `vol` on its active LV `lv` for a stage,
     /// writing LUKS2 first when the LV is blank (or a format of ours did
-    /// not finish). Returns the mapping and whether this call opened it.
-    /// `block`: nothing is formatted inside, so the formatting marker goes
-    /// once LUKS2 is written; a filesystem stage removes it after mkfs.
+    /// not finish). `block`: nothing is formatted inside, so the formatting
+    /// marker goes once LUKS2 is written; a filesystem stage removes it
+    /// after mkfs, and is told by [`OpenedCrypt::formatted`] that the
+    /// marker it finds is this stage's own.
     pub(super) async fn open_crypt(
         &self,
         vol: &Owned<'_>,
@@ -83,7 +96,7 @@ impl Volumes {
         keys: &Keys,
         facts: &StageFacts,
         block: bool,
-    ) -> Result<(Device, bool)> {
+    ) -> Result<OpenedCrypt> {
         let id = vol.lv.name.as_str();
         let name = crypt::mapping_name(id);
         let marker_path = self.formatting_marker(id);
@@ -102,7 +115,11 @@ impl Volumes {
                 if !self.any_key_opens(&lv.path, keys).await? {
                     return Err(crypt::refused(&lv.path.display().to_string()));
                 }
-                return Ok((open, false));
+                return Ok(OpenedCrypt {
+                    dev: open,
+                    opened: false,
+                    formatted: false,
+                });
             }
             // A first stage that stopped before its filesystem was made:
             // done again from the start.
@@ -110,6 +127,11 @@ impl Volumes {
         }
         let mapped = dm::thin_mapped_sectors(&self.tools, lv.major, lv.minor).await?;
         let fresh = mapped == 0 || unfinished;
+        if unfinished {
+            // Found before this call wrote anything: an earlier stage was
+            // cut inside its format (LUKS2 or the filesystem inside).
+            tracing::warn!(volume = id, marker = %marker_path.display(), "{}", marker::UNFINISHED);
+        }
         if fresh {
             if let Some(problem) = &facts.problem {
                 return Err(Error::ResourceExhausted(format!(
@@ -154,7 +176,11 @@ impl Volumes {
         }
         .await;
         match opened {
-            Ok(dev) => Ok((dev, true)),
+            Ok(dev) => Ok(OpenedCrypt {
+                dev,
+                opened: true,
+                formatted: fresh,
+            }),
             Err(e) => {
                 // Opened here: closed again, so the stage leaves nothing.
                 if let Err(c) = crypt::close(&self.tools, &name).await {

@@ -668,6 +668,7 @@ impl Volumes {
             mkfs: Default::default(),
             // Set by the stage of an encrypted volume.
             under: None,
+            luks_written: false,
         }
     }
 }

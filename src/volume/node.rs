@@ -258,7 +258,10 @@ impl Volumes {
                     pool.under = Some(lv.numbers());
                     let block = mount.is_none();
                     match self.open_crypt(&vol, &lv, keys, &pool, block).await {
-                        Ok(open) => open,
+                        Ok(open) => {
+                            pool.luks_written = open.formatted;
+                            (open.dev, open.opened)
+                        }
                         Err(e) => {
                             if activated {
                                 self.deactivate_if_unused(&lv).await;

@@ -71,8 +71,9 @@ async fn a_small_pool_grows_under_a_writer_and_an_idle_pool_costs_no_lvm() {
         k.extra(),
         wrapper.display()
     );
-    let d = TestDriver::start_with_loop_keys("auto", 64 * MIB, &extra, "pool_percent = 40\n", &[])
-        .await;
+    let mut d =
+        TestDriver::start_with_loop_keys("auto", 64 * MIB, &extra, "pool_percent = 40\n", &[])
+            .await;
     let (start_pool, start_file) = (
         pool_size(&d.vg),
         std::fs::metadata(&d.backing).unwrap().len(),
@@ -138,6 +139,19 @@ async fn a_small_pool_grows_under_a_writer_and_an_idle_pool_costs_no_lvm() {
     let idle: Vec<String> = file_lines(&calls).split_off(before);
     assert!(idle.is_empty(), "an idle minute ran LVM: {idle:?}");
     unpublish_block(&d, &k, &id).await;
+
+    // A restart finds the file at a size the autopilot reached: expected,
+    // said at INFO, never the warning of a file of another size.
+    d.restart().await;
+    let log = d.log();
+    assert!(
+        !log.contains("backing file exists with another size"),
+        "a false warning:\n{log}"
+    );
+    assert!(
+        log.contains("backing file is as the autopilot grew it"),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

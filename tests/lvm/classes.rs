@@ -291,11 +291,21 @@ async fn capacity_conditions_and_tpcsi_per_class(t: &TwoClasses, fast_id: &str) 
         !plain.is_empty() && plain.iter().all(|id| id.starts_with("csi-")),
         "{plain:?}"
     );
-    let out = tpcsi(d, &["list", "--class", "slow"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "no volumes in device class slow\n"
-    );
+    // A class the driver does not serve is bad input naming the ones it
+    // does, not an empty list: for volumes and snapshots alike.
+    for args in [
+        &["list", "--class", "slow"][..],
+        &["snapshot", "list", "--class", "slow"],
+    ] {
+        let out = tpcsi(d, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
+        assert!(
+            err.contains("\"slow\" is not served") && err.contains("default, fast"),
+            "{args:?}: {err}"
+        );
+    }
     // Both classes up: probe is ready, and names each class's pool.
     let out = tpcsi(d, &["probe"]);
     let table = String::from_utf8_lossy(&out.stdout);

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use thinpool_csi::node::crypt::mapping_name;
+use thinpool_csi::node::marker::UNFINISHED;
 use thinpool_csi::proto::csi::v1::*;
 use thinpool_csi::proto::encryptionkeyrotation::encryption_key_rotation_controller_client::EncryptionKeyRotationControllerClient;
 use thinpool_csi::proto::encryptionkeyrotation::EncryptionKeyRotateRequest;
@@ -198,6 +199,15 @@ async fn a_key_opens_what_it_formatted_a_wrong_one_changes_nothing_and_no_key_le
     n.node_stage_volume(keyed_stage(&id, &staging, cap.clone(), KEY))
         .await
         .unwrap();
+    // The formatting marker means one thing, a format an earlier call
+    // began and did not finish: a first stage that nothing cut (LUKS2,
+    // then ext4 inside under the marker it wrote itself) warns of none.
+    let log = d.log();
+    assert!(!log.contains(UNFINISHED), "a false alarm:\n{log}");
+    assert!(
+        log.contains("formatting the filesystem inside the LUKS2 this stage wrote"),
+        "{log}"
+    );
     let dump = std::process::Command::new("cryptsetup")
         .arg("luksDump")
         .arg(lv_node(&d, &id))
@@ -708,6 +718,20 @@ async fn a_killed_first_stage_and_a_reboot_end_in_a_volume_the_next_stage_opens(
                 ),
             }
         }
+        // Exactly one warning of an unfinished format for a stage the
+        // kill cut inside its format (the marker stayed), none otherwise:
+        // the retry's own filesystem inside its new LUKS2 is not one.
+        let warned = d
+            .log()
+            .lines()
+            .filter(|l| l.contains(UNFINISHED) && l.contains(id.as_str()))
+            .count();
+        assert_eq!(
+            warned,
+            usize::from(marker),
+            "kill at {delay} ms, marker left: {marker}\n{}",
+            d.log_tail(30)
+        );
         std::fs::write(staging.join("f"), b"after the crash").unwrap();
         n.node_unstage_volume(unstage_req(&id, &staging))
             .await

@@ -16,7 +16,7 @@ use tonic::Status;
 use crate::args;
 use crate::capability::given_capability;
 use crate::connect::{Ctx, Endpoints};
-use crate::failure::Result;
+use crate::failure::{Failure, Result};
 use crate::output::{CapacitiesOut, CapacityOut, ClassCapacity};
 use crate::scrape;
 
@@ -86,11 +86,9 @@ pub struct EveryClass {
 /// answered by then counts as DEADLINE_EXCEEDED: a class whose disk hangs
 /// (its LVM command waits up to the driver's command timeout) cannot hold
 /// the caller past that.
-pub async fn every_class(
-    c: &mut Ctx,
-    req: &csi::GetCapacityRequest,
-    others_within: Option<std::time::Duration>,
-) -> Result<EveryClass> {
+/// The device classes the driver serves, from its GetPluginInfo manifest:
+/// (the default one, every one in its order).
+pub async fn served_classes(c: &mut Ctx) -> Result<(String, Vec<String>)> {
     let mut manifest = IdentityClient::new(c.csi().await?)
         .get_plugin_info(csi::GetPluginInfoRequest {})
         .await?
@@ -102,14 +100,45 @@ pub async fn every_class(
     let names = manifest
         .remove("device_classes")
         .unwrap_or_else(|| default.clone());
+    let all = names
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect();
+    Ok((default, all))
+}
+
+/// `--class NAME` of a listing: a class the driver does not serve is bad
+/// input naming the ones it does (not an empty list, which would read as
+/// "that class has none").
+pub async fn check_served(c: &mut Ctx, class: Option<&str>) -> Result<()> {
+    let Some(class) = class else {
+        return Ok(());
+    };
+    let (_, all) = served_classes(c).await?;
+    if all.iter().any(|n| n == class) {
+        return Ok(());
+    }
+    Err(Failure::Local(format!(
+        "device class {class:?} is not served by this driver; it serves: {}",
+        all.join(", ")
+    )))
+}
+
+pub async fn every_class(
+    c: &mut Ctx,
+    req: &csi::GetCapacityRequest,
+    others_within: Option<std::time::Duration>,
+) -> Result<EveryClass> {
+    let (default, names) = served_classes(c).await?;
     let mut answers = Vec::new();
-    for class in names.split(',').filter(|n| !n.is_empty()) {
+    for class in &names {
         let mut one = req.clone();
         one.parameters
             .insert(DEVICE_CLASS.to_string(), class.to_string());
         let mut client = c.controller().await?;
         let call = client.get_capacity(one);
-        let answer = match others_within.filter(|_| class != default) {
+        let answer = match others_within.filter(|_| *class != default) {
             Some(within) => tokio::time::timeout(within, call)
                 .await
                 .unwrap_or_else(|_| {

@@ -34,6 +34,7 @@ pub async fn snapshot(c: &mut Ctx, s: SnapshotCommand) -> Result<()> {
             c.show(&SnapshotOut::new(&s));
         }
         SnapshotCommand::List { volume, id, filter } => {
+            crate::capacity::check_served(c, filter.class.as_deref()).await?;
             let (volume, id) = (volume.unwrap_or_default(), id.unwrap_or_default());
             let snapshots = all_pages(|starting_token| {
                 let mut ctl = ctl.clone();

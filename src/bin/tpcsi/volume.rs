@@ -51,6 +51,7 @@ pub async fn create(c: &mut Ctx, a: args::CreateArgs) -> Result<()> {
 /// Every volume, or those of device class `class` (ListVolumes takes
 /// no class: the id says it).
 pub async fn list_volumes(c: &mut Ctx, class: Option<String>) -> Result<()> {
+    crate::capacity::check_served(c, class.as_deref()).await?;
     let ctl = c.controller().await?;
     let volumes = all_pages(|starting_token| {
         let mut ctl = ctl.clone();
