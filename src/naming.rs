@@ -218,16 +218,21 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() / 2);
+    unhex_into(s, &mut out)?;
+    Some(out)
+}
+
+/// [`unhex`] appending to `out`.
+fn unhex_into(s: &str, out: &mut Vec<u8>) -> Option<()> {
     if s.len() % 2 != 0 {
         return None;
     }
-    s.as_bytes()
-        .chunks_exact(2)
-        .map(|h| {
-            let digit = |c: u8| nibble(c.to_ascii_lowercase());
-            Some(digit(h[0])? << 4 | digit(h[1])?)
-        })
-        .collect()
+    let digit = |c: u8| nibble(c.to_ascii_lowercase());
+    for h in s.as_bytes().chunks_exact(2) {
+        out.push(digit(h[0])? << 4 | digit(h[1])?);
+    }
+    Some(())
 }
 
 /// How a volume is consumed, as recorded at creation.
@@ -517,31 +522,27 @@ impl VolumeTags {
         let mut class_options = BTreeMap::new();
         let mut encrypted = false;
         for t in tags {
-            if t == TAG_CRYPT {
-                encrypted = true;
-            } else if let Some(v) = t.strip_prefix(TAG_OWNER) {
-                owner = Some(v.to_string());
-            } else if let Some(v) = t.strip_prefix(TAG_NAME) {
-                co_name = Some(String::from_utf8(unhex(v)?).ok()?);
-            } else if let Some(v) = t.strip_prefix(TAG_ACCESS) {
-                access = decode_access(v);
-            } else if let Some(kv) = t.strip_prefix(TAG_PARAM) {
-                let (k, v) = kv.split_once('=')?;
-                let v = match v {
-                    SAME_AS_NAME => None,
-                    hexed => Some(String::from_utf8(unhex(hexed)?).ok()?),
-                };
-                params.insert(k.to_string(), v);
-            } else if let Some(kv) = t.strip_prefix(TAG_MUTABLE) {
-                let (k, v) = kv.split_once('=')?;
-                mutable.insert(k.to_string(), String::from_utf8(unhex(v)?).ok()?);
-            } else if let Some(kv) = t.strip_prefix(TAG_CLASS_OPTION) {
-                let (k, v) = kv.split_once('=')?;
-                class_options.insert(k.to_string(), String::from_utf8(unhex(v)?).ok()?);
-            } else if let Some(v) = t.strip_prefix(TAG_FROM) {
-                from = Some(ContentSource::decode(v)?);
-            } else if t.starts_with(TAG_SOURCE) {
-                return None;
+            match VolumeTag::of(t)? {
+                VolumeTag::Crypt => encrypted = true,
+                VolumeTag::Owner(v) => owner = Some(v.to_string()),
+                VolumeTag::Name(v) => co_name = Some(unhex_text(v)?),
+                VolumeTag::Access(v) => access = decode_access(v),
+                VolumeTag::Param(k, v) => {
+                    let v = match v {
+                        SAME_AS_NAME => None,
+                        hexed => Some(unhex_text(hexed)?),
+                    };
+                    params.insert(k.to_string(), v);
+                }
+                VolumeTag::Mutable(k, v) => {
+                    mutable.insert(k.to_string(), unhex_text(v)?);
+                }
+                VolumeTag::ClassOption(k, v) => {
+                    class_options.insert(k.to_string(), unhex_text(v)?);
+                }
+                VolumeTag::From(v) => from = Some(ContentSource::decode(v)?),
+                VolumeTag::Source => return None,
+                VolumeTag::Other => {}
             }
         }
         let co_name = co_name.or_else(|| name_in(lv_name))?;
@@ -560,6 +561,112 @@ impl VolumeTags {
             encrypted,
         })
     }
+}
+
+/// What ListVolumes shows of a volume's tags: [`VolumeTags::listed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedTags<'a> {
+    pub owner: &'a str,
+    pub access: Option<Access>,
+    pub mutable: BTreeMap<String, String>,
+    pub from: Option<ContentSource>,
+}
+
+impl VolumeTags {
+    /// [`VolumeTags::decode`]'s verdict on the same tags (`None` exactly
+    /// where it gives `None`), keeping only what a ListVolumes entry
+    /// shows: the CO name, parameters and class options are checked as
+    /// decode reads them, but not kept (every entry of a page is decoded).
+    pub fn listed<'a>(
+        lv_name: &str,
+        tags: impl IntoIterator<Item = &'a str>,
+    ) -> Option<ListedTags<'a>> {
+        let (mut owner, mut named, mut access, mut from) = (None, false, None, None);
+        let mut mutable = BTreeMap::new();
+        let mut scratch = Vec::new();
+        let mut text = |hexed: &str| -> Option<()> {
+            scratch.clear();
+            unhex_into(hexed, &mut scratch)?;
+            std::str::from_utf8(&scratch).ok().map(drop)
+        };
+        for t in tags {
+            match VolumeTag::of(t)? {
+                VolumeTag::Crypt | VolumeTag::Other => {}
+                VolumeTag::Owner(v) => owner = Some(v),
+                VolumeTag::Name(v) => {
+                    text(v)?;
+                    named = true;
+                }
+                VolumeTag::Access(v) => access = decode_access(v),
+                VolumeTag::Param(_, SAME_AS_NAME) => {}
+                VolumeTag::Param(_, v) | VolumeTag::ClassOption(_, v) => text(v)?,
+                VolumeTag::Mutable(k, v) => {
+                    mutable.insert(k.to_string(), unhex_text(v)?);
+                }
+                VolumeTag::From(v) => from = Some(ContentSource::decode(v)?),
+                VolumeTag::Source => return None,
+            }
+        }
+        if !named {
+            name_in(lv_name)?;
+        }
+        Some(ListedTags {
+            owner: owner?,
+            access,
+            mutable,
+            from,
+        })
+    }
+}
+
+/// One tag of a volume's LV, told by its prefix, its value not decoded.
+enum VolumeTag<'a> {
+    Crypt,
+    Owner(&'a str),
+    Name(&'a str),
+    Access(&'a str),
+    Param(&'a str, &'a str),
+    Mutable(&'a str, &'a str),
+    ClassOption(&'a str, &'a str),
+    From(&'a str),
+    /// A snapshot's tag: the LV is no volume.
+    Source,
+    Other,
+}
+
+impl<'a> VolumeTag<'a> {
+    /// `None`: a key-value tag without its `=`.
+    fn of(t: &'a str) -> Option<VolumeTag<'a>> {
+        Some(if t == TAG_CRYPT {
+            VolumeTag::Crypt
+        } else if let Some(v) = t.strip_prefix(TAG_OWNER) {
+            VolumeTag::Owner(v)
+        } else if let Some(v) = t.strip_prefix(TAG_NAME) {
+            VolumeTag::Name(v)
+        } else if let Some(v) = t.strip_prefix(TAG_ACCESS) {
+            VolumeTag::Access(v)
+        } else if let Some(kv) = t.strip_prefix(TAG_PARAM) {
+            let (k, v) = kv.split_once('=')?;
+            VolumeTag::Param(k, v)
+        } else if let Some(kv) = t.strip_prefix(TAG_MUTABLE) {
+            let (k, v) = kv.split_once('=')?;
+            VolumeTag::Mutable(k, v)
+        } else if let Some(kv) = t.strip_prefix(TAG_CLASS_OPTION) {
+            let (k, v) = kv.split_once('=')?;
+            VolumeTag::ClassOption(k, v)
+        } else if let Some(v) = t.strip_prefix(TAG_FROM) {
+            VolumeTag::From(v)
+        } else if t.starts_with(TAG_SOURCE) {
+            VolumeTag::Source
+        } else {
+            VolumeTag::Other
+        })
+    }
+}
+
+/// Hex of UTF-8 text, decoded.
+fn unhex_text(hexed: &str) -> Option<String> {
+    String::from_utf8(unhex(hexed)?).ok()
 }
 
 /// CSI plugin names: at most 63 characters, domain style, starting and
@@ -987,6 +1094,85 @@ mod tests {
         assert!(unhex("é0").is_none());
         assert!(unhex("+f").is_none(), "a sign is no hex digit");
         assert_eq!(unhex("FF").unwrap(), b"\xff");
+    }
+
+    /// The listing decode gives decode's verdict on every tag list, and
+    /// the same access, mutable parameters and source.
+    #[test]
+    fn listed_tags_agree_with_decode() {
+        let spelled = lv_name_for("pvc-1");
+        let hashed = lv_name_for("Data_1");
+        let hex_of = |s: &str| hex(s.as_bytes());
+        let owner = format!("{TAG_OWNER}d.x");
+        let name_tag = format!("{TAG_NAME}{}", hex_of("Data_1"));
+        let good = [
+            owner.clone(),
+            format!("{TAG_ACCESS}mount:ext4"),
+            format!("{TAG_PARAM}a={}", hex_of("1")),
+            format!("{TAG_PARAM}pv={SAME_AS_NAME}"),
+            format!("{TAG_MUTABLE}readAheadSectors={}", hex_of("256")),
+            format!("{TAG_CLASS_OPTION}mkfs={}", hex_of("-m 0")),
+            format!("{TAG_FROM}snapshot:{}", snapshot_lv_name_for("s1")),
+            TAG_CRYPT.to_string(),
+            "someone.else=1".to_string(),
+        ];
+        let cases: Vec<(String, Vec<String>)> = vec![
+            (spelled.clone(), good.to_vec()),
+            (
+                hashed.clone(),
+                [&good[..], std::slice::from_ref(&name_tag)].concat(),
+            ),
+            // No name tag and a name the LV name does not spell out.
+            (hashed.clone(), good.to_vec()),
+            (spelled.clone(), vec![format!("{TAG_ACCESS}block")]),
+            (
+                spelled.clone(),
+                vec![owner.clone(), format!("{TAG_PARAM}a=zz")],
+            ),
+            (
+                spelled.clone(),
+                vec![owner.clone(), format!("{TAG_PARAM}a=f")],
+            ),
+            (
+                spelled.clone(),
+                vec![owner.clone(), format!("{TAG_PARAM}a")],
+            ),
+            (
+                spelled.clone(),
+                vec![owner.clone(), format!("{TAG_PARAM}a=ff")],
+            ),
+            (
+                spelled.clone(),
+                vec![owner.clone(), format!("{TAG_CLASS_OPTION}m=c3")],
+            ),
+            (
+                spelled.clone(),
+                vec![owner.clone(), format!("{TAG_MUTABLE}k=0")],
+            ),
+            (hashed.clone(), vec![owner.clone(), format!("{TAG_NAME}ff")]),
+            (
+                spelled.clone(),
+                vec![owner.clone(), format!("{TAG_FROM}nothing")],
+            ),
+            (
+                spelled.clone(),
+                vec![owner.clone(), format!("{TAG_SOURCE}{spelled}")],
+            ),
+        ];
+        let mut kept = 0;
+        for (lv, tags) in &cases {
+            let full = VolumeTags::decode(lv, tags.iter().map(String::as_str));
+            let listed = VolumeTags::listed(lv, tags.iter().map(String::as_str));
+            assert_eq!(full.is_some(), listed.is_some(), "{lv} {tags:?}");
+            if let (Some(f), Some(l)) = (full, listed) {
+                kept += 1;
+                assert_eq!(
+                    (f.owner.as_str(), f.access, f.mutable, f.from),
+                    (l.owner, l.access, l.mutable, l.from)
+                );
+            }
+        }
+        assert_eq!(kept, 2, "the two good cases are volumes");
     }
 
     #[test]

@@ -57,26 +57,10 @@ impl ControllerService {
         }]
     }
 
-    fn volume(&self, v: &VolumeInfo) -> Volume {
+    fn volume(&self, v: VolumeInfo) -> Volume {
         Volume {
             accessible_topology: self.topology(),
-            ..self.volume_without_topology(v)
-        }
-    }
-
-    fn volume_without_topology(&self, v: &VolumeInfo) -> Volume {
-        let mut ctx = HashMap::new();
-        if let Some(Access::Mount { fs_type }) = &v.access {
-            ctx.insert("fsType".to_string(), fs_type.clone());
-        }
-        // Mutable parameters as last set, reported back.
-        ctx.extend(v.mutable.clone());
-        Volume {
-            capacity_bytes: v.size as i64,
-            volume_id: v.id.clone(),
-            volume_context: ctx,
-            content_source: v.from.as_ref().map(content_source),
-            accessible_topology: vec![],
+            ..volume_without_topology(v)
         }
     }
 
@@ -125,7 +109,7 @@ impl ControllerService {
         };
         let v = d.create_volume(spec).await?;
         Ok(CreateVolumeResponse {
-            volume: Some(self.volume(&v)),
+            volume: Some(self.volume(v)),
         })
     }
 
@@ -210,13 +194,13 @@ impl ControllerService {
         // 500 volumes it was a third of the answer and put ListVolumes
         // past its P3 limit (docs/behaviour.md).
         let entries = page
-            .iter()
+            .into_iter()
             .map(|v| list_volumes_response::Entry {
-                volume: Some(self.volume_without_topology(v)),
                 status: Some(list_volumes_response::VolumeStatus {
                     published_node_ids: vec![],
-                    volume_condition: Some(condition(v)),
+                    volume_condition: Some(condition(&v)),
                 }),
+                volume: Some(volume_without_topology(v)),
             })
             .collect();
         Ok(ListVolumesResponse {
@@ -297,11 +281,11 @@ impl ControllerService {
         let id = validate::existing_volume_id(&req.volume_id)?;
         let v = self.classes.of(&id)?.get_volume(&id).await?;
         Ok(ControllerGetVolumeResponse {
-            volume: Some(self.volume(&v)),
             status: Some(controller_get_volume_response::VolumeStatus {
                 published_node_ids: vec![],
                 volume_condition: Some(condition(&v)),
             }),
+            volume: Some(self.volume(v)),
         })
     }
 }
@@ -413,6 +397,24 @@ impl ControllerService {
 
 /// The condition of a volume and its pool, as CSI reports it, naming the
 /// device class (the pool) it is in.
+/// The volume as CSI shows it, its `accessible_topology` left out; takes
+/// the info apart (ListVolumes builds one per entry).
+fn volume_without_topology(v: VolumeInfo) -> Volume {
+    let mut ctx = HashMap::with_capacity(1 + v.mutable.len());
+    if let Some(Access::Mount { fs_type }) = v.access {
+        ctx.insert("fsType".to_string(), fs_type);
+    }
+    // Mutable parameters as last set, reported back.
+    ctx.extend(v.mutable);
+    Volume {
+        capacity_bytes: v.size as i64,
+        volume_id: v.id,
+        volume_context: ctx,
+        content_source: v.from.as_ref().map(content_source),
+        accessible_topology: vec![],
+    }
+}
+
 fn condition(v: &VolumeInfo) -> VolumeCondition {
     let class = naming::class_of(&v.id);
     VolumeCondition {

@@ -132,7 +132,8 @@ impl Lv {
         } else {
             "logical volume"
         };
-        let id = format!("{}/{}", self.vg, self.name);
+        // Built only for a problem: ListVolumes asks every entry.
+        let id = format_args!("{}/{}", self.vg, self.name);
         let h = self.attr_char(8);
         let found = |condition, what: String, remedy: String| {
             Some(Problem {

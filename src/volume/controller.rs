@@ -55,20 +55,36 @@ impl VolumeInfo {
         }
     }
 
-    fn of(d: &Volumes, report: &Report, o: &Owned) -> VolumeInfo {
+    fn of(d: &Volumes, report: &Report, o: Owned) -> VolumeInfo {
         VolumeInfo::with_pool_wide(d, o, &d.pool_wide(report))
+    }
+
+    /// A ListVolumes entry: `lv` if it is a volume of ours, its tags read
+    /// for what the entry shows only ([`VolumeTags::listed`], the same
+    /// verdict as [`Volumes::owned_lv`]'s decode).
+    fn listed(d: &Volumes, lv: &Lv, wide: &PoolWide) -> Option<VolumeInfo> {
+        let tags = VolumeTags::listed(&lv.name, lv.tags.iter().map(String::as_str))
+            .filter(|t| d.ours(lv, t.owner))?;
+        Some(VolumeInfo {
+            id: lv.name.clone(),
+            size: lv.size,
+            access: tags.access,
+            problem: d.problem_with(lv, wide),
+            from: tags.from,
+            mutable: tags.mutable,
+        })
     }
 
     /// The volume, given what is wrong with its pool (looked up once for a
     /// whole page).
-    fn with_pool_wide(d: &Volumes, o: &Owned, wide: &PoolWide) -> VolumeInfo {
+    fn with_pool_wide(d: &Volumes, o: Owned, wide: &PoolWide) -> VolumeInfo {
         VolumeInfo {
             id: o.lv.name.clone(),
             size: o.lv.size,
-            access: o.tags.access.clone(),
+            access: o.tags.access,
             problem: d.problem_with(o.lv, wide),
-            from: o.tags.from.clone(),
-            mutable: o.tags.mutable.clone(),
+            from: o.tags.from,
+            mutable: o.tags.mutable,
         }
     }
 }
@@ -196,7 +212,7 @@ impl Volumes {
                     lv = lv_name,
                     "CreateVolume: already exists, returning it"
                 );
-                return Ok(VolumeInfo::of(self, &report, &existing));
+                return Ok(VolumeInfo::of(self, &report, existing));
             }
         }
         match &tags.from {
@@ -555,7 +571,7 @@ impl Volumes {
     pub async fn get_volume(&self, id: &VolumeId) -> Result<VolumeInfo> {
         let report = self.lvm.report().await?;
         let vol = self.must_own(&report, id)?;
-        Ok(VolumeInfo::of(self, &report, &vol))
+        Ok(VolumeInfo::of(self, &report, vol))
     }
 
     /// ListVolumes: one page after `token` (a volume id or empty), and the
@@ -591,8 +607,7 @@ impl Volumes {
         let wide = self.pool_wide(&report);
         Ok((
             page.into_iter()
-                .filter_map(|lv| self.owned_lv(lv))
-                .map(|o| VolumeInfo::with_pool_wide(self, &o, &wide))
+                .filter_map(|lv| VolumeInfo::listed(self, lv, &wide))
                 .collect(),
             next,
         ))
