@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 
 use crate::fixtures::{
-    autopilot_run, block_cap, create, create_req, publish_block, unpublish_block, Kubelet,
-    AUTOPILOT_POOL,
+    autopilot_run, block_cap, create, create_req, publish_block, unpublish_block, Kubelet, Steps,
 };
 use crate::harness::{counting_lvm, file_lines, lvs, sh, TestDriver, MIB};
 
@@ -247,18 +246,28 @@ async fn metadata_pressure_grows_the_metadata_before_it_fills() {
 }
 
 /// The rate [`a_steady_writer_faster_than_fixed_steps_never_fills_the_pool`]
-/// writes at, in MiB a second: the fixed-step autopilot (50 % at 60 %,
-/// read every second) let this writer fill the 60 MiB pool; the rate-sized
-/// one keeps ahead of it with room to spare under TCG.
-const STEADY_MIB_S: u64 = 24;
+/// writes at, in MiB a second. With the driver's default threshold (80 %)
+/// and step (20 %), the fixed-step autopilot added 12 MiB a growth to the
+/// 60 MiB pool, less than this writer wrote while a growth ran: it fell
+/// behind and the pool filled. The rate-sized one grows the pool at the
+/// first read that sees the writer, by what it writes in a poll and two
+/// growths: its first growth lands within about 1.6 s (a read at most a
+/// second after the writer starts, a growth of about 0.6 s under TCG),
+/// and the pool fills at this rate in 3.75 s.
+const STEADY_MIB_S: u64 = 16;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_steady_writer_faster_than_fixed_steps_never_fills_the_pool() {
     // error_when_full = true: a write the pool has no room for fails at
     // once, so the writer's own result says whether the pool ever filled.
-    let run = autopilot_run("autorate", STEADY_MIB_S * MIB, 240 * MIB, true).await;
+    let steps = Steps {
+        threshold: 80,
+        step: 20,
+    };
+    let run = autopilot_run("autorate", STEADY_MIB_S * MIB, 240 * MIB, true, steps).await;
     eprintln!(
-        "MEASURE autopilot rate ({AUTOPILOT_POOL}): {STEADY_MIB_S} MiB/s for {} MiB in {:?}, slowest 1 MiB write {:?}; \
+        "MEASURE autopilot rate (60 MiB pool, threshold 80 %, step 20 %, poll_secs 1): \
+         {STEADY_MIB_S} MiB/s for {} MiB in {:?}, slowest 1 MiB write {:?}; \
          pool {} -> {} MiB; out-of-data-space switches {}",
         run.paced.written / MIB,
         run.paced.took,

@@ -570,12 +570,7 @@ pub(crate) async fn unpublish_block(d: &TestDriver, k: &Kubelet, id: &str) {
         .unwrap();
 }
 
-/// The pool the autopilot's rate is measured on: about 60 MiB of data
-/// (a 160 MiB loop file, 40 % of it), growing past 60 % by at least 50 %,
-/// its status read every second; the file may grow to 1 GiB.
-pub(crate) const AUTOPILOT_POOL: &str = "60 MiB pool, threshold 60 %, step 50 %, poll_secs 1";
-
-/// What one writer at a steady rate met on a fresh [`AUTOPILOT_POOL`].
+/// What one writer at a steady rate met on a fresh pool ([`autopilot_run`]).
 #[derive(Debug)]
 pub(crate) struct AutopilotRun {
     pub(crate) paced: crate::harness::Paced,
@@ -595,23 +590,34 @@ impl AutopilotRun {
     }
 }
 
-/// A fresh driver on its own VG ([`AUTOPILOT_POOL`], `error_when_full` as
-/// given), one 1 GiB raw block volume published, and `total` bytes
-/// written to it with direct I/O at `rate` bytes a second in 1 MiB
-/// chunks; what the writer and the kernel saw.
+/// The autopilot's settings for [`autopilot_run`]: `data_threshold_percent`
+/// and `step_percent`.
+pub(crate) struct Steps {
+    pub(crate) threshold: u8,
+    pub(crate) step: u8,
+}
+
+/// A fresh driver on its own VG (a 160 MiB loop file, 40 % of it for the
+/// pool's data: 60 MiB; its status read every second, the file free to
+/// grow to 1 GiB; `steps` and `error_when_full` as given), one 1 GiB raw
+/// block volume published, and `total` bytes written to it with direct I/O at `rate`
+/// bytes a second in 1 MiB chunks; what the writer and the kernel saw.
 pub(crate) async fn autopilot_run(
     name: &str,
     rate: u64,
     total: u64,
     error_when_full: bool,
+    steps: Steps,
 ) -> AutopilotRun {
     use crate::harness::{out_of_space_switches, paced_write, pool_kernel_name, KernelLog, MIB};
     let k = Kubelet::new(name);
     let extra = format!(
         "{}overprovision_ratio = 20\nerror_when_full = {error_when_full}\n\
-         autopilot = {{ enabled = true, data_threshold_percent = 60, step_percent = 50, \
+         autopilot = {{ enabled = true, data_threshold_percent = {}, step_percent = {}, \
          backing_file_limit = \"1GiB\", host_reserve = 0, poll_secs = 1 }}\n",
-        k.extra()
+        k.extra(),
+        steps.threshold,
+        steps.step
     );
     let d =
         TestDriver::start_with_loop_keys(name, 160 * MIB, &extra, "pool_percent = 40\n", &[]).await;
