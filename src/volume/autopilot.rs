@@ -22,8 +22,10 @@
 //! device and PV first where the VG has too little (`pool::grow`), within
 //! the limits; a rate-sized step the VG cannot give whole takes what the
 //! VG has first when that covers `step_percent` (one `lvextend`, for the
-//! writer is waiting), and the file grows at the next pass. After a
-//! growth the pool is read again at once. When it cannot, it says why once (log, metric, the volumes'
+//! writer is waiting). After a rate-sized growth the file grows at once
+//! by what another growth as large would need, so the next one is one
+//! `lvextend` too; its time is not the growth's (the writer had its room
+//! already). Then the pool is read again at once. When it cannot, it says why once (log, metric, the volumes'
 //! conditions, `tpcsi capacity`) and tries again a minute later; the
 //! metadata accounting's refusal of new LVs (`lvm::room`) is what happens
 //! meanwhile. GetCapacity counts what it may still add.
@@ -413,10 +415,9 @@ impl Volumes {
                 rate,
                 growth: policy.growth,
             };
-            let started = Instant::now();
             match self.grow_store(store, sizing).await {
-                Ok(()) => {
-                    watch.growth = Some(started.elapsed());
+                Ok(took) => {
+                    watch.growth = Some(took);
                     grew = true;
                     *hold = Hold::default();
                     self.autopilot.blocked.lock().unwrap().remove(store.name());
@@ -443,9 +444,15 @@ impl Volumes {
     }
 
     /// Grows `store` by the step [`plan`] sized (`sizing`, in the status's
-    /// units), in whole extents, within the limits and the VG's room;
-    /// `Err` says why it cannot.
-    async fn grow_store(&self, store: Store, sizing: Sizing) -> std::result::Result<(), String> {
+    /// units), in whole extents, within the limits and the VG's room; how
+    /// long the growth took until the store had its room (what a writer
+    /// waited), or why it cannot.
+    async fn grow_store(
+        &self,
+        store: Store,
+        sizing: Sizing,
+    ) -> std::result::Result<Duration, String> {
+        let started = Instant::now();
         let report = self.lvm.fresh_report().await.map_err(|e| e.message())?;
         let pool = self.pool(&report).map_err(|e| e.message())?;
         let a = &self.cfg.autopilot;
@@ -489,6 +496,7 @@ impl Volumes {
                 .map_err(|e| e.message())?
                 .unwrap_or(free);
         }
+        let wanted = step;
         let step = step.min(free / copies / extent * extent);
         if step == 0 {
             return Err(format!(
@@ -502,6 +510,7 @@ impl Volumes {
             Store::Metadata => grow::grow_metadata(&self.lvm, size + step).await,
         };
         done.map_err(|e| e.message())?;
+        let took = started.elapsed();
         let counter = match store {
             Store::Data => &self.autopilot.data_growths,
             Store::Metadata => &self.autopilot.metadata_growths,
@@ -519,9 +528,23 @@ impl Volumes {
                 sizing.rate * (size as f64 / sizing.total.max(1) as f64) / (1 << 20) as f64
             ),
             growth_secs = format!("{:.2}", sizing.growth.as_secs_f64()),
+            took_secs = format!("{:.2}", took.as_secs_f64()),
             "autopilot: grew the thin pool"
         );
-        Ok(())
+        // A writer the rate sized for: while it has the room just added,
+        // make the VG ready for another growth as large as this one
+        // wanted, so that one is a single `lvextend` (a backing file's
+        // growth costs several commands more).
+        if sizing.sized_by == SizedBy::Rate {
+            let left = free.saturating_sub(step * copies);
+            if left < wanted * copies {
+                if let Err(e) = self.grow_backing(wanted * copies - left, extent).await {
+                    tracing::warn!(class = self.class_name(), error = %e.message(),
+                        "autopilot: cannot grow the backing file ahead of the next growth");
+                }
+            }
+        }
+        Ok(took)
     }
 
     /// Grows a loop-backed VG's file by at least `need` bytes (whole
