@@ -57,7 +57,17 @@ fn samples() -> usize {
 
 /// The phases to run: `TPCSI_BENCH_ONLY` (a comma-separated list, for
 /// quick looks), else all of them.
-const PHASES: [&str; 8] = ["P1", "P5", "Keep", "P2", "P3", "P4", "capacity", "classes"];
+const PHASES: [&str; 9] = [
+    "P1",
+    "P5",
+    "Keep",
+    "P2",
+    "P3",
+    "P4",
+    "capacity",
+    "classes",
+    "autopilot",
+];
 
 fn phases() -> BTreeSet<&'static str> {
     let Ok(list) = std::env::var("TPCSI_BENCH_ONLY") else {
@@ -330,6 +340,8 @@ struct Check {
     what: String,
     figure: String,
     limit: String,
+    /// Judged `figure ≥ limit` (else `≤`).
+    at_least: bool,
     met: bool,
 }
 
@@ -385,7 +397,28 @@ impl Table {
             what,
             figure,
             limit: limit_text,
+            at_least: false,
             met: value <= limit,
+        });
+    }
+
+    /// A figure judged `value ≥ limit`.
+    fn at_least(
+        &mut self,
+        target: &'static str,
+        what: String,
+        figure: String,
+        value: f64,
+        limit: f64,
+        limit_text: String,
+    ) {
+        self.checks.push(Check {
+            target,
+            what,
+            figure,
+            limit: limit_text,
+            at_least: true,
+            met: value >= limit,
         });
     }
 
@@ -451,7 +484,9 @@ impl Table {
             println!("|---|---|---|---|---|");
         }
         for c in &self.checks {
-            let shown = if c.limit == "0" {
+            let shown = if c.at_least {
+                format!("≥ {}", c.limit)
+            } else if c.limit == "0" {
                 c.limit.clone()
             } else {
                 format!("≤ {}", c.limit)
@@ -466,8 +501,12 @@ impl Table {
             );
             if !c.met {
                 missed.push(format!(
-                    "{} {}: {} > {}",
-                    c.target, c.what, c.figure, c.limit
+                    "{} {}: {} {} {}",
+                    c.target,
+                    c.what,
+                    c.figure,
+                    if c.at_least { "<" } else { ">" },
+                    c.limit
                 ));
             }
         }
@@ -1377,6 +1416,9 @@ async fn run() -> usize {
         classes_phase(&mut table, &mut sh, n).await;
     }
     sh.close().await;
+    if want("autopilot") {
+        autopilot_phase(&mut table).await;
+    }
 
     table.notes.push(format!(
         "Samples: {n} per serial figure on every side, after untimed rounds of every side ({P1_WARM_UP} in P1, {P5_WARM_UP} per filesystem in P5, {P3_WARM_UP} in P3); P2 takes {p2_rounds} rounds of 32 creates a side after {P2_WARM_UP} untimed. The sides' order rotates every round. Percentiles: {}; for P2, {}.",
@@ -1455,6 +1497,85 @@ async fn classes_phase(table: &mut Table, sh: &mut LvmShell, n: usize) {
     drop(cs);
     drop(two);
     drop(fast);
+}
+
+/// The pool the autopilot's rate is measured on ([`fixtures::autopilot_run`])
+/// and issue 33's settings for it.
+const AUTOPILOT_POOL: &str = "60 MiB pool, threshold 60 %, step 50 %, poll_secs 1";
+const ISSUE_33_STEPS: fixtures::Steps = fixtures::Steps {
+    threshold: 60,
+    step: 50,
+};
+
+/// The write rate the docs promise the autopilot keeps up with on
+/// [`AUTOPILOT_POOL`] (README, docs/operations.md), in MiB a
+/// second.
+const AUTOPILOT_PROMISE_MIB_S: u64 = 32;
+/// The rates the autopilot phase tries, slowest first, in MiB a second.
+const AUTOPILOT_LADDER: [u64; 9] = [8, 16, 20, 24, 28, 32, 36, 40, 48];
+/// What each rung writes: four times the pool's starting size.
+const AUTOPILOT_WRITE: u64 = 240 * MIB;
+
+/// The fastest steady direct writer that sees no queueing on a fresh
+/// [`AUTOPILOT_POOL`] (error_when_full = false): each rung of
+/// [`AUTOPILOT_LADDER`] on a fresh driver and VG, queueing read from
+/// dm-thin's kernel log (the pool switching to out-of-data-space mode);
+/// the ladder stops at the first rung that queued. Judged against
+/// [`AUTOPILOT_PROMISE_MIB_S`].
+async fn autopilot_phase(table: &mut Table) {
+    eprintln!("bench: autopilot");
+    let mut fastest = 0;
+    let mut tried = Vec::new();
+    for rate in AUTOPILOT_LADDER {
+        let run = fixtures::autopilot_run(
+            &format!("bap{rate}"),
+            rate * MIB,
+            AUTOPILOT_WRITE,
+            false,
+            ISSUE_33_STEPS,
+        )
+        .await;
+        eprintln!(
+            "bench: autopilot {rate} MiB/s: {} MiB in {:.1} s, slowest 1 MiB write {:.0} ms, \
+             pool {} -> {} MiB in {} growths, {} out-of-data-space switches",
+            run.paced.written / MIB,
+            run.paced.took.as_secs_f64(),
+            run.paced.slowest.as_secs_f64() * 1000.0,
+            run.start_pool / MIB,
+            run.end_pool / MIB,
+            run.growths.len(),
+            run.switches.len()
+        );
+        for g in &run.growths {
+            eprintln!("  {g}");
+        }
+        tried.push(format!(
+            "{rate} MiB/s: {} (slowest write {:.0} ms, {} growths)",
+            if run.clean() {
+                "no queueing".to_string()
+            } else {
+                format!("queued {}×", run.switches.len().max(1))
+            },
+            run.paced.slowest.as_secs_f64() * 1000.0,
+            run.growths.len()
+        ));
+        if !run.clean() {
+            break;
+        }
+        fastest = rate;
+    }
+    table.at_least(
+        "autopilot",
+        format!(
+            "fastest steady direct writer ({} MiB in 1 MiB writes) with no queueing, {}",
+            AUTOPILOT_WRITE / MIB,
+            AUTOPILOT_POOL
+        ),
+        format!("{fastest} MiB/s ({})", tried.join("; ")),
+        fastest as f64,
+        AUTOPILOT_PROMISE_MIB_S as f64,
+        format!("{AUTOPILOT_PROMISE_MIB_S} MiB/s (the docs' promise)"),
+    );
 }
 
 /// Keep at `size`: the pool growth of our stage over the bare mkfs of the

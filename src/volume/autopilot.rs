@@ -5,12 +5,27 @@
 //! thin-pool target (`pool::status`), read every `poll_secs` and at once
 //! when the device's event counter moves (a thread waits in DM_DEV_WAIT,
 //! as dmeventd does; the kernel raises the counter when the pool passes a
-//! low water mark, runs out of space or changes mode). So an idle node
-//! runs no LVM command. When data or metadata use passes its threshold it
-//! grows that store by `step_percent` of its size, at least an extent,
-//! from the VG's free space, growing a loop-backed VG's file, loop device
-//! and PV first where the VG has too little (`pool::grow`), within the
-//! limits. When it cannot, it says why once (log, metric, the volumes'
+//! low water mark, runs out of space or changes mode; LVM's table sets
+//! no low water mark unless `thin_pool_autoextend_threshold` is below 100,
+//! and that setting also makes `lvcreate` refuse thin volumes above it, so
+//! the driver leaves it: the events it gets are the pool filling up and
+//! its table changing). So an idle node runs no LVM command.
+//!
+//! Each read also measures how fast each store filled since the previous
+//! one. A store grows when its use passes its threshold, or earlier when,
+//! at that rate, it would fill before a growth started at the next read
+//! could land ([`plan`]). The growth is `step_percent` of its size, or
+//! more when the rate needs it: enough that the writer stays below the
+//! threshold while this growth runs, and that room for another poll and
+//! growth is left beyond it, timed by the last growth's own duration. It
+//! comes from the VG's free space, growing a loop-backed VG's file, loop
+//! device and PV first where the VG has too little (`pool::grow`), within
+//! the limits; a rate-sized step the VG cannot give whole takes what the
+//! VG has first when that covers `step_percent` (one `lvextend`, for the
+//! writer is waiting). After a rate-sized growth the file grows at once
+//! by what another growth as large would need, so the next one is one
+//! `lvextend` too; its time is not the growth's (the writer had its room
+//! already). Then the pool is read again at once. When it cannot, it says why once (log, metric, the volumes'
 //! conditions, `tpcsi capacity`) and tries again a minute later; the
 //! metadata accounting's refusal of new LVs (`lvm::room`) is what happens
 //! meanwhile. GetCapacity counts what it may still add.
@@ -32,6 +47,143 @@ use crate::volume::Volumes;
 const BLOCKED_RETRY: Duration = Duration::from_secs(60);
 const BLOCKED_RETRY_MAX: Duration = Duration::from_secs(16 * 60);
 
+/// How long a growth is taken to last before one was timed (an `lvs` and
+/// an `lvextend`, more with the backing file: about 0.5 s on hardware,
+/// seconds under emulation).
+const FIRST_GROWTH: Duration = Duration::from_secs(2);
+/// The least a growth is taken to last, however fast the last one was.
+const MIN_GROWTH: Duration = Duration::from_millis(500);
+/// Reads closer together than this do not measure a rate: the earlier
+/// one's rate stands (an event just after a poll).
+const MIN_RATE_WINDOW: Duration = Duration::from_millis(200);
+/// How much the rate's needs are padded: writers speed up, growths slow
+/// down when the host is busy.
+const RATE_MARGIN: f64 = 1.5;
+
+/// What the autopilot knows of one store's filling, in any one unit
+/// (pool blocks): its size, its use, and how fast it filled since the
+/// previous read (units a second).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Fill {
+    pub size: u64,
+    pub used: u64,
+    pub rate: f64,
+}
+
+/// The settings and timings a growth is planned with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy {
+    pub threshold_percent: u8,
+    pub step_percent: u8,
+    /// How long until the next read when no event comes (`poll_secs`).
+    pub poll: Duration,
+    /// How long a growth takes ([`growth_estimate`]).
+    pub growth: Duration,
+}
+
+/// Why a growth has the size it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SizedBy {
+    /// `step_percent` of the size covers the writer.
+    Step,
+    /// The fill rate needs more than `step_percent`.
+    Rate,
+}
+
+impl SizedBy {
+    fn name(self) -> &'static str {
+        match self {
+            SizedBy::Step => "step_percent",
+            SizedBy::Rate => "fill rate",
+        }
+    }
+}
+
+/// Whether a store should grow now, and by how many units (before whole
+/// extents, the limits and the VG's room), and why that many.
+///
+/// It is due when its use has reached the threshold, or when at its rate
+/// it would fill before a growth started at the next read lands (the
+/// writer's `runway`: rate × (poll + growth), with a margin). The growth
+/// is the larger of `step_percent` of the size and what the rate needs:
+/// what the writer adds while this growth runs (`landed`), then a runway
+/// more, and that `landed` stays below the threshold. At least one unit.
+pub(crate) fn plan(f: Fill, p: &Policy) -> Option<(u64, SizedBy)> {
+    let rate = if f.rate.is_finite() {
+        f.rate.max(0.0)
+    } else {
+        0.0
+    };
+    let threshold = f64::from(p.threshold_percent.clamp(1, 100)) / 100.0;
+    let (size, used) = (f.size as f64, f.used as f64);
+    let runway = rate * (p.poll + p.growth).as_secs_f64() * RATE_MARGIN;
+    let over = used >= size * threshold;
+    if !over && used + runway < size {
+        return None;
+    }
+    let fixed = (f.size.saturating_mul(u64::from(p.step_percent)) / 100).max(1);
+    let landed = used + rate * p.growth.as_secs_f64() * RATE_MARGIN;
+    let target = (landed + runway).max(landed / threshold);
+    let by_rate = (target - size).max(0.0).ceil();
+    // A rate beyond u64 is no rate to size by.
+    if by_rate > fixed as f64 && by_rate < u64::MAX as f64 {
+        Some((by_rate as u64, SizedBy::Rate))
+    } else {
+        Some((fixed, SizedBy::Step))
+    }
+}
+
+/// How long the next growth is taken to last: the last growth's own
+/// duration, at least [`MIN_GROWTH`]; [`FIRST_GROWTH`] before one.
+pub(crate) fn growth_estimate(last: Option<Duration>) -> Duration {
+    last.map_or(FIRST_GROWTH, |d| d.max(MIN_GROWTH))
+}
+
+/// The fill rate (units a second) from the previous read's use to this
+/// one's, `elapsed` apart; `None` when they are too close to say
+/// ([`MIN_RATE_WINDOW`]: the earlier rate stands). Use that fell
+/// (discards) is no filling. While the pool `blocked` writes (out of data
+/// space) its use cannot rise, so the earlier rate stands if higher.
+pub(crate) fn fill_rate(
+    before: u64,
+    now: u64,
+    elapsed: Duration,
+    earlier: f64,
+    blocked: bool,
+) -> Option<f64> {
+    if elapsed < MIN_RATE_WINDOW {
+        return None;
+    }
+    let rate = now.saturating_sub(before) as f64 / elapsed.as_secs_f64();
+    Some(if blocked { rate.max(earlier) } else { rate })
+}
+
+/// One store's filling as the autopilot last read it.
+#[derive(Default)]
+struct Watch {
+    /// The last read that measured a rate: when, and the use then.
+    last: Option<(Instant, u64)>,
+    rate: f64,
+    /// The last growth's duration.
+    growth: Option<Duration>,
+}
+
+impl Watch {
+    /// Takes a read of `used` units at `now`; the rate it measures.
+    fn read(&mut self, now: Instant, used: u64, blocked: bool) -> f64 {
+        match self.last {
+            None => self.last = Some((now, used)),
+            Some((t, before)) => {
+                if let Some(r) = fill_rate(before, used, now - t, self.rate, blocked) {
+                    self.rate = r;
+                    self.last = Some((now, used));
+                }
+            }
+        }
+        self.rate
+    }
+}
+
 /// What the autopilot did and why it last could not.
 #[derive(Default)]
 pub struct AutopilotState {
@@ -49,6 +201,18 @@ impl AutopilotState {
         let b = self.blocked.lock().unwrap();
         (!b.is_empty()).then(|| b.values().cloned().collect::<Vec<_>>().join("; "))
     }
+}
+
+/// A growth as [`plan`] sized it: `units` of the store's `total` (the
+/// status's units), why, and the rate (units a second) and growth
+/// duration it was sized for.
+#[derive(Debug, Clone, Copy)]
+struct Sizing {
+    units: u64,
+    total: u64,
+    sized_by: SizedBy,
+    rate: f64,
+    growth: Duration,
 }
 
 /// When a store that could not grow is tried again.
@@ -143,10 +307,17 @@ impl Volumes {
             "autopilot: watching the thin pool"
         );
         let mut holds = [Hold::default(), Hold::default()];
+        let mut watches = [Watch::default(), Watch::default()];
         let mut unreadable = None;
         loop {
-            match self.autopilot_pass(&mut holds).await {
-                Ok(()) => unreadable = None,
+            match self.autopilot_pass(&mut holds, &mut watches).await {
+                // A store grew: read again at once, so a fast writer's next
+                // need is seen without waiting for a poll.
+                Ok(true) => {
+                    unreadable = None;
+                    continue;
+                }
+                Ok(false) => unreadable = None,
                 // Said once per kind of failure, not at every poll.
                 Err(e) if unreadable.as_ref() != Some(&e.message()) => {
                     tracing::warn!(class = self.class_name(), error = %e.message(), "autopilot: cannot read the thin pool");
@@ -166,25 +337,56 @@ impl Volumes {
         }
     }
 
-    /// One look at the pool: grows each store past its threshold, unless
-    /// that store's last attempt was refused and its hold has not passed.
-    async fn autopilot_pass(&self, holds: &mut [Hold; 2]) -> Result<()> {
+    /// One look at the pool: grows each store [`plan`] says is due,
+    /// unless that store's last attempt was refused and its hold has not
+    /// passed. `true` when a store grew.
+    async fn autopilot_pass(
+        &self,
+        holds: &mut [Hold; 2],
+        watches: &mut [Watch; 2],
+    ) -> Result<bool> {
         let Some((_, st)) = self.pool_status().await? else {
-            return Ok(());
+            return Ok(false);
         };
+        let now = Instant::now();
         // A failed or read-only pool needs a repair, not more room: its
         // condition says so already (`lvm::report::Problem`).
         if st.mode != "rw" && st.mode != "out_of_data_space" {
-            return Ok(());
+            return Ok(false);
         }
+        let blocked = st.mode == "out_of_data_space";
         let a = &self.cfg.autopilot;
+        let mut grew = false;
         for (i, store) in [Store::Data, Store::Metadata].into_iter().enumerate() {
-            let (used, threshold) = match store {
-                Store::Data => (st.data_percent(), a.data_threshold_percent),
-                Store::Metadata => (st.metadata_percent(), a.metadata_threshold_percent),
+            let (used_pct, threshold, used, total) = match store {
+                Store::Data => (
+                    st.data_percent(),
+                    a.data_threshold_percent,
+                    st.data_used,
+                    st.data_total,
+                ),
+                Store::Metadata => (
+                    st.metadata_percent(),
+                    a.metadata_threshold_percent,
+                    st.metadata_used,
+                    st.metadata_total,
+                ),
+            };
+            let watch = &mut watches[i];
+            let rate = watch.read(now, used, blocked);
+            let policy = Policy {
+                threshold_percent: threshold,
+                step_percent: a.step_percent,
+                poll: Duration::from_secs(a.poll_secs),
+                growth: growth_estimate(watch.growth),
+            };
+            let fill = Fill {
+                size: total,
+                used,
+                rate,
             };
             let hold = &mut holds[i];
-            if used < f64::from(threshold) {
+            let Some((units, sized_by)) = plan(fill, &policy) else {
                 if self
                     .autopilot
                     .blocked
@@ -201,12 +403,22 @@ impl Volumes {
                 }
                 *hold = Hold::default();
                 continue;
-            }
+            };
             if hold.holds() {
                 continue;
             }
-            match self.grow_store(store).await {
-                Ok(()) => {
+            let used = used_pct;
+            let sizing = Sizing {
+                units,
+                total,
+                sized_by,
+                rate,
+                growth: policy.growth,
+            };
+            match self.grow_store(store, sizing).await {
+                Ok(took) => {
+                    watch.growth = Some(took);
+                    grew = true;
                     *hold = Hold::default();
                     self.autopilot.blocked.lock().unwrap().remove(store.name());
                 }
@@ -228,11 +440,19 @@ impl Volumes {
                 }
             }
         }
-        Ok(())
+        Ok(grew)
     }
 
-    /// Grows `store` by one step; `Err` says why it cannot.
-    async fn grow_store(&self, store: Store) -> std::result::Result<(), String> {
+    /// Grows `store` by the step [`plan`] sized (`sizing`, in the status's
+    /// units), in whole extents, within the limits and the VG's room; how
+    /// long the growth took until the store had its room (what a writer
+    /// waited), or why it cannot.
+    async fn grow_store(
+        &self,
+        store: Store,
+        sizing: Sizing,
+    ) -> std::result::Result<Duration, String> {
+        let started = Instant::now();
         let report = self.lvm.fresh_report().await.map_err(|e| e.message())?;
         let pool = self.pool(&report).map_err(|e| e.message())?;
         let a = &self.cfg.autopilot;
@@ -245,9 +465,10 @@ impl Volumes {
                 "autopilot.metadata_limit",
             ),
         };
-        let mut step = round_up(size * u64::from(a.step_percent) / 100, extent)
-            .unwrap_or(extent)
-            .max(extent);
+        // The plan's units (pool blocks) to bytes of the store LVM reports.
+        let bytes = (u128::from(sizing.units) * u128::from(size) / u128::from(sizing.total.max(1)))
+            .min(u128::from(u64::MAX)) as u64;
+        let mut step = round_up(bytes, extent).unwrap_or(extent).max(extent);
         if limit > 0 {
             step = step.min(limit.saturating_sub(size) / extent * extent);
             if step == 0 {
@@ -260,13 +481,22 @@ impl Volumes {
         // LVM grows its spare metadata LV with the pool's metadata.
         let copies = if store == Store::Metadata { 2 } else { 1 };
         let mut free = pool.vg_free;
-        if free < step * copies {
+        // A step the rate sized past what the VG has now, where what it has
+        // covers `step_percent`: that much at once (one `lvextend`), for
+        // the writer is waiting; the next pass, at once, grows the file for
+        // the rest.
+        let fixed = round_up(size * u64::from(a.step_percent) / 100, extent)
+            .unwrap_or(extent)
+            .max(extent);
+        let at_hand = free / copies / extent * extent;
+        if free < step * copies && !(sizing.sized_by == SizedBy::Rate && at_hand >= fixed) {
             free = self
                 .grow_backing(step * copies - free, extent)
                 .await
                 .map_err(|e| e.message())?
                 .unwrap_or(free);
         }
+        let wanted = step;
         let step = step.min(free / copies / extent * extent);
         if step == 0 {
             return Err(format!(
@@ -280,6 +510,7 @@ impl Volumes {
             Store::Metadata => grow::grow_metadata(&self.lvm, size + step).await,
         };
         done.map_err(|e| e.message())?;
+        let took = started.elapsed();
         let counter = match store {
             Store::Data => &self.autopilot.data_growths,
             Store::Metadata => &self.autopilot.metadata_growths,
@@ -291,9 +522,29 @@ impl Volumes {
             store = store.name(),
             from = size,
             by = step,
+            sized_by = sizing.sized_by.name(),
+            rate_mib_s = format!(
+                "{:.1}",
+                sizing.rate * (size as f64 / sizing.total.max(1) as f64) / (1 << 20) as f64
+            ),
+            growth_secs = format!("{:.2}", sizing.growth.as_secs_f64()),
+            took_secs = format!("{:.2}", took.as_secs_f64()),
             "autopilot: grew the thin pool"
         );
-        Ok(())
+        // A writer the rate sized for: while it has the room just added,
+        // make the VG ready for another growth as large as this one
+        // wanted, so that one is a single `lvextend` (a backing file's
+        // growth costs several commands more).
+        if sizing.sized_by == SizedBy::Rate {
+            let left = free.saturating_sub(step * copies);
+            if left < wanted * copies {
+                if let Err(e) = self.grow_backing(wanted * copies - left, extent).await {
+                    tracing::warn!(class = self.class_name(), error = %e.message(),
+                        "autopilot: cannot grow the backing file ahead of the next growth");
+                }
+            }
+        }
+        Ok(took)
     }
 
     /// Grows a loop-backed VG's file by at least `need` bytes (whole
@@ -426,5 +677,133 @@ fn wait_for_events(vg: String, pool: String, wake: Arc<tokio::sync::Notify>, pol
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "autopilot: no event thread; reading the pool every poll_secs only");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// The measured pool of issue 33 (threshold 60 %, step 50 %, poll 1 s)
+    /// with a growth that takes `growth`.
+    fn policy(growth: Duration) -> Policy {
+        Policy {
+            threshold_percent: 60,
+            step_percent: 50,
+            poll: SEC,
+            growth,
+        }
+    }
+
+    #[test]
+    fn an_idle_store_below_its_threshold_does_not_grow() {
+        let f = Fill {
+            size: 60,
+            used: 35,
+            rate: 0.0,
+        };
+        assert_eq!(plan(f, &policy(2 * SEC)), None);
+    }
+
+    #[test]
+    fn a_slow_writer_past_the_threshold_gets_the_fixed_step() {
+        let f = Fill {
+            size: 100,
+            used: 61,
+            rate: 1.0,
+        };
+        assert_eq!(plan(f, &policy(2 * SEC)), Some((50, SizedBy::Step)));
+        // No writer at all: the same step (a store filled while unread).
+        let f = Fill { rate: 0.0, ..f };
+        assert_eq!(plan(f, &policy(2 * SEC)), Some((50, SizedBy::Step)));
+    }
+
+    #[test]
+    fn a_fast_writer_grows_the_store_before_its_threshold_by_what_its_rate_needs() {
+        // 24 units/s into 60, 20 used: it would fill before a growth
+        // started at the next read (1 s) lands (2 s later).
+        let f = Fill {
+            size: 60,
+            used: 20,
+            rate: 24.0,
+        };
+        // landed = 20 + 24 × 2 × 1.5 = 92; runway = 24 × 3 × 1.5 = 108;
+        // target = max(92 + 108, 92 / 0.6) = 200: 140 more.
+        assert_eq!(plan(f, &policy(2 * SEC)), Some((140, SizedBy::Rate)));
+        // The same writer into a store it cannot fill that soon: nothing.
+        let big = Fill {
+            size: 10_000,
+            used: 100,
+            rate: 24.0,
+        };
+        assert_eq!(plan(big, &policy(2 * SEC)), None);
+    }
+
+    #[test]
+    fn a_slower_growth_makes_a_larger_step_for_the_same_rate() {
+        let f = Fill {
+            size: 100,
+            used: 70,
+            rate: 10.0,
+        };
+        let (fast, _) = plan(f, &policy(SEC)).unwrap();
+        let (slow, by) = plan(f, &policy(4 * SEC)).unwrap();
+        assert_eq!(by, SizedBy::Rate);
+        assert!(slow > fast, "{slow} <= {fast}");
+        // After a growth at the rate-sized step, the writer stays below the
+        // threshold while the growth runs.
+        let landed = 70.0 + 10.0 * 4.0 * RATE_MARGIN;
+        assert!(landed <= (100 + slow) as f64 * 0.6);
+    }
+
+    #[test]
+    fn a_full_tiny_store_grows_by_at_least_one_unit() {
+        let f = Fill {
+            size: 1,
+            used: 1,
+            rate: 0.0,
+        };
+        assert_eq!(plan(f, &policy(2 * SEC)), Some((1, SizedBy::Step)));
+    }
+
+    #[test]
+    fn a_nonsense_rate_falls_back_to_the_fixed_step() {
+        for rate in [f64::NAN, f64::INFINITY, -5.0] {
+            let f = Fill {
+                size: 100,
+                used: 80,
+                rate,
+            };
+            assert_eq!(
+                plan(f, &policy(2 * SEC)),
+                Some((50, SizedBy::Step)),
+                "{rate}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_growth_estimate_is_the_last_growth_with_a_floor() {
+        assert_eq!(growth_estimate(None), FIRST_GROWTH);
+        assert_eq!(growth_estimate(Some(3 * SEC)), 3 * SEC);
+        assert_eq!(growth_estimate(Some(Duration::from_millis(10))), MIN_GROWTH);
+    }
+
+    #[test]
+    fn the_fill_rate_is_use_gained_over_time() {
+        assert_eq!(fill_rate(10, 40, 2 * SEC, 0.0, false), Some(15.0));
+        // Discards are no filling.
+        assert_eq!(fill_rate(40, 10, 2 * SEC, 7.0, false), Some(0.0));
+        // Too close to the last read: the earlier rate stands.
+        assert_eq!(
+            fill_rate(10, 40, Duration::from_millis(50), 7.0, false),
+            None
+        );
+        // A pool out of space holds its writers: the earlier rate stands if
+        // higher.
+        assert_eq!(fill_rate(60, 60, SEC, 24.0, true), Some(24.0));
+        assert_eq!(fill_rate(50, 80, SEC, 24.0, true), Some(30.0));
     }
 }

@@ -1,39 +1,18 @@
 //! The thin-pool autopilot (issue 24, part 3): a pool that starts small
 //! grows under a writer before it sees an I/O error, growing its
 //! loop-backed VG's file first; with no room left the condition says so
-//! and creates are refused; an idle pool costs no LVM command.
+//! and creates are refused; an idle pool costs no LVM command. Issue 33
+//! item 3: a steady writer faster than fixed steps keep up with sees no
+//! out-of-data-space mode, with writes that would fail if it did.
 
 use std::time::{Duration, Instant};
 
 use tonic::Code;
 
 use crate::fixtures::{
-    block_cap, create, create_req, publish_req, stage_req, unpublish_req, unstage_req, Kubelet,
+    autopilot_run, block_cap, create, create_req, publish_block, unpublish_block, Kubelet, Steps,
 };
 use crate::harness::{counting_lvm, file_lines, lvs, sh, TestDriver, MIB};
-
-/// Stages and publishes block volume `id`; the published device node.
-async fn publish_block(d: &TestDriver, k: &Kubelet, id: &str) -> std::path::PathBuf {
-    let (staging, target) = (k.staging(id), k.target(id));
-    let mut n = d.node().await;
-    n.node_stage_volume(stage_req(id, &staging, block_cap()))
-        .await
-        .unwrap();
-    n.node_publish_volume(publish_req(id, &staging, &target, block_cap(), false))
-        .await
-        .unwrap();
-    target
-}
-
-async fn unpublish_block(d: &TestDriver, k: &Kubelet, id: &str) {
-    let mut n = d.node().await;
-    n.node_unpublish_volume(unpublish_req(id, &k.target(id)))
-        .await
-        .unwrap();
-    n.node_unstage_volume(unstage_req(id, &k.staging(id)))
-        .await
-        .unwrap();
-}
 
 /// `dd` of `mib` MiB of zeros into `dev` with direct I/O (dm-thin maps a
 /// chunk for any write, zeros too); its exit status and stderr.
@@ -278,4 +257,56 @@ async fn metadata_pressure_grows_the_metadata_before_it_fills() {
     assert!(end_size > start_size, "{start_size} -> {end_size}");
     assert!(end_pct < 15.0, "{end_pct}");
     unpublish_block(&d, &k, &id).await;
+}
+
+/// The rate [`a_steady_writer_faster_than_fixed_steps_never_fills_the_pool`]
+/// writes at, in MiB a second. With the driver's default threshold (80 %)
+/// and step (20 %), the fixed-step autopilot added 12 MiB a growth to the
+/// 60 MiB pool, less than this writer wrote while a growth ran: it fell
+/// behind and the pool filled. The rate-sized one grows the pool at the
+/// first read that sees the writer, by what it writes in a poll and two
+/// growths: its first growth lands within about 1.6 s (a read at most a
+/// second after the writer starts, a growth of about 0.6 s under TCG),
+/// and the pool fills at this rate in 3.75 s.
+const STEADY_MIB_S: u64 = 16;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_steady_writer_faster_than_fixed_steps_never_fills_the_pool() {
+    // error_when_full = true: a write the pool has no room for fails at
+    // once, so the writer's own result says whether the pool ever filled.
+    let steps = Steps {
+        threshold: 80,
+        step: 20,
+    };
+    let run = autopilot_run("autorate", STEADY_MIB_S * MIB, 240 * MIB, true, steps).await;
+    eprintln!(
+        "MEASURE autopilot rate (60 MiB pool, threshold 80 %, step 20 %, poll_secs 1): \
+         {STEADY_MIB_S} MiB/s for {} MiB in {:?}, slowest 1 MiB write {:?}; \
+         pool {} -> {} MiB; out-of-data-space switches {}",
+        run.paced.written / MIB,
+        run.paced.took,
+        run.paced.slowest,
+        run.start_pool / MIB,
+        run.end_pool / MIB,
+        run.switches.len()
+    );
+    for g in &run.growths {
+        eprintln!("  {g}");
+    }
+    assert!(
+        run.paced.error.is_none(),
+        "the writer saw an error: {:?}\n{:?}\n{}",
+        run.paced.error,
+        run.switches,
+        run.growths.join("\n")
+    );
+    assert!(
+        run.switches.is_empty(),
+        "the pool ran out of data space: {:?}\n{}",
+        run.switches,
+        run.growths.join("\n")
+    );
+    assert!(run.clean());
+    assert_eq!(run.paced.written, 240 * MIB);
+    assert!(run.end_pool >= 240 * MIB, "pool {}", run.end_pool);
 }

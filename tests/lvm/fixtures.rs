@@ -542,3 +542,113 @@ async fn drain<T>(
     }
     Ok(out)
 }
+
+// ---------------------------------------------------------------------------
+// The autopilot under a paced writer (tests/lvm/autopilot.rs, benches/perf.rs)
+// ---------------------------------------------------------------------------
+
+/// Stages and publishes block volume `id`; the published device node.
+pub(crate) async fn publish_block(d: &TestDriver, k: &Kubelet, id: &str) -> std::path::PathBuf {
+    let (staging, target) = (k.staging(id), k.target(id));
+    let mut n = d.node().await;
+    n.node_stage_volume(stage_req(id, &staging, block_cap()))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(id, &staging, &target, block_cap(), false))
+        .await
+        .unwrap();
+    target
+}
+
+pub(crate) async fn unpublish_block(d: &TestDriver, k: &Kubelet, id: &str) {
+    let mut n = d.node().await;
+    n.node_unpublish_volume(unpublish_req(id, &k.target(id)))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(id, &k.staging(id)))
+        .await
+        .unwrap();
+}
+
+/// What one writer at a steady rate met on a fresh pool ([`autopilot_run`]).
+#[derive(Debug)]
+pub(crate) struct AutopilotRun {
+    pub(crate) paced: crate::harness::Paced,
+    /// dm-thin's lines saying the pool switched to out-of-data-space mode
+    /// while the writer ran: each time writes queued (or failed).
+    pub(crate) switches: Vec<String>,
+    pub(crate) start_pool: u64,
+    pub(crate) end_pool: u64,
+    /// The driver's "grew the thin pool" log lines.
+    pub(crate) growths: Vec<String>,
+}
+
+impl AutopilotRun {
+    /// Whether the writer went through without a queued or failed write.
+    pub(crate) fn clean(&self) -> bool {
+        self.switches.is_empty() && self.paced.error.is_none()
+    }
+}
+
+/// The autopilot's settings for [`autopilot_run`]: `data_threshold_percent`
+/// and `step_percent`.
+pub(crate) struct Steps {
+    pub(crate) threshold: u8,
+    pub(crate) step: u8,
+}
+
+/// A fresh driver on its own VG (a 160 MiB loop file, 40 % of it for the
+/// pool's data: 60 MiB; its status read every second, the file free to
+/// grow to 1 GiB; `steps` and `error_when_full` as given), one 1 GiB raw
+/// block volume published, and `total` bytes written to it with direct I/O at `rate`
+/// bytes a second in 1 MiB chunks; what the writer and the kernel saw.
+pub(crate) async fn autopilot_run(
+    name: &str,
+    rate: u64,
+    total: u64,
+    error_when_full: bool,
+    steps: Steps,
+) -> AutopilotRun {
+    use crate::harness::{out_of_space_switches, paced_write, pool_kernel_name, KernelLog, MIB};
+    let k = Kubelet::new(name);
+    let extra = format!(
+        "{}overprovision_ratio = 20\nerror_when_full = {error_when_full}\n\
+         autopilot = {{ enabled = true, data_threshold_percent = {}, step_percent = {}, \
+         backing_file_limit = \"1GiB\", host_reserve = 0, poll_secs = 1 }}\n",
+        k.extra(),
+        steps.threshold,
+        steps.step
+    );
+    let d =
+        TestDriver::start_with_loop_keys(name, 160 * MIB, &extra, "pool_percent = 40\n", &[]).await;
+    let pool_size = || lvs(&d.vg).find("pool").unwrap().size;
+    let start_pool = pool_size();
+    assert!(
+        (56 * MIB..=64 * MIB).contains(&start_pool),
+        "the pool starts at {start_pool} bytes, not about 60 MiB"
+    );
+    let id = create(&d, &format!("pvc-{name}"), 1024 * MIB, block_cap()).await;
+    let dev = publish_block(&d, &k, &id).await;
+    let kname = pool_kernel_name(&d.vg, "pool").expect("the thin-pool device is active");
+    let mut klog = KernelLog::new();
+    let dev2 = dev.clone();
+    let paced = tokio::task::spawn_blocking(move || paced_write(&dev2, rate, total, MIB as usize))
+        .await
+        .unwrap();
+    let switches = out_of_space_switches(&klog.read(), &kname);
+    let end_pool = pool_size();
+    let growths = d
+        .log()
+        .lines()
+        .filter(|l| l.contains("autopilot: grew"))
+        .map(String::from)
+        .collect();
+    unpublish_block(&d, &k, &id).await;
+    AutopilotRun {
+        paced,
+        switches,
+        start_pool,
+        end_pool,
+        growths,
+    }
+}

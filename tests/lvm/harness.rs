@@ -843,3 +843,132 @@ pub fn openers(dev: (u32, u32)) -> String {
             .collect();
     format!("processes {found:?}, holders {holders:?}")
 }
+
+/// What a [`paced_write`] saw.
+#[derive(Debug)]
+pub struct Paced {
+    /// Bytes written before the end or the first error.
+    pub written: u64,
+    /// The slowest chunk's write.
+    pub slowest: Duration,
+    /// The whole write, from its first chunk to its last.
+    pub took: Duration,
+    /// The first failed write, if one failed.
+    pub error: Option<String>,
+}
+
+/// Writes `total` bytes to the block device `dev` with direct I/O in
+/// chunks of `chunk` bytes, chunk `i` not before `i × chunk / rate` seconds
+/// from the start: a writer at `rate` bytes a second (or slower, when a
+/// write takes longer than its share). Stops at the first failed write.
+pub fn paced_write(dev: &Path, rate: u64, total: u64, chunk: usize) -> Paced {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_DIRECT)
+        .open(dev)
+        .unwrap_or_else(|e| panic!("open {}: {e}", dev.display()));
+    // O_DIRECT wants an aligned buffer; a non-zero pattern.
+    let layout = std::alloc::Layout::from_size_align(chunk, 4096).unwrap();
+    // SAFETY: the layout has a non-zero size (chunk > 0, checked by
+    // from_size_align's caller contract below) and is freed below.
+    assert!(chunk > 0);
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    assert!(!ptr.is_null());
+    // SAFETY: ptr is a live allocation of `chunk` bytes.
+    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, chunk) };
+    buf.fill(0x5a);
+    let start = Instant::now();
+    let mut out = Paced {
+        written: 0,
+        slowest: Duration::ZERO,
+        took: Duration::ZERO,
+        error: None,
+    };
+    let mut i = 0u64;
+    while out.written < total {
+        let due = start + Duration::from_secs_f64(i as f64 * chunk as f64 / rate as f64);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let t = Instant::now();
+        let res = f.write_all_at(buf, out.written);
+        out.slowest = out.slowest.max(t.elapsed());
+        if let Err(e) = res {
+            out.error = Some(format!("write at {} MiB: {e}", out.written / MIB));
+            break;
+        }
+        out.written += chunk as u64;
+        i += 1;
+    }
+    out.took = start.elapsed();
+    // SAFETY: allocated above with this layout; `buf` is not used again.
+    unsafe { std::alloc::dealloc(ptr, layout) };
+    out
+}
+
+/// The kernel's log from the moment it is made (`/dev/kmsg`, read without
+/// a program): what dm-thin said about a pool meanwhile.
+pub struct KernelLog {
+    fd: std::fs::File,
+}
+
+impl KernelLog {
+    pub fn new() -> KernelLog {
+        use std::os::unix::fs::OpenOptionsExt;
+        let fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .expect("open /dev/kmsg");
+        // From now on: skip what the buffer holds.
+        nix::unistd::lseek(&fd, 0, nix::unistd::Whence::SeekEnd).expect("seek /dev/kmsg");
+        KernelLog { fd }
+    }
+
+    /// The messages logged since it was made (or last read).
+    pub fn read(&mut self) -> Vec<String> {
+        use std::io::Read;
+        let mut lines = Vec::new();
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match self.fd.read(&mut buf) {
+                // One record a read: "prio,seq,usec,flags;message\n...".
+                Ok(0) => break,
+                Ok(n) => {
+                    let rec = String::from_utf8_lossy(&buf[..n]);
+                    let msg = rec.split_once(';').map_or(&*rec, |(_, m)| m);
+                    lines.push(msg.lines().next().unwrap_or("").to_string());
+                }
+                // Records overwritten before we read them: go on.
+                Err(e) if e.raw_os_error() == Some(nix::libc::EPIPE) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("read /dev/kmsg: {e}"),
+            }
+        }
+        lines
+    }
+}
+
+impl Default for KernelLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// dm-thin's name for the thin-pool device of `vg`'s pool `pool` in its
+/// log lines (`major:minor`), while a thin volume of it is active.
+pub fn pool_kernel_name(vg: &str, pool: &str) -> Option<String> {
+    let node = PathBuf::from("/dev/mapper").join(format!("{}-tpool", dm_name(vg, pool)));
+    rdev_of(&node).map(|(ma, mi)| format!("{ma}:{mi}"))
+}
+
+/// The lines of `log` in which dm-thin says the pool `kname`
+/// ([`pool_kernel_name`]) switched to out-of-data-space mode (queueing
+/// writes, or failing them under error_if_no_space).
+pub fn out_of_space_switches(log: &[String], kname: &str) -> Vec<String> {
+    log.iter()
+        .filter(|l| l.contains(&format!("{kname}: switching pool to out-of-data-space")))
+        .cloned()
+        .collect()
+}
