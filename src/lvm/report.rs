@@ -261,6 +261,10 @@ pub struct Report {
     /// How many LVs LVM printed: the LVs our writes added since (the
     /// metadata figures do not count them yet) are the difference.
     pub read_len: usize,
+    /// [`Report::mean_thin_text`] of one pool, once asked: every
+    /// ListVolumes page and GetCapacity asks for it, and it reads every LV.
+    /// Our writes clear it.
+    thin_text: std::sync::OnceLock<(String, u64)>,
 }
 
 impl Report {
@@ -286,6 +290,7 @@ impl Report {
         Ok(Report {
             read_len: sink.lvs.len(),
             lvs: sink.lvs,
+            thin_text: Default::default(),
         })
     }
 
@@ -376,7 +381,32 @@ impl Write {
 impl Report {
     /// Applies one of our writes. Idempotent: a report read after the
     /// write already shows it, and applying it again changes nothing.
+    /// VG metadata text per thin LV of `pool`: the mean over them, each
+    /// its name and tags on top of LVM's own (`room::lv_text_bytes`); a
+    /// volume with a 60-character name and 150 characters of tags when
+    /// there is none.
+    pub fn mean_thin_text(&self, pool: &str) -> u64 {
+        if let Some((p, mean)) = self.thin_text.get() {
+            if p == pool {
+                return *mean;
+            }
+        }
+        let (mut n, mut sum) = (0u64, 0u64);
+        for lv in self.thin_volumes(pool) {
+            n += 1;
+            sum += super::room::lv_text_bytes(&lv.name, &lv.tags);
+        }
+        let mean = match n {
+            0 => super::room::LV_TEXT_BYTES + 210,
+            n => sum.div_ceil(n),
+        };
+        // A VG shared by two classes' pools keeps the first one asked.
+        let _ = self.thin_text.set((pool.to_string(), mean));
+        mean
+    }
+
     pub fn apply(&mut self, w: &Write) {
+        self.thin_text = Default::default();
         match w {
             Write::CreatedThin {
                 name,
@@ -1274,6 +1304,31 @@ mod tests {
         // A token before the prefix's names starts at the first of them.
         assert_eq!(page("fast.csi-", "csi-0"), ["fast.csi-a"]);
         assert!(page("nothing-", "").is_empty());
+
+        // The mean VG text per thin LV is read once, and again after a write.
+        let mean = r.mean_thin_text("pool");
+        let expected = |r: &Report| {
+            let texts: Vec<u64> = r
+                .thin_volumes("pool")
+                .map(|lv| super::super::room::lv_text_bytes(&lv.name, &lv.tags))
+                .collect();
+            texts.iter().sum::<u64>().div_ceil(texts.len() as u64)
+        };
+        assert_eq!(mean, expected(&r));
+        assert_eq!(r.mean_thin_text("pool"), mean);
+        r.apply(&Write::CreatedThin {
+            name: "csi-long-name-that-shifts-the-mean".into(),
+            pool: "pool".into(),
+            size: 1,
+            tags: vec!["tpcsi.owner=a-long-owner-tag-of-some-length".into()],
+            read_ahead: None,
+        });
+        assert!(r.mean_thin_text("pool") > mean);
+        assert_eq!(r.mean_thin_text("pool"), expected(&r));
+        assert_eq!(
+            r.mean_thin_text("nopool"),
+            super::super::room::LV_TEXT_BYTES + 210
+        );
     }
 
     #[test]

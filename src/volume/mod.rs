@@ -497,7 +497,7 @@ impl Volumes {
             pool.metadata_percent?,
             pool.vg_mda_size,
             pool.vg_mda_free,
-            lv_text(report, &self.lvm.pool),
+            report.mean_thin_text(&self.lvm.pool),
             made_since,
         ))
     }
@@ -670,22 +670,6 @@ impl Volumes {
             under: None,
             luks_written: false,
         }
-    }
-}
-
-/// VG metadata text per LV: the mean over the pool's thin LVs, each its
-/// name and tags on top of LVM's own (`room::lv_text_bytes`); a volume with
-/// a 60-character name and 150 characters of tags when there is none.
-fn lv_text(report: &Report, pool: &str) -> u64 {
-    let (mut n, mut sum) = (0u64, 0u64);
-    for lv in report.thin_volumes(pool) {
-        n += 1;
-        sum += crate::lvm::room::lv_text_bytes(&lv.name, &lv.tags);
-    }
-    if n == 0 {
-        crate::lvm::room::LV_TEXT_BYTES + 210
-    } else {
-        sum.div_ceil(n)
     }
 }
 
