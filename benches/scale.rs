@@ -22,7 +22,7 @@
 //! A missed limit prints `MISSED: ...` and the bench exits 1.
 //!
 //! Knobs: `TPCSI_SCALE_MAX` (volumes at the last step, default 10000),
-//! `TPCSI_SCALE_STEP` (default 2000), `TPCSI_SCALE_SAMPLES` (timed creates
+//! `TPCSI_SCALE_STEP` (default 2500), `TPCSI_SCALE_SAMPLES` (timed creates
 //! per step and side, default 20), `TPCSI_SCALE_SEED` (how the volumes
 //! between the steps' timed ones are made; see below),
 //! `TPCSI_SCALE_VARIANTS=0` (1 by default; 0 leaves out the LVM settings timed beside the
@@ -606,7 +606,9 @@ struct Step {
 async fn main() {
     harness::require_lvm();
     let max = knob("TPCSI_SCALE_MAX", 10_000);
-    let step = knob("TPCSI_SCALE_STEP", 2_000);
+    // 2,500: 5,000 volumes, where ListVolumes is judged as P3 is at 500,
+    // is a step.
+    let step = knob("TPCSI_SCALE_STEP", 2_500);
     let samples = knob("TPCSI_SCALE_SAMPLES", 20);
     let mut marks = vec![100.min(max)];
     marks.extend(

@@ -395,8 +395,6 @@ impl ControllerService {
     }
 }
 
-/// The condition of a volume and its pool, as CSI reports it, naming the
-/// device class (the pool) it is in.
 /// The volume as CSI shows it, its `accessible_topology` left out; takes
 /// the info apart (ListVolumes builds one per entry).
 fn volume_without_topology(v: VolumeInfo) -> Volume {
@@ -415,6 +413,8 @@ fn volume_without_topology(v: VolumeInfo) -> Volume {
     }
 }
 
+/// The condition of a volume and its pool, as CSI reports it, naming the
+/// device class (the pool) it is in.
 fn condition(v: &VolumeInfo) -> VolumeCondition {
     let class = naming::class_of(&v.id);
     VolumeCondition {

@@ -379,8 +379,6 @@ impl Write {
 }
 
 impl Report {
-    /// Applies one of our writes. Idempotent: a report read after the
-    /// write already shows it, and applying it again changes nothing.
     /// VG metadata text per thin LV of `pool`: the mean over them, each
     /// its name and tags on top of LVM's own (`room::lv_text_bytes`); a
     /// volume with a 60-character name and 150 characters of tags when
@@ -405,6 +403,8 @@ impl Report {
         mean
     }
 
+    /// Applies one of our writes. Idempotent: a report read after the
+    /// write already shows it, and applying it again changes nothing.
     pub fn apply(&mut self, w: &Write) {
         self.thin_text = Default::default();
         match w {

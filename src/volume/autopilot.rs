@@ -60,6 +60,13 @@ const MIN_RATE_WINDOW: Duration = Duration::from_millis(200);
 /// down when the host is busy.
 const RATE_MARGIN: f64 = 1.5;
 
+/// A rate-sized growth is at most this many `step_percent` steps: a rate
+/// read from two status reads can be a burst (a writeback flush, queued
+/// writes let go after a growth), and a pool never shrinks, so one misread
+/// may not take the whole VG. 16 steps of the default 20 % is 3.2 times
+/// the pool; the rate is read again after the growth.
+const RATE_STEP_CAP: u64 = 16;
+
 /// What the autopilot knows of one store's filling, in any one unit
 /// (pool blocks): its size, its use, and how fast it filled since the
 /// previous read (units a second).
@@ -125,9 +132,10 @@ pub(crate) fn plan(f: Fill, p: &Policy) -> Option<(u64, SizedBy)> {
     let landed = used + rate * p.growth.as_secs_f64() * RATE_MARGIN;
     let target = (landed + runway).max(landed / threshold);
     let by_rate = (target - size).max(0.0).ceil();
+    let cap = fixed.saturating_mul(RATE_STEP_CAP);
     // A rate beyond u64 is no rate to size by.
     if by_rate > fixed as f64 && by_rate < u64::MAX as f64 {
-        Some((by_rate as u64, SizedBy::Rate))
+        Some(((by_rate as u64).min(cap), SizedBy::Rate))
     } else {
         Some((fixed, SizedBy::Step))
     }
@@ -387,6 +395,15 @@ impl Volumes {
             };
             let hold = &mut holds[i];
             let Some((units, sized_by)) = plan(fill, &policy) else {
+                // Nothing due. Only a store below its threshold clears the
+                // condition a refusal set, and the retry hold stays until
+                // it expires: a bursty writer's rate falls to nothing
+                // between bursts, and each burst must not cost a fresh
+                // `lvs` and a warning.
+                let below = (used as f64) < total as f64 * f64::from(threshold) / 100.0;
+                if !below {
+                    continue;
+                }
                 if self
                     .autopilot
                     .blocked
@@ -401,7 +418,6 @@ impl Volumes {
                         "autopilot: the thin pool is below its threshold again"
                     );
                 }
-                *hold = Hold::default();
                 continue;
             };
             if hold.holds() {
@@ -535,7 +551,13 @@ impl Volumes {
         // make the VG ready for another growth as large as this one
         // wanted, so that one is a single `lvextend` (a backing file's
         // growth costs several commands more).
-        if sizing.sized_by == SizedBy::Rate {
+        // Within the store's limit: no file grows for a growth that
+        // `data_limit` / `metadata_limit` will not allow.
+        let wanted = match limit {
+            0 => wanted,
+            limit => wanted.min(limit.saturating_sub(size + step) / extent * extent),
+        };
+        if sizing.sized_by == SizedBy::Rate && wanted > 0 {
             let left = free.saturating_sub(step * copies);
             if left < wanted * copies {
                 if let Err(e) = self.grow_backing(wanted * copies - left, extent).await {
@@ -756,6 +778,21 @@ mod tests {
         // threshold while the growth runs.
         let landed = 70.0 + 10.0 * 4.0 * RATE_MARGIN;
         assert!(landed <= (100 + slow) as f64 * 0.6);
+    }
+
+    /// A burst read as a huge rate grows the store by at most
+    /// [`RATE_STEP_CAP`] fixed steps, however fast it looked.
+    #[test]
+    fn a_burst_read_as_a_huge_rate_grows_by_a_bounded_step() {
+        let f = Fill {
+            size: 100,
+            used: 50,
+            rate: 1e12,
+        };
+        assert_eq!(
+            plan(f, &policy(2 * SEC)),
+            Some((50 * RATE_STEP_CAP, SizedBy::Rate))
+        );
     }
 
     #[test]

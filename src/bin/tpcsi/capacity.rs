@@ -78,14 +78,6 @@ pub struct EveryClass {
     )>,
 }
 
-/// `req` asked of every class the driver's GetPluginInfo manifest names
-/// (`deviceClass` set to each). A class that is down answers UNAVAILABLE
-/// and the others still answer, so an error is kept beside them, not
-/// returned; the error returned is GetPluginInfo's, or a connection's.
-/// With `others_within`, a class other than the default that has not
-/// answered by then counts as DEADLINE_EXCEEDED: a class whose disk hangs
-/// (its LVM command waits up to the driver's command timeout) cannot hold
-/// the caller past that.
 /// The device classes the driver serves, from its GetPluginInfo manifest:
 /// (the default one, every one in its order).
 pub async fn served_classes(c: &mut Ctx) -> Result<(String, Vec<String>)> {
@@ -125,6 +117,14 @@ pub async fn check_served(c: &mut Ctx, class: Option<&str>) -> Result<()> {
     )))
 }
 
+/// `req` asked of every class the driver's GetPluginInfo manifest names
+/// (`deviceClass` set to each). A class that is down answers UNAVAILABLE
+/// and the others still answer, so an error is kept beside them, not
+/// returned; the error returned is GetPluginInfo's, or a connection's.
+/// With `others_within`, a class other than the default that has not
+/// answered by then counts as DEADLINE_EXCEEDED: a class whose disk hangs
+/// (its LVM command waits up to the driver's command timeout) cannot hold
+/// the caller past that.
 pub async fn every_class(
     c: &mut Ctx,
     req: &csi::GetCapacityRequest,

@@ -13,7 +13,8 @@ use crate::output::ErrorOut;
 /// Why a command failed, and so its exit status.
 #[derive(Debug)]
 pub enum Failure {
-    /// Bad input or config, found before any call: 1.
+    /// Bad input or config, found before the call it was for (a
+    /// `--class` the driver does not serve is found by GetPluginInfo): 1.
     Local(String),
     /// The socket could not be reached: 3.
     Connect(String),
