@@ -392,14 +392,8 @@ impl Table {
         limit: f64,
         limit_text: String,
     ) {
-        self.checks.push(Check {
-            target,
-            what,
-            figure,
-            limit: limit_text,
-            at_least: false,
-            met: value <= limit,
-        });
+        let met = value <= limit;
+        self.check(target, what, figure, limit_text, false, met);
     }
 
     /// A figure judged `value ≥ limit`.
@@ -412,13 +406,26 @@ impl Table {
         limit: f64,
         limit_text: String,
     ) {
+        let met = value >= limit;
+        self.check(target, what, figure, limit_text, true, met);
+    }
+
+    fn check(
+        &mut self,
+        target: &'static str,
+        what: String,
+        figure: String,
+        limit: String,
+        at_least: bool,
+        met: bool,
+    ) {
         self.checks.push(Check {
             target,
             what,
             figure,
-            limit: limit_text,
-            at_least: true,
-            met: value >= limit,
+            limit,
+            at_least,
+            met,
         });
     }
 

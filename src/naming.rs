@@ -438,13 +438,16 @@ fn name_in(lv_name: &str) -> Option<String> {
     // A spelled-out name is its own readable part, so `lv_name_for` of it
     // is this LV's name exactly when the tail is `-` and its hash: checked
     // without building the name (every ListVolumes entry decodes this).
+    if !spelled_out(readable) {
+        return None;
+    }
     let hash = tail.strip_prefix('-')?.as_bytes();
     let digest = Sha256::digest(readable.as_bytes());
     let matches = digest[..HASH_HEX / 2]
         .iter()
         .zip(hash.chunks_exact(2))
         .all(|(b, h)| nibble(h[0]) == Some(b >> 4) && nibble(h[1]) == Some(b & 15));
-    (spelled_out(readable) && matches).then(|| readable.to_string())
+    matches.then(|| readable.to_string())
 }
 
 /// A lowercase hex digit's value (what [`hex`] writes).

@@ -25,8 +25,9 @@
 //! writer is waiting). After a rate-sized growth the file grows at once
 //! by what another growth as large would need, so the next one is one
 //! `lvextend` too; its time is not the growth's (the writer had its room
-//! already). Then the pool is read again at once. When it cannot, it says why once (log, metric, the volumes'
-//! conditions, `tpcsi capacity`) and tries again a minute later; the
+//! already). Then the pool is read again at once. When it cannot, it says
+//! why once (log, metric, the volumes' conditions, `tpcsi capacity`) and
+//! tries again a minute later; the
 //! metadata accounting's refusal of new LVs (`lvm::room`) is what happens
 //! meanwhile. GetCapacity counts what it may still add.
 
@@ -400,8 +401,7 @@ impl Volumes {
                 // it expires: a bursty writer's rate falls to nothing
                 // between bursts, and each burst must not cost a fresh
                 // `lvs` and a warning.
-                let below = (used as f64) < total as f64 * f64::from(threshold) / 100.0;
-                if !below {
+                if used_pct >= f64::from(threshold) {
                     continue;
                 }
                 if self
@@ -423,7 +423,6 @@ impl Volumes {
             if hold.holds() {
                 continue;
             }
-            let used = used_pct;
             let sizing = Sizing {
                 units,
                 total,
@@ -442,7 +441,7 @@ impl Volumes {
                     self.autopilot.refusals.fetch_add(1, Ordering::Relaxed);
                     hold.refused();
                     let msg = format!(
-                        "thin pool {} {} is {used:.1}% used and the autopilot cannot grow it: {why}",
+                        "thin pool {} {} is {used_pct:.1}% used and the autopilot cannot grow it: {why}",
                         self.lvm.lv_path(&self.lvm.pool),
                         store.name()
                     );
@@ -547,16 +546,16 @@ impl Volumes {
             took_secs = format!("{:.2}", took.as_secs_f64()),
             "autopilot: grew the thin pool"
         );
-        // A writer the rate sized for: while it has the room just added,
-        // make the VG ready for another growth as large as this one
-        // wanted, so that one is a single `lvextend` (a backing file's
-        // growth costs several commands more).
         // Within the store's limit: no file grows for a growth that
         // `data_limit` / `metadata_limit` will not allow.
         let wanted = match limit {
             0 => wanted,
             limit => wanted.min(limit.saturating_sub(size + step) / extent * extent),
         };
+        // A writer the rate sized for: while it has the room just added,
+        // make the VG ready for another growth as large as this one
+        // wanted, so that one is a single `lvextend` (a backing file's
+        // growth costs several commands more).
         if sizing.sized_by == SizedBy::Rate && wanted > 0 {
             let left = free.saturating_sub(step * copies);
             if left < wanted * copies {
