@@ -125,16 +125,6 @@ impl Volumes {
             .await
     }
 
-    /// FAILED_PRECONDITION while this node's record says the volume is
-    /// staged or published: a CO must unpublish and unstage it before
-    /// `what` (DeleteVolume, ControllerReclaimSpace). A published raw block
-    /// volume need not be open, so the LV's open count cannot tell; a
-    /// removed LV would leave a device node whose numbers the next LV
-    /// takes, and a discard could meet a pod's write.
-    pub(super) async fn refuse_if_in_use(&self, id: &str, what: &str) -> Result<()> {
-        refuse_if_recorded(self.load_record(id).await?.as_ref(), id, what)
-    }
-
     /// Drops the node record and formatting marker of a deleted volume.
     pub(super) async fn forget_node_state(&self, id: &str) -> Result<()> {
         let (records, marker, id) = (
@@ -812,7 +802,11 @@ impl Volumes {
     }
 }
 
-/// The refusal of [`Volumes::refuse_if_in_use`], from a record already read.
+/// FAILED_PRECONDITION while this node's record says the volume is
+/// staged or published: a CO must unpublish and unstage it before `what`
+/// (DeleteVolume). A published raw block volume need not be open, so the
+/// LV's open count cannot tell; a removed LV would leave a device node
+/// whose numbers the next LV takes.
 pub(super) fn refuse_if_recorded(record: Option<&Record>, id: &str, what: &str) -> Result<()> {
     let Some(r) = record else {
         return Ok(());

@@ -109,17 +109,26 @@ impl Volumes {
     /// ControllerReclaimSpace on a volume nothing has open: an unstaged
     /// filesystem is mounted privately under `state_dir` and trimmed; an
     /// unused block volume has only its all-zero runs discarded. The LV's
-    /// activation state is restored.
+    /// activation state is restored. A volume in use is left alone and
+    /// answered with its usage as both figures.
     pub async fn controller_reclaim(self: &Arc<Self>, id: VolumeId) -> Result<Reclaimed> {
         self.detached(&id.clone(), "ControllerReclaimSpace", move |d, cancel| async move {
             let report = d.lvm.fresh_report().await?;
             let vol = d.must_own(&report, &id)?;
-            d.refuse_if_in_use(&id, "ControllerReclaimSpace").await?;
-            if vol.lv.is_open() {
-                return Err(Error::FailedPrecondition(format!(
-                    "volume {id} is in use on this node (its device is open)"
-                ))
-                .advise("reclaim it with NodeReclaimSpace while it is staged, or call ControllerReclaimSpace again when nothing uses it"));
+            // A volume in use is the node's to trim: the csi-addons
+            // controller (reclaimspacejob_controller.go at v0.14.0) makes
+            // this call right after NodeReclaimSpace and fails the whole
+            // job on any error, so it is answered OK with nothing done
+            // and the usage as it stands (nothing reclaimed here).
+            let staged = d.load_record(&id).await?.is_some();
+            if staged || vol.lv.is_open() {
+                let used = vol.lv.allocated_bytes().unwrap_or(0);
+                let why = match staged {
+                    true => "it is staged on this node (NodeReclaimSpace trims it)",
+                    false => "its device is open on this node",
+                };
+                tracing::info!(%id, used, why, "ControllerReclaimSpace: in use, nothing done");
+                return Ok(Reclaimed { pre: used, post: used });
             }
             let access = vol.tags.access.clone();
             let encrypted = vol.tags.encrypted;

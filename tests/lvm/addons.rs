@@ -145,10 +145,28 @@ async fn controller_reclaim_unstaged_ext4_keeps_data() {
         volume_id: id.clone(),
         ..Default::default()
     };
-    // Mounted: in use, refused, nothing done.
-    let e = ctl.controller_reclaim_space(req()).await.unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("in use"), "{e:?}");
+    // Mounted: in use, so the node's to trim. The csi-addons controller
+    // makes this call after every NodeReclaimSpace and fails the job on an
+    // error: answered OK, nothing done, the usage as it stands twice.
+    let before = lvs(&d.vg).find(&id).unwrap().allocated_bytes().unwrap();
+    let r = ctl
+        .controller_reclaim_space(req())
+        .await
+        .unwrap()
+        .into_inner();
+    let (pre, post) = (
+        r.pre_usage.unwrap().usage_bytes as u64,
+        r.post_usage.unwrap().usage_bytes as u64,
+    );
+    assert_eq!((pre, post), (before, before), "in use: nothing reclaimed");
+    assert_eq!(
+        lvs(&d.vg).find(&id).unwrap().allocated_bytes(),
+        Some(before),
+        "in use: nothing discarded"
+    );
+    assert!(d
+        .log()
+        .contains("ControllerReclaimSpace: in use, nothing done"));
     sh("umount", &[mnt.to_str().unwrap()]);
     lvm(&["lvchange", "-an", &format!("{}/{id}", d.vg)]);
 
@@ -188,6 +206,52 @@ async fn controller_reclaim_unstaged_ext4_keeps_data() {
     );
     assert!(!mnt.join("gone").exists());
     sh("umount", &[mnt.to_str().unwrap()]);
+}
+
+/// A raw block volume staged and published through the driver need not be
+/// open, so only the node's record says it is in use: ControllerReclaimSpace
+/// answers OK with its usage twice and discards nothing, not even zeroes a
+/// pod wrote, since the pod may read them back.
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_reclaim_of_a_published_block_volume_changes_nothing() {
+    let k = crate::fixtures::Kubelet::new("rspub");
+    let d = TestDriver::start("rspub", 256 * MIB, &k.extra()).await;
+    let mut c = d.controller().await;
+    let id = create(&mut c, "pvc-reclaim-pub", block_cap()).await;
+    let target = crate::fixtures::publish_block(&d, &k, &id).await;
+    // Zeroes a whole-device scan would discard, written through the
+    // published device node.
+    sh(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={}", target.display()),
+            "bs=1M",
+            "count=16",
+            "oflag=direct",
+            "status=none",
+        ],
+    );
+    let before = allocated(&d.vg, &id);
+    assert!(before >= 16 * MIB, "the zeroes were allocated: {before}");
+    let (pre, post) = crate::fixtures::controller_reclaim(&d, &id).await;
+    assert_eq!(
+        (pre, post),
+        (before, before),
+        "published: nothing reclaimed"
+    );
+    assert_eq!(
+        allocated(&d.vg, &id),
+        before,
+        "published: nothing discarded"
+    );
+    assert!(
+        d.log()
+            .contains("ControllerReclaimSpace: in use, nothing done"),
+        "{}",
+        d.log_tail(20)
+    );
+    crate::fixtures::unpublish_block(&d, &k, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1211,19 +1211,32 @@ const STORM_ENCRYPTED_EVERY: usize = 6;
 const BLOCK_DATA: usize = 64 * 1024;
 
 /// An answer the CO retries: the driver was away or busy, or the call's
-/// fate is unknown (a transport error carries its source; a status from
-/// the driver does not).
+/// fate is unknown because the connection broke (a transport error
+/// carries its source; a status from the driver does not). UNKNOWN is
+/// not among the codes: tonic gives a broken connection that code with a
+/// source, and an UNKNOWN the driver answered itself is a failure the
+/// driver must never give (the conformance suite's "never UNKNOWN").
 fn retryable(s: &Status) -> bool {
     matches!(
         s.code(),
-        Code::Unavailable
-            | Code::Cancelled
-            | Code::Aborted
-            | Code::Unknown
-            | Code::DeadlineExceeded
+        Code::Unavailable | Code::Cancelled | Code::Aborted | Code::DeadlineExceeded
     ) || std::error::Error::source(s).is_some()
         || s.message().contains("h2 protocol error")
         || s.message().contains("transport error")
+}
+
+/// An UNKNOWN the driver answered fails the storm; one that a broken
+/// connection gave (tonic sets its source) is retried.
+#[test]
+fn the_storm_retries_a_broken_connection_not_an_unknown_answer() {
+    assert!(!retryable(&Status::unknown("the driver answered this")));
+    let broken = Status::from_error(Box::new(std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "connection reset by peer",
+    )));
+    assert_eq!(broken.code(), Code::Unknown);
+    assert!(retryable(&broken), "{broken:?}");
+    assert!(retryable(&Status::unavailable("driver restarting")));
 }
 
 #[derive(Default)]
