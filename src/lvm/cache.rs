@@ -199,10 +199,16 @@ impl Lvm {
             }
             Err(e) => return Err(e),
         };
-        let read = Report::parse(&out.stdout);
-        // The text (half a MiB at 500 LVs) goes before the report is kept.
-        drop(out);
-        let read = read?;
+        // Parsed on a blocking thread: at 6,000 LVs the text is 6 MiB and
+        // its parse took a runtime worker for a fifth of a second under
+        // TCG, which every call that worker held waited out (ListVolumes
+        // at 5,000 volumes was a third slower while a refresh ran). The
+        // text (half a MiB at 500 LVs) goes there too, before the report
+        // is kept.
+        let read = crate::blocking::run("parse the lvs report", self.timeout, move || {
+            Report::parse(&out.stdout)
+        })
+        .await?;
         let (read, replaced) = {
             let mut c = self.cache.lock().unwrap();
             // Our writes that ended while lvs ran are applied to what it
@@ -223,12 +229,20 @@ impl Lvm {
         // back to the kernel: each refresh runs on whichever thread is
         // free, and glibc kept what it freed in that thread's arena, so an
         // idle driver's RSS stepped up with every refresh (`sys::heap`).
-        // The trim walks malloc's free lists and madvises free pages
-        // (under a millisecond); it waits on no device, so it runs here,
-        // not on a blocking thread (whose first malloc could open one more
-        // arena).
-        drop(replaced);
-        crate::sys::release_free_memory();
+        // Both on a blocking thread, as the parse: freeing thousands of
+        // LVs and the trim's walk of every arena's free lists are work per
+        // LV, which the runtime's workers should not wait out. The trim
+        // covers every arena, the parse's thread's too.
+        let released =
+            crate::blocking::run("release the replaced report", self.timeout, move || {
+                drop(replaced);
+                crate::sys::release_free_memory();
+                Ok(())
+            })
+            .await;
+        if let Err(e) = released {
+            tracing::debug!(error = %e, "the replaced report was not released in time");
+        }
         Ok(read)
     }
 }
