@@ -101,6 +101,24 @@ pub struct Config {
     pub device_classes: Vec<DeviceClass>,
     /// The class of a CreateVolume or GetCapacity that names none.
     pub default_device_class: String,
+    /// The internal channel on which the cluster's controller forwards
+    /// calls to this node (docs/cluster.md); off unless `listen` is set.
+    pub cluster: Cluster,
+}
+
+/// The internal channel: TCP with mutual TLS (`src/channel.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cluster {
+    /// `IP:port` to listen on; empty: no channel.
+    pub listen: String,
+    /// This node's certificate chain (PEM), for server authentication.
+    pub tls_cert: PathBuf,
+    /// Its private key (PEM).
+    pub tls_key: PathBuf,
+    /// The CA (PEM) whose client certificates are let through: the
+    /// controller's.
+    pub client_ca: PathBuf,
 }
 
 /// One more thin pool: the top-level per-pool keys, each defaulting to the
@@ -347,6 +365,7 @@ impl Default for Config {
             error_when_full: None,
             encryption: Encryption::default(),
             metrics_address: String::new(),
+            cluster: Cluster::default(),
             log_format: LogFormat::Text,
             device_classes: Vec::new(),
             default_device_class: naming::DEFAULT_CLASS.into(),
@@ -449,6 +468,7 @@ impl Config {
         }
         self.metrics_socket_addr()
             .map_err(|r| invalid("metrics_address", r))?;
+        self.validate_cluster()?;
         validate_allowed_roots(&self.allowed_roots).map_err(|r| invalid("allowed_roots", r))?;
         self.validate_classes()?;
         Ok(())
@@ -728,6 +748,40 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let c = &self.cluster;
+        if self
+            .cluster_listen_addr()
+            .map_err(|r| invalid("cluster.listen", r))?
+            .is_none()
+        {
+            return Ok(());
+        }
+        for (key, path) in [
+            ("cluster.tls_cert", &c.tls_cert),
+            ("cluster.tls_key", &c.tls_key),
+            ("cluster.client_ca", &c.client_ca),
+        ] {
+            if !path.is_absolute() {
+                return Err(invalid(
+                    key,
+                    "must be an absolute path when cluster.listen is set: the channel takes no unauthenticated caller",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the internal channel listens; `None` when it is off.
+    pub fn cluster_listen_addr(&self) -> Result<Option<std::net::SocketAddr>, String> {
+        match self.cluster.listen.as_str() {
+            "" => Ok(None),
+            a => a.parse().map(Some).map_err(|_| {
+                format!("must be an IP address and port such as \"0.0.0.0:9443\", got {a:?}")
+            }),
+        }
     }
 
     /// Where the metrics endpoint listens; `None` when it is off.
@@ -1155,11 +1209,38 @@ volume_group = "hdd"
             ("metrics_address = \"127.0.0.1\"", "metrics_address"),
             ("metrics_address = \"127.0.0.1:99999\"", "metrics_address"),
             ("log_format = \"yaml\"", "log_format"),
+            ("[cluster]\nlisten = \"node-1:9443\"", "cluster.listen"),
+            ("[cluster]\nlisten = \"0.0.0.0\"", "cluster.listen"),
+            ("[cluster]\nlisten = \"0.0.0.0:9443\"", "cluster.tls_cert"),
+            (
+                "[cluster]\nlisten = \"0.0.0.0:9443\"\ntls_cert = \"/c\"\ntls_key = \"k\"\nclient_ca = \"/a\"",
+                "cluster.tls_key",
+            ),
+            (
+                "[cluster]\nlisten = \"0.0.0.0:9443\"\ntls_cert = \"/c\"\ntls_key = \"/k\"",
+                "cluster.client_ca",
+            ),
+            ("[cluster]\nport = 9443", "port"),
         ];
         for (text, key) in cases {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(key), "{text:?} gave {e:?}, expected key {key}");
         }
+    }
+
+    #[test]
+    fn the_channel_is_off_unless_listen_is_set() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.cluster_listen_addr(), Ok(None));
+        let c = Config::parse(
+            "[cluster]\nlisten = \"0.0.0.0:9443\"\ntls_cert = \"/c\"\ntls_key = \"/k\"\nclient_ca = \"/a\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.cluster_listen_addr(),
+            Ok(Some("0.0.0.0:9443".parse().unwrap()))
+        );
+        assert_eq!(c.cluster.client_ca, PathBuf::from("/a"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! pool. See ARCHITECTURE.md for the map of the code.
 
 pub mod blocking;
+pub mod channel;
 pub mod config;
 pub mod error;
 pub mod exec;

@@ -217,6 +217,40 @@ async fn main() -> ExitCode {
             }
         },
     };
+    // The internal channel: off unless configured; unreadable TLS files
+    // or a port taken stop start-up, as for the metrics endpoint.
+    let channel = match base
+        .cfg
+        .cluster_listen_addr()
+        .expect("validated with the config")
+    {
+        None => None,
+        Some(addr) => {
+            let c = &base.cfg.cluster;
+            let tls =
+                match thinpool_csi::channel::server_config(&c.tls_cert, &c.tls_key, &c.client_ca) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::error!(error = %e.message(), "cannot serve the internal channel");
+                        return ExitCode::FAILURE;
+                    }
+                };
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => {
+                    tracing::info!(address = %addr, "serving the internal channel (mutual TLS)");
+                    Some(thinpool_csi::channel::incoming(
+                        l,
+                        tls,
+                        classes.metrics().clone(),
+                    ))
+                }
+                Err(e) => {
+                    tracing::error!(address = %addr, error = %e, "cannot listen for the internal channel");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
     let bind = |path: &std::path::Path| {
         thinpool_csi::socket::bind(path)
             .map_err(|e| tracing::error!(socket = %path.display(), error = %e, "cannot listen"))
@@ -265,7 +299,15 @@ async fn main() -> ExitCode {
             None => Ok(()),
         }
     };
-    let (res, addons_res, metrics_res) = tokio::join!(csi, addons, metrics);
+    let cluster = async {
+        match channel {
+            Some(incoming) => {
+                grpc::serve_channel(classes.clone(), incoming, stopped(stop_rx.clone())).await
+            }
+            None => Ok(()),
+        }
+    };
+    let (res, addons_res, metrics_res, cluster_res) = tokio::join!(csi, addons, metrics, cluster);
     if let Err(e) = metrics_res {
         tracing::error!(error = %e, "metrics endpoint failed");
     }
@@ -282,7 +324,7 @@ async fn main() -> ExitCode {
     if let Some(p) = &addons_socket {
         let _ = std::fs::remove_file(p);
     }
-    let res = res.and(addons_res);
+    let res = res.and(addons_res).and(cluster_res);
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -16,7 +16,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::de::{DeserializeOwned, Visitor};
-use thinpool_csi::config::{Autopilot, Config, DeviceClass, Encryption, LoopPool};
+use thinpool_csi::config::{Autopilot, Cluster, Config, DeviceClass, Encryption, LoopPool};
 
 fn read(rel: &str) -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
@@ -99,6 +99,7 @@ fn config_keys() -> Vec<String> {
             .iter()
             .map(|k| format!("encryption.{k}")),
     );
+    keys.extend(keys_of::<Cluster>().iter().map(|k| format!("cluster.{k}")));
     keys.extend(
         keys_of::<DeviceClass>()
             .iter()
@@ -176,7 +177,8 @@ fn field_names_come_from_the_parser() {
     let top: Vec<String> = keys
         .iter()
         .filter(|k| {
-            !k.contains('.') && !["loop_pool", "autopilot", "encryption"].contains(&k.as_str())
+            !k.contains('.')
+                && !["loop_pool", "autopilot", "encryption", "cluster"].contains(&k.as_str())
         })
         .map(|k| {
             let v = defaults
@@ -196,7 +198,7 @@ fn readme_configuration_reference_has_every_key_with_its_default() {
     let mut problems = Vec::new();
     for k in &keys {
         // Tables: their keys are documented one by one.
-        if !["loop_pool", "autopilot", "encryption"].contains(&k.as_str())
+        if !["loop_pool", "autopilot", "encryption", "cluster"].contains(&k.as_str())
             && !defaults.contains_key(k)
         {
             problems.push(format!(

@@ -86,6 +86,53 @@ pub async fn serve_addons(
         .map_err(|e| Error::Internal(format!("CSI-Addons gRPC server: {e}")))
 }
 
+/// Serves the calls a controller forwards (docs/cluster.md) on the
+/// connections `incoming` yields (`channel::incoming`: each one passed
+/// mutual TLS), until `shutdown` resolves: CSI Identity, Controller,
+/// GroupController and SnapshotMetadata, and the CSI-Addons Identity and
+/// ReclaimSpace controller service. Never the Node service: the kubelet
+/// reaches that on the node's socket.
+pub async fn serve_channel<S, IO, E>(
+    classes: Arc<Classes>,
+    incoming: S,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()>
+where
+    S: tokio_stream::Stream<Item = std::result::Result<IO, E>>,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use crate::proto::identity::identity_server::IdentityServer as AddonsIdentityServer;
+    use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceControllerServer;
+    let addons = || addons::AddonsService {
+        classes: classes.clone(),
+    };
+    tonic::transport::Server::builder()
+        .layer(observe::ObserveLayer::new(classes.metrics().clone()))
+        .add_service(IdentityServer::new(identity::IdentityService {
+            classes: classes.clone(),
+        }))
+        .add_service(ControllerServer::new(controller::ControllerService {
+            classes: classes.clone(),
+        }))
+        .add_service(SnapshotMetadataServer::new(metadata::MetadataService {
+            classes: classes.clone(),
+        }))
+        .add_service(GroupControllerServer::new(group::GroupService {
+            classes: classes.clone(),
+        }))
+        .add_service(AddonsIdentityServer::new(addons()))
+        .add_service(ReclaimSpaceControllerServer::new(addons()))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| Error::Internal(format!("channel gRPC server: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

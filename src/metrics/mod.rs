@@ -57,6 +57,7 @@ pub const NAMES: &[(&str, Kind, &str)] = &[
     (RPC_ERRORS, Kind::Counter, "gRPC calls that ended in an error, by service, method and gRPC code."),
     (RPC_DURATION, Kind::Histogram, "Duration of gRPC calls, by service and method, in seconds."),
     (RECLAIMED, Kind::Counter, "Bytes given back to the pool by ReclaimSpace (usage before minus usage after, summed)."),
+    (CHANNEL_REFUSED, Kind::Counter, "Connections to the internal channel (cluster.listen) refused in the mutual TLS handshake: no client certificate, one the cluster CA did not sign, plain text, or no handshake in time."),
     (IO_UNENFORCED, Kind::Counter, "Times a volume's I/O limits could not be set in a pod's cgroup (no cgroup v2, no io controller, no pod cgroup); the volume is served and its condition says so."),
 ];
 
@@ -81,6 +82,7 @@ pub const RPC_ERRORS: &str = "thinpool_csi_rpc_errors_total";
 pub const RPC_DURATION: &str = "thinpool_csi_rpc_duration_seconds";
 pub const RECLAIMED: &str = "thinpool_csi_reclaimed_bytes_total";
 pub const IO_UNENFORCED: &str = "thinpool_csi_io_limits_unenforced_total";
+pub const CHANNEL_REFUSED: &str = "thinpool_csi_channel_refused_total";
 
 /// What the driver counts while it serves.
 #[derive(Default)]
@@ -88,6 +90,7 @@ pub struct Metrics {
     rpcs: Mutex<BTreeMap<(String, String), MethodStats>>,
     reclaimed: AtomicU64,
     io_unenforced: AtomicU64,
+    channel_refused: AtomicU64,
 }
 
 struct MethodStats {
@@ -127,6 +130,11 @@ impl Metrics {
         self.io_unenforced.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A connection to the internal channel refused in its handshake.
+    pub fn channel_refused(&self) {
+        self.channel_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The counters, in the text format.
     pub(crate) fn write(&self, t: &mut Text) {
         let rpcs = self.rpcs.lock().unwrap();
@@ -163,6 +171,12 @@ impl Metrics {
             IO_UNENFORCED,
             &[],
             self.io_unenforced.load(Ordering::Relaxed) as f64,
+        );
+        family(t, CHANNEL_REFUSED);
+        t.sample(
+            CHANNEL_REFUSED,
+            &[],
+            self.channel_refused.load(Ordering::Relaxed) as f64,
         );
     }
 }

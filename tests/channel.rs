@@ -1,0 +1,257 @@
+//! The internal channel (src/channel.rs, docs/cluster.md): the node's
+//! gRPC services over TCP with mutual TLS. Only a client certificate the
+//! configured CA signed gets a call through; every other caller is
+//! refused in the handshake, counted, and reaches no service. Natively:
+//! no call here touches LVM.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use thinpool_csi::config::Config;
+use thinpool_csi::metrics::{render, CHANNEL_REFUSED};
+use thinpool_csi::proto::csi::v1::identity_client::IdentityClient;
+use thinpool_csi::proto::csi::v1::node_client::NodeClient;
+use thinpool_csi::proto::csi::v1::{GetPluginInfoRequest, NodeGetInfoRequest};
+use thinpool_csi::volume::classes::Classes;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::Code;
+
+type Ca = CertifiedIssuer<'static, KeyPair>;
+
+fn ca(name: &str) -> Ca {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    p.distinguished_name.push(DnType::CommonName, name);
+    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
+}
+
+/// A leaf certificate and its key (PEM) that `ca` signed for `usage`.
+fn leaf(ca: &Ca, name: &str, usage: ExtendedKeyUsagePurpose) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(vec![name.to_string()]).unwrap();
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.extended_key_usages = vec![usage];
+    let cert = p.signed_by(&key, ca).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+struct Node {
+    dir: tempfile::TempDir,
+    classes: Arc<Classes>,
+    port: u16,
+    ca: Ca,
+}
+
+impl Node {
+    /// A node's channel on a free port of 127.0.0.1, its certificate for
+    /// `localhost`, taking clients of its own CA.
+    async fn start() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca("cluster CA");
+        let (cert, key) = leaf(&ca, "localhost", ExtendedKeyUsagePurpose::ServerAuth);
+        let tls = thinpool_csi::channel::server_config(
+            &write(dir.path(), "tls.crt", &cert),
+            &write(dir.path(), "tls.key", &key),
+            &write(dir.path(), "ca.crt", &ca.pem()),
+        )
+        .unwrap();
+        let cfg = Config {
+            driver_name: "tpcsi.test".into(),
+            volume_group: "vg1".into(),
+            thin_pool: "pool".into(),
+            lvm_binary: "/nonexistent/lvm".into(),
+            state_dir: dir.path().join("state"),
+            ..Config::default()
+        };
+        let classes = Arc::new(Classes::new(&cfg, "node-1"));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let incoming = thinpool_csi::channel::incoming(listener, tls, classes.metrics().clone());
+        tokio::spawn(thinpool_csi::grpc::serve_channel(
+            classes.clone(),
+            incoming,
+            std::future::pending(),
+        ));
+        Node {
+            dir,
+            classes,
+            port,
+            ca,
+        }
+    }
+
+    fn refused(&self) -> u64 {
+        let text = render(&[], self.classes.metrics());
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(CHANNEL_REFUSED))
+            .unwrap_or_else(|| panic!("no {CHANNEL_REFUSED} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    /// Waits (the refusal is counted by the handshake's own task) until
+    /// more connections than `before` were refused (a client may try more
+    /// than one connection per call); fails after 10 s. The new count.
+    async fn await_refused_after(&self, before: u64) -> u64 {
+        let t = Instant::now();
+        while self.refused() <= before {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no refusal counted after {before}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let the client's other attempts land before the next count.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.refused()
+    }
+
+    /// A TLS channel that trusts the node's CA, with `identity` (if any).
+    async fn connect(&self, identity: Option<(String, String)>) -> Result<Channel, String> {
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(self.ca.pem()))
+            .domain_name("localhost");
+        if let Some((cert, key)) = identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        Channel::from_shared(format!("https://127.0.0.1:{}", self.port))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))
+    }
+}
+
+async fn plugin_info(ch: Channel) -> Result<String, tonic::Status> {
+    IdentityClient::new(ch)
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .map(|r| r.into_inner().name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controllers_certificate_gets_through_and_nothing_else_does() {
+    let node = Node::start().await;
+    let controller = leaf(&node.ca, "controller", ExtendedKeyUsagePurpose::ClientAuth);
+    let ch = node.connect(Some(controller.clone())).await.unwrap();
+    assert_eq!(plugin_info(ch.clone()).await.unwrap(), "tpcsi.test");
+    // The channel carries no Node service: that is the kubelet's, on the
+    // node's socket.
+    let e = NodeClient::new(ch)
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
+    let n = node.refused();
+    assert_eq!(n, 0);
+
+    // No client certificate: the handshake fails (TLS 1.3 may let the
+    // client finish first; its first call fails then).
+    match node.connect(None).await {
+        Err(_) => {}
+        Ok(ch) => {
+            plugin_info(ch).await.unwrap_err();
+        }
+    }
+    let n = node.await_refused_after(n).await;
+
+    // A certificate another CA signed.
+    let rogue = leaf(
+        &ca("rogue CA"),
+        "controller",
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    match node.connect(Some(rogue)).await {
+        Err(_) => {}
+        Ok(ch) => {
+            plugin_info(ch).await.unwrap_err();
+        }
+    }
+    let n = node.await_refused_after(n).await;
+
+    // The cluster CA's own node certificate, made for server
+    // authentication only, is no controller.
+    let server_only = leaf(&node.ca, "node-2", ExtendedKeyUsagePurpose::ServerAuth);
+    match node.connect(Some(server_only)).await {
+        Err(_) => {}
+        Ok(ch) => {
+            plugin_info(ch).await.unwrap_err();
+        }
+    }
+    let n = node.await_refused_after(n).await;
+
+    // Plain text HTTP/2.
+    let plain = Channel::from_shared(format!("http://127.0.0.1:{}", node.port))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(ch) = plain {
+        plugin_info(ch).await.unwrap_err();
+    }
+    let n = node.await_refused_after(n).await;
+
+    // The good client still gets through, on a fresh connection too.
+    let ch = node.connect(Some(controller)).await.unwrap();
+    assert_eq!(plugin_info(ch).await.unwrap(), "tpcsi.test");
+    assert_eq!(node.refused(), n, "the good client was not refused");
+    drop(node.dir);
+}
+
+#[test]
+fn unreadable_tls_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca("cluster CA");
+    let (cert, key) = leaf(&ca, "localhost", ExtendedKeyUsagePurpose::ServerAuth);
+    let (c, k, a) = (
+        write(dir.path(), "tls.crt", &cert),
+        write(dir.path(), "tls.key", &key),
+        write(dir.path(), "ca.crt", &ca.pem()),
+    );
+    assert!(thinpool_csi::channel::server_config(&c, &k, &a).is_ok());
+    let missing = dir.path().join("missing.crt");
+    let empty = write(dir.path(), "empty.crt", "");
+    for (cert, key, ca, named) in [
+        (&missing, &k, &a, &missing),
+        (&c, &missing, &a, &missing),
+        (&c, &k, &empty, &empty),
+        (&c, &k, &missing, &missing),
+        // A key that is not the certificate's.
+        (
+            &c,
+            &write(
+                dir.path(),
+                "other.key",
+                &KeyPair::generate().unwrap().serialize_pem(),
+            ),
+            &a,
+            &c,
+        ),
+    ] {
+        let e = thinpool_csi::channel::server_config(cert, key, ca).unwrap_err();
+        let m = e.message();
+        assert!(
+            m.contains(&named.display().to_string()),
+            "{m} names {}",
+            named.display()
+        );
+        assert_eq!(tonic::Status::from(e).code(), Code::FailedPrecondition);
+    }
+}
