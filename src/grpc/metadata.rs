@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::validate;
@@ -14,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::proto::csi::v1::snapshot_metadata_server::SnapshotMetadata;
 use crate::proto::csi::v1::*;
 use crate::volume::classes::Classes;
-use crate::volume::metadata::{Ask, Ranges};
+use crate::volume::metadata::{Ask, Item, Ranges};
 use crate::volume::SnapshotId;
 
 /// Ranges per message when the request leaves `max_results` at 0.
@@ -50,13 +49,60 @@ fn window(starting_offset: i64, max_results: i32) -> Result<(u64, usize)> {
     Ok((starting_offset as u64, batch))
 }
 
+/// What the task that batches ranges passes on to the response stream.
+enum Frame<R> {
+    Data(R),
+    Failed(Status),
+    /// The reader sent every range.
+    End,
+}
+
+/// A SnapshotMetadata response stream: it ends OK only after the reader
+/// said it sent every range. Closed before that (the reader or the
+/// batching task panicked, or was dropped) it ends with INTERNAL: a
+/// backup tool must never take part of a change list for all of it.
+pub struct Whole<R> {
+    rx: mpsc::Receiver<Frame<R>>,
+    over: bool,
+}
+
+/// The status of a stream cut short.
+fn cut_short() -> Status {
+    Status::from(
+        Error::Internal(
+            "the stream of ranges stopped before its end (its reader failed); the ranges sent are not the whole answer".into(),
+        )
+        .advise("call again from starting_offset after the last range received"),
+    )
+}
+
+impl<R> tokio_stream::Stream for Whole<R> {
+    type Item = std::result::Result<R, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        if self.over {
+            return Poll::Ready(None);
+        }
+        let item = match self.rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Frame::Data(r))) => return Poll::Ready(Some(Ok(r))),
+            Poll::Ready(Some(Frame::End)) => None,
+            Poll::Ready(Some(Frame::Failed(s))) => Some(Err(s)),
+            Poll::Ready(None) => Some(Err(cut_short())),
+        };
+        self.over = true;
+        Poll::Ready(item)
+    }
+}
+
 /// Streams `ranges` as responses of at most `batch` ranges each, made by
-/// `make(capacity, ranges)`; an error ends the stream with its status.
-fn respond<R, F>(
-    mut r: Ranges,
-    batch: usize,
-    make: F,
-) -> ReceiverStream<std::result::Result<R, Status>>
+/// `make(capacity, ranges)`; an error ends the stream with its status, and
+/// so does a reader that stops without its end ([`Whole`]).
+fn respond<R, F>(mut r: Ranges, batch: usize, make: F) -> Whole<R>
 where
     R: Send + 'static,
     F: Fn(i64, Vec<BlockMetadata>) -> R + Send + 'static,
@@ -70,36 +116,40 @@ where
         let mut got = Vec::with_capacity(batch.min(DEFAULT_BATCH));
         while r.ranges.recv_many(&mut got, batch).await > 0 {
             let mut block_metadata = Vec::with_capacity(got.len());
-            let mut failed = None;
+            let mut last = None;
             for item in got.drain(..) {
                 match item {
-                    Ok((offset, length)) => block_metadata.push(BlockMetadata {
+                    Ok(Item::Range(offset, length)) => block_metadata.push(BlockMetadata {
                         byte_offset: offset as i64,
                         size_bytes: length as i64,
                     }),
-                    Err(e) => failed = Some(e),
+                    Ok(Item::End) => last = Some(Frame::End),
+                    Err(e) => last = Some(Frame::Failed(Status::from(e))),
                 }
             }
             if !block_metadata.is_empty()
-                && tx.send(Ok(make(capacity, block_metadata))).await.is_err()
+                && tx
+                    .send(Frame::Data(make(capacity, block_metadata)))
+                    .await
+                    .is_err()
             {
                 return; // the client went away; dropping `r` stops the reader
             }
-            if let Some(e) = failed {
-                let _ = tx.send(Err(Status::from(e))).await;
+            if let Some(f) = last {
+                let _ = tx.send(f).await;
                 return;
             }
         }
+        // The reader's channel closed with neither its end nor an error:
+        // nothing is sent, and `Whole` ends the stream with INTERNAL.
     });
-    ReceiverStream::new(rx)
+    Whole { rx, over: false }
 }
 
 #[tonic::async_trait]
 impl SnapshotMetadata for MetadataService {
-    type GetMetadataAllocatedStream =
-        ReceiverStream<std::result::Result<GetMetadataAllocatedResponse, Status>>;
-    type GetMetadataDeltaStream =
-        ReceiverStream<std::result::Result<GetMetadataDeltaResponse, Status>>;
+    type GetMetadataAllocatedStream = Whole<GetMetadataAllocatedResponse>;
+    type GetMetadataDeltaStream = Whole<GetMetadataDeltaResponse>;
 
     async fn get_metadata_allocated(
         &self,
@@ -156,7 +206,7 @@ impl MetadataService {
         starting_offset: i64,
         max_results: i32,
         make: F,
-    ) -> std::result::Result<Response<ReceiverStream<std::result::Result<R, Status>>>, Status>
+    ) -> std::result::Result<Response<Whole<R>>, Status>
     where
         R: Send + 'static,
         F: Fn(i32, i64, Vec<BlockMetadata>) -> R + Send + 'static,
@@ -214,7 +264,7 @@ mod tests {
         use tokio_stream::StreamExt;
         let (tx, rx) = mpsc::channel(16);
         for i in 0..5u64 {
-            tx.send(Ok((i * 100, 10))).await.unwrap();
+            tx.send(Ok(Item::Range(i * 100, 10))).await.unwrap();
         }
         tx.send(Err(Error::Internal("thin_delta died".into())))
             .await
@@ -250,7 +300,8 @@ mod tests {
     async fn a_huge_max_results_allocates_nothing_up_front() {
         use tokio_stream::StreamExt;
         let (tx, rx) = mpsc::channel(4);
-        tx.send(Ok((0, 10))).await.unwrap();
+        tx.send(Ok(Item::Range(0, 10))).await.unwrap();
+        tx.send(Ok(Item::End)).await.unwrap();
         drop(tx);
         let (_, batch) = window(0, i32::MAX).unwrap();
         let s = respond(
@@ -263,5 +314,84 @@ mod tests {
         );
         let got: Vec<usize> = s.map(|r| r.unwrap()).collect().await;
         assert_eq!(got, vec![1]);
+    }
+
+    /// Ranges, then a channel closed with neither the end nor an error
+    /// (the reader panicked): the ranges arrive and the stream ends with
+    /// INTERNAL, never OK.
+    #[tokio::test]
+    async fn a_reader_that_stops_without_its_end_fails_the_stream() {
+        use tokio_stream::StreamExt;
+        let (tx, rx) = mpsc::channel(16);
+        let reader = tokio::spawn(async move {
+            for i in 0..3u64 {
+                tx.send(Ok(Item::Range(i * 100, 10))).await.unwrap();
+            }
+            panic!("the reader dies mid-stream");
+        });
+        assert!(reader.await.unwrap_err().is_panic());
+        let got: Vec<_> = respond(
+            Ranges {
+                capacity: 1000,
+                ranges: rx,
+            },
+            2,
+            |_, b| b.len(),
+        )
+        .collect()
+        .await;
+        let sent: usize = got.iter().filter_map(|r| r.as_ref().ok()).sum();
+        assert_eq!(sent, 3, "{got:?}");
+        let last = got.last().unwrap().as_ref().unwrap_err();
+        assert_eq!(last.code(), tonic::Code::Internal, "{last:?}");
+        assert!(last.message().contains("not the whole answer"), "{last:?}");
+    }
+
+    /// The batching task itself panics (here in `make`): the stream ends
+    /// with INTERNAL, not OK.
+    #[tokio::test]
+    async fn a_batching_task_that_panics_fails_the_stream() {
+        use tokio_stream::StreamExt;
+        let (tx, rx) = mpsc::channel(16);
+        tx.send(Ok(Item::Range(0, 10))).await.unwrap();
+        tx.send(Ok(Item::End)).await.unwrap();
+        drop(tx);
+        let got: Vec<std::result::Result<usize, Status>> = respond(
+            Ranges {
+                capacity: 1000,
+                ranges: rx,
+            },
+            2,
+            |_, _| -> usize { panic!("a response cannot be made") },
+        )
+        .collect()
+        .await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].as_ref().unwrap_err().code(), tonic::Code::Internal);
+    }
+
+    /// The end after every range: the stream ends OK, with nothing after.
+    #[tokio::test]
+    async fn a_whole_answer_ends_ok() {
+        use tokio_stream::StreamExt;
+        let (tx, rx) = mpsc::channel(16);
+        for i in 0..4u64 {
+            tx.send(Ok(Item::Range(i * 100, 10))).await.unwrap();
+        }
+        tx.send(Ok(Item::End)).await.unwrap();
+        // The reader's sender lives on: the end alone ends the stream.
+        let got: Vec<usize> = respond(
+            Ranges {
+                capacity: 1000,
+                ranges: rx,
+            },
+            3,
+            |_, b| b.len(),
+        )
+        .map(|r| r.unwrap())
+        .collect()
+        .await;
+        assert_eq!(got.iter().sum::<usize>(), 4, "{got:?}");
+        drop(tx);
     }
 }

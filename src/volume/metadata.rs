@@ -24,10 +24,22 @@ pub enum Ask {
 }
 
 /// The answer, streamed: the volume's capacity, and `(offset, length)`
-/// ranges as they are read; an error ends the stream.
+/// ranges as they are read, then [`Item::End`] when every range was sent;
+/// an error ends the stream. A channel that closes without `End` or an
+/// error was cut short (its reader panicked): its ranges are not the
+/// whole answer.
 pub struct Ranges {
     pub capacity: u64,
-    pub ranges: mpsc::Receiver<Result<(u64, u64)>>,
+    pub ranges: mpsc::Receiver<Result<Item>>,
+}
+
+/// One item of [`Ranges`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Item {
+    /// `(offset, length)` in bytes.
+    Range(u64, u64),
+    /// Every range was sent.
+    End,
 }
 
 /// How many ranges wait between the reader and a slow client.
@@ -122,7 +134,8 @@ impl Volumes {
                         let Some(r) = clip(offset, length, start, capacity) else {
                             return true;
                         };
-                        match tokio::time::timeout(stall, out.send(Ok(r))).await {
+                        match tokio::time::timeout(stall, out.send(Ok(Item::Range(r.0, r.1)))).await
+                        {
                             Ok(sent) => sent.is_ok(),
                             Err(_) => {
                                 tracing::warn!(
@@ -150,7 +163,10 @@ impl Volumes {
                 }
             });
             match res {
-                Ok(()) => tracing::info!(?ask, start, "SnapshotMetadata: done"),
+                Ok(()) => {
+                    tracing::info!(?ask, start, "SnapshotMetadata: done");
+                    let _ = tx.send(Ok(Item::End)).await;
+                }
                 Err(e) => {
                     tracing::warn!(?ask, start, error = %e, "SnapshotMetadata: failed");
                     let _ = tx.send(Err(e)).await;
