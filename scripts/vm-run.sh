@@ -30,6 +30,8 @@
 #                          files in guest RAM; "tmpfs" = an empty tmpfs
 #   VM_APPEND=             extra guest kernel arguments (e.g. ignore_loglevel
 #                          to see every kernel message in the console log)
+#   VM_KERNEL=             the guest kernel: empty (Debian 12's default, 6.1)
+#                          or 6.12 (scripts/vm-setup.sh)
 #   VM_OUT=                a host folder: what CMD writes under the folder
 #                          named by $THINPOOL_VM_OUT (in the guest) is copied
 #                          there after the run (reports, logs)
@@ -41,9 +43,11 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd -P)
 VM_DIR="$REPO_ROOT/.vm"
-KERNEL_DIR="$VM_DIR/kernel"
+# The same names as scripts/vm-setup.sh's (which checks VM_KERNEL).
+case "${VM_KERNEL:-}" in 6.12) KSUFFIX=-6.12 ;; *) KSUFFIX= ;; esac
+KERNEL_DIR="$VM_DIR/kernel$KSUFFIX"
 QEMU_DIR="$VM_DIR/qemu"
-INITRAMFS="$VM_DIR/initramfs.cpio"
+INITRAMFS="$VM_DIR/initramfs$KSUFFIX.cpio"
 
 VM_TIMEOUT=${VM_TIMEOUT:-1800}
 VM_MEM=${VM_MEM:-2048}

@@ -9,6 +9,13 @@
 # Everything is cached under <repo>/.vm/ (git-ignored) and rebuilt only when
 # missing; the initramfs is also rebuilt when scripts/vm-guest-init changes.
 # Usage: scripts/vm-setup.sh [--rebuild]
+#
+# VM_KERNEL picks the guest kernel: empty (the default) is Debian 12's
+# linux-image-amd64 (6.1); "6.12" is the newest
+# linux-image-6.12.*+deb12-amd64-unsigned (bookworm-security), whose
+# filesystem freezes nest (Linux 6.8 and later), for the group snapshot
+# tests. Each kernel has its own kernel folder and initramfs; QEMU and
+# busybox are shared.
 # All progress goes to stderr (vm-run.sh's stdout belongs to the job).
 set -euo pipefail
 
@@ -17,11 +24,17 @@ REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd -P)
 VM_DIR="$REPO_ROOT/.vm"
 GUEST_INIT="$SCRIPT_DIR/vm-guest-init"
 
-KERNEL_DIR="$VM_DIR/kernel"       # vmlinux, kver, lib/modules/<kver>/
+VM_KERNEL=${VM_KERNEL:-}
+case "$VM_KERNEL" in
+'') KSUFFIX= ;;
+6.12) KSUFFIX=-6.12 ;;
+*) echo "vm-setup: VM_KERNEL must be empty (Debian's default) or 6.12, got '$VM_KERNEL'" >&2; exit 2 ;;
+esac
+KERNEL_DIR="$VM_DIR/kernel$KSUFFIX" # vmlinux, kver, lib/modules/<kver>/
 QEMU_DIR="$VM_DIR/qemu"           # dpkg -x of qemu-system-x86 and its libraries
 BUSYBOX_DIR="$VM_DIR/busybox"     # dpkg -x of busybox-static
-INITRAMFS="$VM_DIR/initramfs.cpio"
-INITRAMFS_STAMP="$VM_DIR/initramfs.stamp"
+INITRAMFS="$VM_DIR/initramfs$KSUFFIX.cpio"
+INITRAMFS_STAMP="$VM_DIR/initramfs$KSUFFIX.stamp"
 
 # Host packages the guest needs: it runs the host's binaries, so they must be
 # installed here (kmod: depmod/modprobe for the module closure, and modprobe
@@ -158,8 +171,15 @@ extract_vmlinux() {
 }
 
 # linux-image-amd64 is a metapackage; the kernel is in the ABI package it
-# depends on (e.g. linux-image-6.1.0-56-amd64).
+# depends on (e.g. linux-image-6.1.0-56-amd64). For VM_KERNEL=6.12: the
+# newest 6.12 image bookworm carries (one package per upload, so the name
+# changes with each; the highest version is taken).
 kernel_packages() {
+	if [ "$VM_KERNEL" = 6.12 ]; then
+		apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$' 2>/dev/null |
+			awk '{print $1}' | sort -V | tail -n1
+		return
+	fi
 	apt-cache depends linux-image-amd64 2>/dev/null |
 		awk '/Depends: linux-image-[0-9]/ {print $2; exit}'
 }
@@ -168,6 +188,10 @@ build_kernel() {
 	local tmp kver
 	[ -s "$KERNEL_DIR/vmlinux" ] && [ -s "$KERNEL_DIR/kver" ] && return 0
 	apt_ensure_known linux-image-amd64
+	[ -n "$(kernel_packages)" ] || {
+		apt_update
+		[ -n "$(kernel_packages)" ] || die "apt knows no kernel package for VM_KERNEL='$VM_KERNEL'"
+	}
 	rm -rf "$KERNEL_DIR" "$KERNEL_DIR.tmp"
 	tmp="$KERNEL_DIR.tmp"
 	mkdir -p "$tmp"
@@ -272,8 +296,18 @@ build_initramfs() {
 			[ "$kind" = insmod ] || continue # "builtin <name>" needs nothing
 			[ -z "${seen[$path]:-}" ] || continue
 			seen[$path]=1
-			cp "$path" "$stage/modules/"
-			basename "$path" >>"$stage/modules/load.list"
+			# Newer kernels ship xz-compressed modules; busybox's insmod
+			# takes them plain.
+			case "$path" in
+			*.ko.xz)
+				xz -dc "$path" >"$stage/modules/$(basename "$path" .xz)"
+				basename "$path" .xz >>"$stage/modules/load.list"
+				;;
+			*)
+				cp "$path" "$stage/modules/"
+				basename "$path" >>"$stage/modules/load.list"
+				;;
+			esac
 		done <"$stage/deps"
 	done
 	rm -f "$stage/deps"

@@ -118,6 +118,33 @@ impl Members {
     }
 }
 
+/// scripts/test.sh runs this suite on Debian 12's 6.1 kernel
+/// (`TPCSI_EXPECT_FREEZE_NEST=0`) and the group tests again on its 6.12
+/// kernel (`=1`): the guest must be the kernel asked for, so the path for
+/// nesting freezes (Linux 6.8 and later) cannot be skipped unseen. Unset
+/// (a native run on a kernel with device-mapper) it only says which path
+/// this kernel takes.
+#[test]
+fn the_kernel_is_the_one_asked_for() {
+    let nests = thinpool_csi::node::freeze::freezes_nest();
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    eprintln!("MEASURE group: kernel {release}, freezes nest: {nests}");
+    match std::env::var("TPCSI_EXPECT_FREEZE_NEST").as_deref() {
+        Ok("1") => assert!(
+            nests,
+            "kernel {release}: freezes do not nest, but the run asked for a kernel where they do"
+        ),
+        Ok("0") => assert!(
+            !nests,
+            "kernel {release}: freezes nest, but the run asked for one where they do not"
+        ),
+        Ok(other) => panic!("TPCSI_EXPECT_FREEZE_NEST must be 0 or 1, got {other:?}"),
+        Err(_) => {}
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn one_capability_and_mounted_members_are_grouped_only_where_freezes_nest() {
     let Members {
