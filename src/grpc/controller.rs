@@ -454,7 +454,7 @@ impl Controller for ControllerService {
         // or node that is gone counts as unpublished (spec: reply OK).
         let r = r.into_inner();
         validate::required_string("volume_id", &r.volume_id)?;
-        validate::bounded_string("node_id", &r.node_id)?;
+        validate::optional_string("node_id", &r.node_id)?;
         Ok(Response::new(ControllerUnpublishVolumeResponse {}))
     }
     async fn validate_volume_capabilities(

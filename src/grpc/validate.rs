@@ -30,7 +30,23 @@ pub fn required_string<'a>(field: &str, value: &'a str) -> Result<&'a str> {
     if value.is_empty() {
         return invalid(format!("{field} is required"));
     }
-    bounded_string(field, value)
+    bounded_string(field, value)?;
+    // A CO name or id with a tab, a newline or an escape is no name a CO
+    // makes (Kubernetes' never have one); it could only mislead whoever
+    // reads it back (`lvs`, logs, `tpcsi list`).
+    if value.chars().any(char::is_control) {
+        return invalid(format!("{field} contains control characters"));
+    }
+    Ok(value)
+}
+
+/// A string field that may be empty, and is otherwise held to
+/// [`required_string`]'s rules.
+pub fn optional_string<'a>(field: &str, value: &'a str) -> Result<&'a str> {
+    match value {
+        "" => Ok(value),
+        v => required_string(field, v),
+    }
 }
 
 pub fn bounded_string<'a>(field: &str, value: &'a str) -> Result<&'a str> {
@@ -76,9 +92,6 @@ pub fn addons_path_len(field: &str, value: &str) -> Result<()> {
 /// goes into the call's log line (`observe`).
 pub fn volume_id(id: &str) -> Result<Option<VolumeId>> {
     required_string("volume_id", id)?;
-    if id.chars().any(char::is_control) {
-        return invalid("volume_id contains control characters");
-    }
     super::observe::note_volume_id(id);
     Ok(naming::is_volume_id(id).then(|| VolumeId::new_unchecked(id.to_string())))
 }
@@ -100,9 +113,6 @@ pub fn known_volume(id: Option<VolumeId>, raw: &str) -> Result<VolumeId> {
 /// an id this driver issues.
 pub fn snapshot_id(field: &str, id: &str) -> Result<Option<SnapshotId>> {
     required_string(field, id)?;
-    if id.chars().any(char::is_control) {
-        return invalid(format!("{field} contains control characters"));
-    }
     super::observe::note_snapshot_id(id);
     Ok(naming::is_snapshot_id(id).then(|| SnapshotId::new_unchecked(id.to_string())))
 }
@@ -885,6 +895,34 @@ mod tests {
             Err(Error::NotFound(_))
         ));
         assert!(matches!(volume_id(""), Err(Error::InvalidArgument(_))));
+    }
+
+    /// Names and ids: present, at most 128 bytes, no control character
+    /// (CreateVolume once took a name of one tab).
+    #[test]
+    fn names_and_ids_refuse_control_characters() {
+        for bad in ["\t", "\u{b}", "pvc-1\n", "a\u{1b}[31mb", "\0"] {
+            for (field, r) in [
+                ("name", required_string("name", bad).map(drop)),
+                ("volume_id", volume_id(bad).map(drop)),
+                ("snapshot_id", snapshot_id("snapshot_id", bad).map(drop)),
+            ] {
+                let e = r.unwrap_err();
+                assert!(
+                    matches!(e, Error::InvalidArgument(_)),
+                    "{field} {bad:?}: {e:?}"
+                );
+                assert!(e.to_string().contains("control characters"), "{e}");
+            }
+        }
+        assert!(required_string("name", "").is_err());
+        assert_eq!(optional_string("node_id", "").unwrap(), "");
+        assert!(optional_string("node_id", "node\u{1b}1").is_err());
+        assert!(required_string("name", &"n".repeat(129)).is_err());
+        assert_eq!(
+            required_string("name", "pvc-1 ünïcode").unwrap(),
+            "pvc-1 ünïcode"
+        );
     }
 
     #[test]

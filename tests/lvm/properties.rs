@@ -5,6 +5,11 @@
 //! - the driver still runs (no panic; its log never says "panicked");
 //! - an error carries a proper code: never UNKNOWN, INTERNAL or a
 //!   transport error for what a client sent;
+//! - no hostile request gets OK: an id or name with a control character
+//!   or over CSI's 128 bytes ([`hostile_text`]), and for a stage or
+//!   publish a path that is not absolute, holds a NUL or `..`, is not
+//!   strictly under the allowed root or goes through one of the world's
+//!   symlinks out of it ([`hostile_path`]);
 //! - nothing changed outside the driver's own work: the mount table, and
 //!   a tree listing of a sentinel directory outside `allowed_roots` that
 //!   the adversarial paths aim at (`..`, symlinks, absolute paths); after
@@ -423,6 +428,32 @@ struct Clients {
     h: HealerNodeClient<Channel>,
 }
 
+/// An id or name no request may get OK for, whatever exists: a control
+/// character, or more than CSI's 128 bytes.
+fn hostile_text(s: &str) -> bool {
+    s.len() > 128 || s.chars().any(char::is_control)
+}
+
+/// A staging or target path a stage or publish must refuse: empty or
+/// relative, a NUL, a `..` component, longer than PATH_MAX, not strictly
+/// under the allowed root, or through the world's symlinks out of it.
+fn hostile_path(w: &World, p: &str) -> bool {
+    let root = w.root.as_path();
+    let path = Path::new(p);
+    let normal: PathBuf = path.components().collect();
+    p.len() > 4096
+        || p.contains('\0')
+        || !path.is_absolute()
+        || path
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        || normal == root
+        || !normal.starts_with(root)
+        || ["escape", "proc-link"]
+            .iter()
+            .any(|l| normal.starts_with(root.join(l)))
+}
+
 /// The code of a reply; a stream is read to its end.
 fn code_of<T>(r: &Result<Response<T>, Status>) -> Code {
     r.as_ref().err().map(|s| s.code()).unwrap_or(Code::Ok)
@@ -455,11 +486,13 @@ struct Runner<'a> {
 
 impl Runner<'_> {
     /// Runs `cases()` cases of one request type: `call` sends the request
-    /// and undoes what a success made, returning the code.
-    fn run<S, F, Fut>(&mut self, what: &str, strategy: S, call: F)
+    /// and undoes what a success made, returning the code; a request
+    /// `hostile` says is hostile must not get OK.
+    fn run<S, H, F, Fut>(&mut self, what: &str, strategy: S, hostile: H, call: F)
     where
         S: Strategy,
         S::Value: std::fmt::Debug,
+        H: Fn(&S::Value) -> bool,
         F: Fn(Clients, S::Value) -> Fut,
         Fut: Future<Output = Code>,
     {
@@ -484,15 +517,22 @@ impl Runner<'_> {
             n.set(n.get() + 1);
             let before = snapshot_of_host(&root, &sentinel);
             let shown = format!("{req:?}");
+            let bad = hostile(&req);
             let code = rt.block_on(call(clients.clone(), req));
             *codes.borrow_mut().entry(format!("{code:?}")).or_default() += 1;
             let after = snapshot_of_host(&root, &sentinel);
-            if first.borrow().is_none() && (!PROPER.contains(&code) || before != after) {
+            if first.borrow().is_none()
+                && (!PROPER.contains(&code) || before != after || (bad && code == Code::Ok))
+            {
                 *first.borrow_mut() = Some(format!("{code:?} for {shown}"));
             }
             prop_assert!(
                 PROPER.contains(&code),
                 "{what}: improper code {code:?} for {shown}"
+            );
+            prop_assert!(
+                !(bad && code == Code::Ok),
+                "{what}: OK for a hostile request {shown}"
             );
             prop_assert_eq!(
                 &before.0,
@@ -707,6 +747,7 @@ fn controller_volume_requests_under_random_and_hostile_input() {
             sec(),
             proptest::option::weighted(0.2, id(&w, true)),
         ),
+        |v| hostile_text(&v.0) || v.6.as_deref().is_some_and(hostile_text),
         |mut cl, (name, caps, range, parameters, mutable, secrets, source)| async move {
             let req = CreateVolumeRequest {
                 name,
@@ -739,6 +780,7 @@ fn controller_volume_requests_under_random_and_hostile_input() {
     r.run(
         "DeleteVolume",
         (id(&w, false), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, secrets)| async move {
             code_of(
                 &cl.c
@@ -750,6 +792,7 @@ fn controller_volume_requests_under_random_and_hostile_input() {
     r.run(
         "ControllerPublishVolume",
         (id(&w, true), any_string(), capability(), any::<bool>(), sec(), params(&w)),
+        |v| hostile_text(&v.0) || hostile_text(&v.1),
         |mut cl, (volume_id, node_id, volume_capability, readonly, secrets, volume_context)| async move {
             code_of(
                 &cl.c
@@ -768,6 +811,7 @@ fn controller_volume_requests_under_random_and_hostile_input() {
     r.run(
         "ControllerUnpublishVolume",
         (id(&w, true), any_string(), sec()),
+        |v| hostile_text(&v.0) || hostile_text(&v.1),
         |mut cl, (volume_id, node_id, secrets)| async move {
             code_of(
                 &cl.c
@@ -783,6 +827,7 @@ fn controller_volume_requests_under_random_and_hostile_input() {
     r.run(
         "ValidateVolumeCapabilities",
         (id(&w, true), caps(), params(&w), params(&w), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, caps, parameters, mutable_parameters, secrets)| async move {
             code_of(
                 &cl.c
@@ -817,6 +862,7 @@ fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input()
             prop_oneof![any::<i32>(), 0i32..4],
             prop_oneof![any_string(), id(&w, true)],
         ),
+        |v| v.0 < 0 || hostile_text(&v.1),
         |mut cl, (max_entries, starting_token)| async move {
             code_of(
                 &cl.c
@@ -831,6 +877,9 @@ fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input()
     r.run(
         "GetCapacity",
         (vec(capability(), 0..2), params(&w)),
+        // Nothing in a GetCapacity is hostile: a CO's parameters and
+        // capabilities are answered, not refused.
+        |_| false,
         |mut cl, (caps, parameters)| async move {
             code_of(
                 &cl.c
@@ -846,6 +895,7 @@ fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input()
     r.run(
         "ControllerExpandVolume",
         (id(&w, true), size(), capability(), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, capacity_range, volume_capability, secrets)| async move {
             code_of(
                 &cl.c
@@ -862,6 +912,7 @@ fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input()
     r.run(
         "ControllerGetVolume",
         id(&w, true),
+        |v| hostile_text(v),
         |mut cl, volume_id| async move {
             code_of(
                 &cl.c
@@ -873,6 +924,7 @@ fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input()
     r.run(
         "ControllerModifyVolume",
         (id(&w, true), params(&w), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, mutable_parameters, secrets)| async move {
             code_of(
                 &cl.c
@@ -888,6 +940,7 @@ fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input()
     r.run(
         "CreateSnapshot",
         (name(&w), id(&w, true), params(&w), sec()),
+        |v| hostile_text(&v.0) || hostile_text(&v.1),
         |mut cl, (name, source_volume_id, parameters, secrets)| async move {
             let got =
                 cl.c.create_snapshot(CreateSnapshotRequest {
@@ -912,6 +965,7 @@ fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input()
     r.run(
         "DeleteSnapshot",
         (id(&w, false), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (snapshot_id, secrets)| async move {
             code_of(
                 &cl.c
@@ -932,6 +986,7 @@ fn controller_list_expand_and_snapshot_requests_under_random_and_hostile_input()
             id(&w, true),
             sec(),
         ),
+        |v| v.0 < 0 || hostile_text(&v.1),
         |mut cl, (max_entries, starting_token, source_volume_id, snapshot_id, secrets)| async move {
             code_of(
                 &cl.c
@@ -962,6 +1017,7 @@ fn node_requests_under_random_and_hostile_input() {
     r.run(
         "NodeStageVolume",
         (id(&w, true), path(&w), capability(), sec(), params(&w)),
+        |v| hostile_text(&v.0) || hostile_path(&w, &v.1),
         |mut cl, (volume_id, staging_target_path, volume_capability, secrets, volume_context)| async move {
             let got = cl
                 .n
@@ -988,6 +1044,7 @@ fn node_requests_under_random_and_hostile_input() {
     r.run(
         "NodeUnstageVolume",
         (id(&w, true), path(&w)),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, staging_target_path)| async move {
             code_of(
                 &cl.n
@@ -1002,6 +1059,7 @@ fn node_requests_under_random_and_hostile_input() {
     r.run(
         "NodePublishVolume",
         (id(&w, true), path(&w), path(&w), capability(), any::<bool>(), sec()),
+        |v| hostile_text(&v.0) || hostile_path(&w, &v.1) || hostile_path(&w, &v.2),
         |mut cl, (volume_id, staging_target_path, target_path, volume_capability, readonly, secrets)| async move {
             let got = cl
                 .n
@@ -1027,6 +1085,7 @@ fn node_requests_under_random_and_hostile_input() {
     r.run(
         "NodeUnpublishVolume",
         (id(&w, true), path(&w)),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, target_path)| async move {
             code_of(
                 &cl.n
@@ -1041,6 +1100,7 @@ fn node_requests_under_random_and_hostile_input() {
     r.run(
         "NodeGetVolumeStats",
         (id(&w, true), path(&w), path(&w)),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, volume_path, staging_target_path)| async move {
             code_of(
                 &cl.n
@@ -1063,6 +1123,7 @@ fn node_requests_under_random_and_hostile_input() {
             capability(),
             sec(),
         ),
+        |v| hostile_text(&v.0),
         |mut cl,
          (
             volume_id,
@@ -1102,6 +1163,7 @@ fn group_controller_requests_under_random_and_hostile_input() {
     r.run(
         "CreateVolumeGroupSnapshot",
         (name(&w), vec(id(&w, true), 0..3), params(&w), sec()),
+        |v| hostile_text(&v.0) || v.1.iter().any(|id| hostile_text(id)),
         |mut cl, (name, source_volume_ids, parameters, secrets)| async move {
             let got =
                 cl.g.create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest {
@@ -1133,6 +1195,7 @@ fn group_controller_requests_under_random_and_hostile_input() {
     r.run(
         "GetVolumeGroupSnapshot",
         (id(&w, true), vec(id(&w, true), 0..2), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (group_snapshot_id, snapshot_ids, secrets)| async move {
             code_of(
                 &cl.g
@@ -1148,6 +1211,7 @@ fn group_controller_requests_under_random_and_hostile_input() {
     r.run(
         "DeleteVolumeGroupSnapshot",
         (id(&w, false), vec(id(&w, false), 0..2), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (group_snapshot_id, snapshot_ids, secrets)| async move {
             code_of(
                 &cl.g
@@ -1185,6 +1249,7 @@ fn snapshot_metadata_requests_under_random_and_hostile_input() {
     r.run(
         "GetMetadataAllocated",
         (id(&w, true), offset(), any::<i32>(), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (snapshot_id, starting_offset, max_results, secrets)| async move {
             let got =
                 cl.m.get_metadata_allocated(GetMetadataAllocatedRequest {
@@ -1200,6 +1265,7 @@ fn snapshot_metadata_requests_under_random_and_hostile_input() {
     r.run(
         "GetMetadataDelta",
         (id(&w, true), id(&w, true), offset(), any::<i32>(), sec()),
+        |v| hostile_text(&v.0) || hostile_text(&v.1),
         |mut cl, (base_snapshot_id, target_snapshot_id, starting_offset, max_results, secrets)| async move {
             let got = cl
                 .m
@@ -1230,6 +1296,7 @@ fn addons_requests_under_random_and_hostile_input() {
     r.run(
         "NodeReclaimSpace",
         (id(&w, true), path(&w), path(&w), capability(), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, volume_path, staging_target_path, volume_capability, secrets)| async move {
             code_of(
                 &cl.rn
@@ -1247,6 +1314,7 @@ fn addons_requests_under_random_and_hostile_input() {
     r.run(
         "ControllerReclaimSpace",
         (id(&w, true), params(&w), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, parameters, secrets)| async move {
             code_of(
                 &cl.rc
@@ -1262,6 +1330,7 @@ fn addons_requests_under_random_and_hostile_input() {
     r.run(
         "NodeHealer",
         (id(&w, true), path(&w), path(&w), capability(), sec()),
+        |v| hostile_text(&v.0),
         |mut cl, (volume_id, volume_path, staging_target_path, volume_capability, secrets)| async move {
             code_of(
                 &cl.h
