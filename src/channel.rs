@@ -2,7 +2,10 @@
 //! which a node plugin serves the calls the cluster's controller forwards
 //! to it, with mutual TLS. The node presents `cluster.tls_cert`; a client
 //! gets through only with a certificate that `cluster.client_ca` signed
-//! for client authentication. A connection refused in the handshake (no
+//! (for client authentication, or for any use when it names none). So
+//! `client_ca` is the controller's CA alone, not the one that signs the
+//! nodes' certificates (docs/cluster.md): a node's certificate is then no
+//! key to another node. A connection refused in the handshake (no
 //! certificate, another CA's, plain text, a handshake that stalls) is
 //! logged and counted here and never reaches a service.
 
@@ -70,15 +73,17 @@ fn unusable(path: &Path, e: impl std::fmt::Display) -> Error {
         .advise("point cluster.tls_cert, cluster.tls_key and cluster.client_ca at PEM files the driver can read")
 }
 
-/// The connections on `listener` that finished a mutual TLS handshake, as
-/// a stream for the gRPC server. Each handshake runs as a task of its own
-/// (a slow client holds up no other); refused ones are logged (WARN, with
-/// the peer's address) and counted in `metrics`. Accepting stops when the
+/// The connections on `listener` that finished a mutual TLS handshake
+/// within `handshake` ([`HANDSHAKE_TIMEOUT`] in the driver), as a stream
+/// for the gRPC server. Each handshake runs as a task of its own (a slow
+/// client holds up no other); refused ones are logged (WARN, with the
+/// peer's address) and counted in `metrics`. Accepting stops when the
 /// stream is dropped.
 pub fn incoming(
     listener: TcpListener,
     cfg: Arc<ServerConfig>,
     metrics: Arc<Metrics>,
+    handshake: Duration,
 ) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(HANDSHAKES);
     let acceptor = TlsAcceptor::from(cfg);
@@ -99,21 +104,25 @@ pub fn incoming(
                     continue;
                 }
             };
+            // Small requests and answers go out at once (no Nagle delay
+            // on a forwarded call).
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(%peer, error = %e, "channel: TCP_NODELAY not set");
+            }
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 return;
             };
             let (acceptor, tx, metrics) = (acceptor.clone(), tx.clone(), metrics.clone());
             tokio::spawn(async move {
                 let _slot = slot;
-                let why = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                {
+                let why = match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
                         tracing::debug!(%peer, "channel: client authenticated");
                         let _ = tx.send(Ok(tls)).await;
                         return;
                     }
                     Ok(Err(e)) => e.to_string(),
-                    Err(_) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}"),
+                    Err(_) => format!("no handshake within {handshake:?}"),
                 };
                 metrics.channel_refused();
                 tracing::warn!(%peer, reason = why, "channel: refused a connection (mutual TLS)");

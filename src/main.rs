@@ -242,6 +242,7 @@ async fn main() -> ExitCode {
                         l,
                         tls,
                         classes.metrics().clone(),
+                        thinpool_csi::channel::HANDSHAKE_TIMEOUT,
                     ))
                 }
                 Err(e) => {

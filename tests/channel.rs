@@ -20,6 +20,7 @@ use thinpool_csi::proto::csi::v1::{GetPluginInfoRequest, NodeGetInfoRequest};
 use thinpool_csi::volume::classes::Classes;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::Code;
+use ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
 
 type Ca = CertifiedIssuer<'static, KeyPair>;
 
@@ -35,12 +36,13 @@ fn ca(name: &str) -> Ca {
     CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
 }
 
-/// A leaf certificate and its key (PEM) that `ca` signed for `usage`.
-fn leaf(ca: &Ca, name: &str, usage: ExtendedKeyUsagePurpose) -> (String, String) {
+/// A leaf certificate and its key (PEM) that `ca` signed for `usage`
+/// (every use when empty: no extended key usage).
+fn leaf(ca: &Ca, name: &str, usage: &[ExtendedKeyUsagePurpose]) -> (String, String) {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(vec![name.to_string()]).unwrap();
     p.distinguished_name.push(DnType::CommonName, name);
-    p.extended_key_usages = vec![usage];
+    p.extended_key_usages = usage.to_vec();
     let cert = p.signed_by(&key, ca).unwrap();
     (cert.pem(), key.serialize_pem())
 }
@@ -55,20 +57,25 @@ struct Node {
     dir: tempfile::TempDir,
     classes: Arc<Classes>,
     port: u16,
+    /// The nodes' CA: it signed this node's certificate.
     ca: Ca,
+    /// The controller's CA: the one this node takes clients of.
+    controller_ca: Ca,
 }
 
 impl Node {
-    /// A node's channel on a free port of 127.0.0.1, its certificate for
-    /// `localhost`, taking clients of its own CA.
+    /// A node's channel on a free port of 127.0.0.1: its certificate for
+    /// `localhost` from the nodes' CA, taking clients of the controller's
+    /// CA, with a handshake bound of half a second.
     async fn start() -> Node {
         let dir = tempfile::tempdir().unwrap();
-        let ca = ca("cluster CA");
-        let (cert, key) = leaf(&ca, "localhost", ExtendedKeyUsagePurpose::ServerAuth);
+        let controller_ca = ca("controller's CA");
+        let ca = ca("nodes' CA");
+        let (cert, key) = leaf(&ca, "localhost", &[ServerAuth]);
         let tls = thinpool_csi::channel::server_config(
             &write(dir.path(), "tls.crt", &cert),
             &write(dir.path(), "tls.key", &key),
-            &write(dir.path(), "ca.crt", &ca.pem()),
+            &write(dir.path(), "controller-ca.crt", &controller_ca.pem()),
         )
         .unwrap();
         let cfg = Config {
@@ -82,7 +89,12 @@ impl Node {
         let classes = Arc::new(Classes::new(&cfg, "node-1"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let incoming = thinpool_csi::channel::incoming(listener, tls, classes.metrics().clone());
+        let incoming = thinpool_csi::channel::incoming(
+            listener,
+            tls,
+            classes.metrics().clone(),
+            Duration::from_millis(500),
+        );
         tokio::spawn(thinpool_csi::grpc::serve_channel(
             classes.clone(),
             incoming,
@@ -93,6 +105,7 @@ impl Node {
             classes,
             port,
             ca,
+            controller_ca,
         }
     }
 
@@ -150,7 +163,7 @@ async fn plugin_info(ch: Channel) -> Result<String, tonic::Status> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controllers_certificate_gets_through_and_nothing_else_does() {
     let node = Node::start().await;
-    let controller = leaf(&node.ca, "controller", ExtendedKeyUsagePurpose::ClientAuth);
+    let controller = leaf(&node.controller_ca, "controller", &[ClientAuth]);
     let ch = node.connect(Some(controller.clone())).await.unwrap();
     assert_eq!(plugin_info(ch.clone()).await.unwrap(), "tpcsi.test");
     // The channel carries no Node service: that is the kubelet's, on the
@@ -174,29 +187,34 @@ async fn the_controllers_certificate_gets_through_and_nothing_else_does() {
     let n = node.await_refused_after(n).await;
 
     // A certificate another CA signed.
-    let rogue = leaf(
-        &ca("rogue CA"),
-        "controller",
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
+    let rogue = leaf(&ca("rogue CA"), "controller", &[ClientAuth]);
     match node.connect(Some(rogue)).await {
         Err(_) => {}
         Ok(ch) => {
             plugin_info(ch).await.unwrap_err();
         }
     }
-    let n = node.await_refused_after(n).await;
+    let mut n = node.await_refused_after(n).await;
 
-    // The cluster CA's own node certificate, made for server
-    // authentication only, is no controller.
-    let server_only = leaf(&node.ca, "node-2", ExtendedKeyUsagePurpose::ServerAuth);
-    match node.connect(Some(server_only)).await {
-        Err(_) => {}
-        Ok(ch) => {
-            plugin_info(ch).await.unwrap_err();
+    // Another node's certificate, from the nodes' CA, is no controller:
+    // made for server authentication only, for both uses, or for any use.
+    for usage in [&[ServerAuth][..], &[ServerAuth, ClientAuth], &[]] {
+        let other_node = leaf(&node.ca, "node-2", usage);
+        match node.connect(Some(other_node)).await {
+            Err(_) => {}
+            Ok(ch) => {
+                plugin_info(ch).await.unwrap_err();
+            }
         }
+        n = node.await_refused_after(n).await;
     }
+
+    // A connection that never starts its handshake is cut at the bound.
+    let idle = tokio::net::TcpStream::connect(("127.0.0.1", node.port))
+        .await
+        .unwrap();
     let n = node.await_refused_after(n).await;
+    drop(idle);
 
     // Plain text HTTP/2.
     let plain = Channel::from_shared(format!("http://127.0.0.1:{}", node.port))
@@ -219,7 +237,7 @@ async fn the_controllers_certificate_gets_through_and_nothing_else_does() {
 fn unreadable_tls_files_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let ca = ca("cluster CA");
-    let (cert, key) = leaf(&ca, "localhost", ExtendedKeyUsagePurpose::ServerAuth);
+    let (cert, key) = leaf(&ca, "localhost", &[ServerAuth]);
     let (c, k, a) = (
         write(dir.path(), "tls.crt", &cert),
         write(dir.path(), "tls.key", &key),

@@ -42,6 +42,11 @@ pub(super) struct Cache {
 /// tenth of the time, however many LVs the VG holds.
 pub(super) const REFRESH_DUTY: u32 = 10;
 
+/// ... but never longer than this: the last `lvs`'s time includes waits
+/// for the VG lock behind other commands, and the metrics (pool fill
+/// alerts) read the same report.
+pub(super) const REFRESH_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// How many ended writes [`Cache::recent`] keeps.
 pub(super) const RECENT_WRITES: usize = 256;
 
@@ -94,13 +99,13 @@ impl Cache {
     }
 
     /// How old the report may grow before a read starts a background
-    /// refresh: `max_age`, or [`REFRESH_DUTY`] times the last `lvs` when
-    /// that is longer. At 6,000 LVs under TCG one `lvs` took 3 s of CPU:
+    /// refresh: `max_age`, or [`REFRESH_DUTY`] times the last `lvs` (at
+    /// most [`REFRESH_WAIT_MAX`]) when that is longer. At 6,000 LVs under TCG one `lvs` took 3 s of CPU:
     /// every 10 s that was a third of a CPU taken from the calls it
     /// serves, for changes made outside the driver (its own writes are
     /// in the report already).
     fn refresh_after(&self, max_age: std::time::Duration) -> std::time::Duration {
-        max_age.max(self.last_read * REFRESH_DUTY)
+        max_age.max((self.last_read * REFRESH_DUTY).min(REFRESH_WAIT_MAX))
     }
 }
 
@@ -256,16 +261,21 @@ impl Lvm {
         // LVs and the trim's walk of every arena's free lists are work per
         // LV, which the runtime's workers should not wait out. The trim
         // covers every arena, the parse's thread's too.
-        let released =
-            crate::blocking::run("release the replaced report", self.timeout, move || {
-                drop(replaced);
-                crate::sys::release_free_memory();
-                Ok(())
-            })
-            .await;
-        if let Err(e) = released {
-            tracing::debug!(error = %e, "the replaced report was not released in time");
-        }
+        // Not awaited: the caller (and every reader waiting on this
+        // single flight) has its report now.
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            let released =
+                crate::blocking::run("release the replaced report", timeout, move || {
+                    drop(replaced);
+                    crate::sys::release_free_memory();
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = released {
+                tracing::debug!(error = %e, "the replaced report was not released in time");
+            }
+        });
         Ok(read)
     }
 }
@@ -414,6 +424,25 @@ mod tests {
         assert!(
             after >= Duration::from_secs(2),
             "refreshed after {after:?}: sooner than 10 times the lvs's 0.2 s"
+        );
+    }
+
+    /// The wait is capped: a slow `lvs` (or one that waited for the VG
+    /// lock) never holds the next refresh back past a minute.
+    #[test]
+    fn the_refresh_wait_is_capped() {
+        let mut c = Cache::default();
+        let age = Duration::from_secs(10);
+        assert_eq!(c.refresh_after(age), age);
+        c.last_read = Duration::from_millis(300);
+        assert_eq!(c.refresh_after(age), age);
+        c.last_read = Duration::from_secs(3);
+        assert_eq!(c.refresh_after(age), Duration::from_secs(30));
+        c.last_read = Duration::from_secs(120);
+        assert_eq!(c.refresh_after(age), REFRESH_WAIT_MAX);
+        assert_eq!(
+            c.refresh_after(Duration::from_secs(300)),
+            Duration::from_secs(300)
         );
     }
 

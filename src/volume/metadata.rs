@@ -162,16 +162,19 @@ impl Volumes {
                     Ok(())
                 }
             });
-            match res {
+            // The last word is bounded as every range was: a client that
+            // stopped reading gets no OK (the stream ends with INTERNAL).
+            let last = match res {
                 Ok(()) => {
                     tracing::info!(?ask, start, "SnapshotMetadata: done");
-                    let _ = tx.send(Ok(Item::End)).await;
+                    Ok(Item::End)
                 }
                 Err(e) => {
                     tracing::warn!(?ask, start, error = %e, "SnapshotMetadata: failed");
-                    let _ = tx.send(Err(e)).await;
+                    Err(e)
                 }
-            }
+            };
+            let _ = tokio::time::timeout(stall, tx.send(last)).await;
         });
         Ok(Ranges {
             capacity,
