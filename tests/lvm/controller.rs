@@ -288,6 +288,12 @@ async fn already_exists_exhausted_and_hostile_input() {
     let mut cases: Vec<(CreateVolumeRequest, Code)> = vec![
         (create_req("", MIB, block_cap()), Code::InvalidArgument),
         (create_req(&long, MIB, block_cap()), Code::InvalidArgument),
+        // No CO makes a name with a control character.
+        (create_req("a\0b", MIB, block_cap()), Code::InvalidArgument),
+        (
+            create_req("pvc-1\n", MIB, block_cap()),
+            Code::InvalidArgument,
+        ),
         (
             create_req("n", MIB, mount_cap("btrfs")),
             Code::InvalidArgument,
@@ -335,9 +341,9 @@ async fn already_exists_exhausted_and_hostile_input() {
         assert_eq!(e.code(), code, "{name}: {e:?}");
         assert!(!e.message().is_empty());
     }
-    // Names with any characters are fine, and map to distinct LVs.
+    // Names with any other characters are fine, and map to distinct LVs.
     let mut ids = vec![];
-    for name in ["../x", "vg0/root", "a\0b", "ünï cødé/../.."] {
+    for name in ["../x", "vg0/root", "a b;$(x)", "ünï cødé/../.."] {
         let v = c
             .create_volume(create_req(name, MIB, block_cap()))
             .await
