@@ -100,10 +100,10 @@ impl Cache {
 
     /// How old the report may grow before a read starts a background
     /// refresh: `max_age`, or [`REFRESH_DUTY`] times the last `lvs` (at
-    /// most [`REFRESH_WAIT_MAX`]) when that is longer. At 6,000 LVs under TCG one `lvs` took 3 s of CPU:
-    /// every 10 s that was a third of a CPU taken from the calls it
-    /// serves, for changes made outside the driver (its own writes are
-    /// in the report already).
+    /// most [`REFRESH_WAIT_MAX`]) when that is longer. At 6,000 LVs under
+    /// TCG one `lvs` took 3 s of CPU: every 10 s that was a third of a CPU
+    /// taken from the calls it serves, for changes made outside the
+    /// driver (its own writes are in the report already).
     fn refresh_after(&self, max_age: std::time::Duration) -> std::time::Duration {
         max_age.max((self.last_read * REFRESH_DUTY).min(REFRESH_WAIT_MAX))
     }
@@ -118,8 +118,8 @@ impl Lvm {
     }
 
     /// The report of our VG from the cache. A report older than
-    /// `report_max_age` (or [`REFRESH_DUTY`] times the last `lvs`, if
-    /// longer) is still served (our own writes are in it), and one `lvs`
+    /// `report_max_age` (or [`REFRESH_DUTY`] times the last `lvs`, at most
+    /// [`REFRESH_WAIT_MAX`], if longer) is still served (our own writes are in it), and one `lvs`
     /// is started in the background to catch up with changes made behind
     /// the driver's back; only an empty cache makes the caller wait.
     /// Decisions that must not rest on a cached view use
@@ -260,9 +260,9 @@ impl Lvm {
         // Both on a blocking thread, as the parse: freeing thousands of
         // LVs and the trim's walk of every arena's free lists are work per
         // LV, which the runtime's workers should not wait out. The trim
-        // covers every arena, the parse's thread's too.
-        // Not awaited: the caller (and every reader waiting on this
-        // single flight) has its report now.
+        // covers every arena, the parse's thread's too. Not awaited: the
+        // caller (and every reader waiting on this single flight) has its
+        // report now.
         let timeout = self.timeout;
         tokio::spawn(async move {
             let released =
