@@ -32,12 +32,14 @@ pub(crate) fn reply<T>(r: Result<T>) -> std::result::Result<tonic::Response<T>, 
     r.map(tonic::Response::new).map_err(tonic::Status::from)
 }
 
-/// Serves the CSI services on `listener` until `shutdown` resolves.
-pub async fn serve(
-    classes: Arc<Classes>,
-    listener: UnixListener,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<()> {
+/// A gRPC server (with the observe layer) serving CSI Identity,
+/// Controller, SnapshotMetadata and GroupController: what the node's
+/// socket and the internal channel both serve.
+fn csi_router(
+    classes: &Arc<Classes>,
+) -> tonic::transport::server::Router<
+    tower_layer::Stack<observe::ObserveLayer, tower_layer::Identity>,
+> {
     tonic::transport::Server::builder()
         .layer(observe::ObserveLayer::new(classes.metrics().clone()))
         .add_service(IdentityServer::new(identity::IdentityService {
@@ -46,13 +48,22 @@ pub async fn serve(
         .add_service(ControllerServer::new(controller::ControllerService {
             classes: classes.clone(),
         }))
-        .add_service(NodeServer::new(node::NodeService::new(classes.clone())))
         .add_service(SnapshotMetadataServer::new(metadata::MetadataService {
             classes: classes.clone(),
         }))
         .add_service(GroupControllerServer::new(group::GroupService {
             classes: classes.clone(),
         }))
+}
+
+/// Serves the CSI services on `listener` until `shutdown` resolves.
+pub async fn serve(
+    classes: Arc<Classes>,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    csi_router(&classes)
+        .add_service(NodeServer::new(node::NodeService::new(classes.clone())))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
@@ -112,20 +123,7 @@ where
     let addons = || addons::AddonsService {
         classes: classes.clone(),
     };
-    tonic::transport::Server::builder()
-        .layer(observe::ObserveLayer::new(classes.metrics().clone()))
-        .add_service(IdentityServer::new(identity::IdentityService {
-            classes: classes.clone(),
-        }))
-        .add_service(ControllerServer::new(controller::ControllerService {
-            classes: classes.clone(),
-        }))
-        .add_service(SnapshotMetadataServer::new(metadata::MetadataService {
-            classes: classes.clone(),
-        }))
-        .add_service(GroupControllerServer::new(group::GroupService {
-            classes: classes.clone(),
-        }))
+    csi_router(&classes)
         .add_service(AddonsIdentityServer::new(addons()))
         .add_service(ReclaimSpaceControllerServer::new(addons()))
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -138,26 +138,11 @@ async fn controller_reclaim_unstaged_ext4_keeps_data() {
     write_random(&mnt.join("gone"), 24);
     let keep_sum = sh("sha256sum", &[mnt.join("keep").to_str().unwrap()]);
     std::fs::remove_file(mnt.join("gone")).unwrap();
-    let mut ctl = ReclaimSpaceControllerClient::connect(d.addons_uri())
-        .await
-        .unwrap();
-    let req = || ControllerReclaimSpaceRequest {
-        volume_id: id.clone(),
-        ..Default::default()
-    };
     // Mounted: in use, so the node's to trim. The csi-addons controller
     // makes this call after every NodeReclaimSpace and fails the job on an
     // error: answered OK, nothing done, the usage as it stands twice.
     let before = lvs(&d.vg).find(&id).unwrap().allocated_bytes().unwrap();
-    let r = ctl
-        .controller_reclaim_space(req())
-        .await
-        .unwrap()
-        .into_inner();
-    let (pre, post) = (
-        r.pre_usage.unwrap().usage_bytes as u64,
-        r.post_usage.unwrap().usage_bytes as u64,
-    );
+    let (pre, post) = crate::fixtures::controller_reclaim(&d, &id).await;
     assert_eq!((pre, post), (before, before), "in use: nothing reclaimed");
     assert_eq!(
         lvs(&d.vg).find(&id).unwrap().allocated_bytes(),
@@ -170,15 +155,7 @@ async fn controller_reclaim_unstaged_ext4_keeps_data() {
     sh("umount", &[mnt.to_str().unwrap()]);
     lvm(&["lvchange", "-an", &format!("{}/{id}", d.vg)]);
 
-    let r = ctl
-        .controller_reclaim_space(req())
-        .await
-        .unwrap()
-        .into_inner();
-    let (pre, post) = (
-        r.pre_usage.unwrap().usage_bytes as u64,
-        r.post_usage.unwrap().usage_bytes as u64,
-    );
+    let (pre, post) = crate::fixtures::controller_reclaim(&d, &id).await;
     eprintln!(
         "RECLAIM controller ext4: deleted 24 MiB; pre {pre} B, post {post} B, freed {} B",
         pre - post
