@@ -610,7 +610,8 @@ mod tests {
                 "set volume_capability",
             ),
             (
-                validate::page(0, "bogus", never).unwrap_err(),
+                validate::page(0, "bogus", never, &crate::naming::NodeIds::new("n", false))
+                    .unwrap_err(),
                 "\"bogus\"",
                 "empty starting_token",
             ),

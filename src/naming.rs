@@ -147,9 +147,10 @@ pub fn validate_class_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// The device class an id or LV name belongs to, by name.
+/// The device class an id or LV name belongs to, by name (a node key in
+/// front is skipped).
 pub fn class_of(id: &str) -> &str {
-    split_class(id).0.unwrap_or(DEFAULT_CLASS)
+    split_class(split_node(id).1).0.unwrap_or(DEFAULT_CLASS)
 }
 
 /// The device class an id or LV name belongs to (`None`: the default
@@ -189,6 +190,86 @@ fn has_shape(prefix: &str, id: &str) -> bool {
         && hash
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// What joins a node key to an id: `n<key>~<id>` (docs/cluster.md). `~`
+/// is in no LV name, device class or id of the per-node design, so a keyed
+/// id is never mistaken for an unkeyed one.
+const NODE_SEP: char = '~';
+/// Hex digits of SHA-256 of the node id in a node key: 40 bits.
+const NODE_KEY_HEX: usize = 10;
+
+/// The node key of `node_id`: `n` and the first [`NODE_KEY_HEX`] hex
+/// digits of SHA-256 of the node id. Ids minted on a cluster carry it, so
+/// the cluster's controller finds the node of an id without asking.
+pub fn node_key(node_id: &str) -> String {
+    let digest = Sha256::digest(node_id.as_bytes());
+    format!("n{}", hex(&digest[..NODE_KEY_HEX / 2]))
+}
+
+fn is_node_key(key: &str) -> bool {
+    key.len() == 1 + NODE_KEY_HEX
+        && key.starts_with('n')
+        && key[1..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The node key an id carries (`None`: an id without one) and the id
+/// within its node. A prefix that is not a node key stays in the id, so
+/// the shape checks refuse it.
+pub fn split_node(id: &str) -> (Option<&str>, &str) {
+    match id.split_once(NODE_SEP) {
+        Some((key, rest)) if is_node_key(key) => (Some(key), rest),
+        _ => (None, id),
+    }
+}
+
+/// `id` with node key `key` in front.
+pub fn with_node(key: &str, id: &str) -> String {
+    format!("{key}{NODE_SEP}{id}")
+}
+
+/// How this node reads and writes the node key of ids: it accepts its own
+/// key (or none) on every id it is sent, takes another node's key as an id
+/// it does not hold, and puts its key on the ids it hands out while it
+/// serves a cluster's controller (`[cluster]`).
+#[derive(Debug, Clone)]
+pub struct NodeIds {
+    key: String,
+    mint: bool,
+}
+
+impl NodeIds {
+    pub fn new(node_id: &str, mint: bool) -> NodeIds {
+        NodeIds {
+            key: node_key(node_id),
+            mint,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The id within this node: `id` without this node's key; `None` when
+    /// it carries another node's key (the object is not on this node).
+    pub fn local<'a>(&self, id: &'a str) -> Option<&'a str> {
+        match split_node(id) {
+            (Some(key), rest) if key == self.key => Some(rest),
+            (Some(_), _) => None,
+            (None, id) => Some(id),
+        }
+    }
+
+    /// The id this node hands out for its object `id`.
+    pub fn public(&self, id: String) -> String {
+        if self.mint {
+            with_node(&self.key, &id)
+        } else {
+            id
+        }
+    }
 }
 
 /// The tag in which versions before the node record kept a volume's
@@ -733,6 +814,56 @@ pub fn validate_lvm_name(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_keys_are_short_fixed_and_never_an_lv_name() {
+        let k = node_key("worker-1");
+        assert_eq!(k, node_key("worker-1"));
+        assert_ne!(k, node_key("worker-2"));
+        assert_eq!(k.len(), 11, "{k}");
+        assert!(k.starts_with('n') && is_node_key(&k), "{k}");
+        let vol = in_class(Some("fast"), lv_name_for("pvc-1"));
+        let keyed = with_node(&k, &vol);
+        assert_eq!(split_node(&keyed), (Some(k.as_str()), vol.as_str()));
+        assert_eq!(split_node(&vol), (None, vol.as_str()));
+        // A keyed id never reaches LVM as a name; its class still reads.
+        assert!(is_volume_id(&vol));
+        assert!(!is_volume_id(&keyed));
+        assert!(validate_lvm_name(&keyed).is_err() || keyed.contains(NODE_SEP));
+        assert_eq!(class_of(&keyed), "fast");
+        // Not a key: wrong length, capitals, another letter.
+        for bad in [
+            "n123~csi-x",
+            "nABCDEF0123~x",
+            "x0123456789~x",
+            "n0123456789a~x",
+        ] {
+            assert_eq!(split_node(bad).0, None, "{bad}");
+        }
+        // The longest id stays within CSI's 128 bytes.
+        let longest = with_node(
+            &k,
+            &in_class(Some(&"c".repeat(CLASS_MAX)), lv_name_for(&"x".repeat(200))),
+        );
+        assert!(longest.len() <= MAX_STRING, "{} bytes", longest.len());
+    }
+
+    #[test]
+    fn a_node_reads_its_own_key_and_mints_it_only_on_a_cluster() {
+        let vol = lv_name_for("pvc-1");
+        let on = NodeIds::new("worker-1", true);
+        let off = NodeIds::new("worker-1", false);
+        assert_eq!(
+            on.public(vol.clone()),
+            with_node(&node_key("worker-1"), &vol)
+        );
+        assert_eq!(off.public(vol.clone()), vol);
+        for ids in [&on, &off] {
+            assert_eq!(ids.local(&on.public(vol.clone())), Some(vol.as_str()));
+            assert_eq!(ids.local(&vol), Some(vol.as_str()));
+            assert_eq!(ids.local(&with_node(&node_key("worker-2"), &vol)), None);
+        }
+    }
 
     #[test]
     fn lv_names_are_deterministic_valid_and_distinct() {

@@ -27,7 +27,7 @@ fn consumption(bytes: u64) -> Option<StorageConsumption> {
 
 impl AddonsService {
     async fn node_reclaim(&self, req: NodeReclaimSpaceRequest) -> Result<NodeReclaimSpaceResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::existing_volume_id(&req.volume_id, self.classes.ids())?;
         if req.volume_path.is_empty() && req.staging_target_path.is_empty() {
             return Err(Error::InvalidArgument(
                 "volume_path or staging_target_path is required".into(),
@@ -48,7 +48,7 @@ impl AddonsService {
         &self,
         req: ControllerReclaimSpaceRequest,
     ) -> Result<ControllerReclaimSpaceResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::existing_volume_id(&req.volume_id, self.classes.ids())?;
         validate::opaque_parameters(&req.parameters)?;
         let r = self.classes.of(&id)?.controller_reclaim(id).await?;
         Ok(ControllerReclaimSpaceResponse {

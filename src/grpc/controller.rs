@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use super::validate::Carrier;
 use super::{reply, validate};
 use crate::error::{Error, Result};
-use crate::naming::{self, Access, ContentSource};
+use crate::naming::{self, Access, ContentSource, NodeIds};
 use crate::proto::csi::v1::controller_server::Controller;
 use crate::proto::csi::v1::controller_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::controller_service_capability::{Rpc, Type as CapType};
@@ -60,7 +60,7 @@ impl ControllerService {
     fn volume(&self, v: VolumeInfo) -> Volume {
         Volume {
             accessible_topology: self.topology(),
-            ..volume_without_topology(v)
+            ..volume_without_topology(v, self.classes.ids())
         }
     }
 
@@ -83,7 +83,8 @@ impl ControllerService {
         for (k, v) in validate::io_limits(&req.parameters)? {
             mutable.entry(k).or_insert(v);
         }
-        let from = validate::content_source(req.volume_content_source.as_ref())?;
+        let from =
+            validate::content_source(req.volume_content_source.as_ref(), self.classes.ids())?;
         if !validate::topology_allows(
             req.accessibility_requirements.as_ref(),
             &d.topology_key(),
@@ -114,7 +115,7 @@ impl ControllerService {
     }
 
     async fn delete(&self, req: DeleteVolumeRequest) -> Result<DeleteVolumeResponse> {
-        let Some(id) = validate::volume_id(&req.volume_id)? else {
+        let Some(id) = validate::volume_id(&req.volume_id, self.classes.ids())? else {
             tracing::info!(
                 id = req.volume_id,
                 "DeleteVolume: not an id this driver issues; nothing to delete"
@@ -129,7 +130,7 @@ impl ControllerService {
         &self,
         req: ControllerPublishVolumeRequest,
     ) -> Result<ControllerPublishVolumeResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         let node_id = validate::required_string("node_id", &req.node_id)?;
         let cap = req.volume_capability.as_ref().ok_or_else(|| {
             Error::InvalidArgument("volume_capability is required".into())
@@ -148,7 +149,7 @@ impl ControllerService {
         &self,
         req: ValidateVolumeCapabilitiesRequest,
     ) -> Result<ValidateVolumeCapabilitiesResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         if req.volume_capabilities.is_empty() {
             return Err(Error::InvalidArgument(
                 "volume_capabilities is required".into(),
@@ -183,8 +184,14 @@ impl ControllerService {
     }
 
     async fn list(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse> {
-        let max = validate::page(req.max_entries, &req.starting_token, naming::is_volume_id)?;
-        let (page, next_token) = self.classes.list_volumes(&req.starting_token, max).await?;
+        let ids = self.classes.ids();
+        let (max, token) = validate::page(
+            req.max_entries,
+            &req.starting_token,
+            naming::is_volume_id,
+            ids,
+        )?;
+        let (page, next_token) = self.classes.list_volumes(token, max).await?;
         // Entries leave out accessible_topology (OPTIONAL in Volume). The
         // spec lets a CO read its absence as "reachable from every node";
         // no Kubernetes component reads it from ListVolumes (the
@@ -200,12 +207,12 @@ impl ControllerService {
                     published_node_ids: vec![],
                     volume_condition: Some(condition(&v)),
                 }),
-                volume: Some(volume_without_topology(v)),
+                volume: Some(volume_without_topology(v, ids)),
             })
             .collect();
         Ok(ListVolumesResponse {
             entries,
-            next_token,
+            next_token: public_token(next_token, ids),
         })
     }
 
@@ -257,7 +264,7 @@ impl ControllerService {
             )
             .advise("expand through NodeExpandVolume on the node that has the volume staged (Kubernetes: the kubelet does it), or set controller_expansion = true"));
         }
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         let range = validate::size_range(req.capacity_range.as_ref())?
             .ok_or_else(|| Error::InvalidArgument("capacity_range is required".into()))?;
         let requested = req
@@ -278,7 +285,7 @@ impl ControllerService {
         &self,
         req: ControllerGetVolumeRequest,
     ) -> Result<ControllerGetVolumeResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::existing_volume_id(&req.volume_id, self.classes.ids())?;
         let v = self.classes.of(&id)?.get_volume(&id).await?;
         Ok(ControllerGetVolumeResponse {
             status: Some(controller_get_volume_response::VolumeStatus {
@@ -291,30 +298,31 @@ impl ControllerService {
 }
 
 /// CSI's form of what a volume was made from.
-fn content_source(from: &ContentSource) -> VolumeContentSource {
+fn content_source(from: &ContentSource, ids: &NodeIds) -> VolumeContentSource {
     use volume_content_source::{SnapshotSource, Type, VolumeSource};
     VolumeContentSource {
         r#type: Some(match from {
             ContentSource::Snapshot(id) => Type::Snapshot(SnapshotSource {
-                snapshot_id: id.clone(),
+                snapshot_id: ids.public(id.clone()),
             }),
             ContentSource::Volume(id) => Type::Volume(VolumeSource {
-                volume_id: id.clone(),
+                volume_id: ids.public(id.clone()),
             }),
         }),
     }
 }
 
-pub(crate) fn snapshot(s: &SnapshotInfo) -> Snapshot {
+/// The snapshot as CSI shows it, its ids as this node hands them out.
+pub(crate) fn snapshot(s: &SnapshotInfo, ids: &NodeIds) -> Snapshot {
     Snapshot {
         size_bytes: s.size as i64,
-        snapshot_id: s.id.clone(),
-        source_volume_id: s.source.clone(),
+        snapshot_id: ids.public(s.id.clone()),
+        source_volume_id: ids.public(s.source.clone()),
         creation_time: s
             .created
             .map(|seconds| prost_types::Timestamp { seconds, nanos: 0 }),
         ready_to_use: true,
-        group_snapshot_id: s.group.clone().unwrap_or_default(),
+        group_snapshot_id: s.group.clone().map(|g| ids.public(g)).unwrap_or_default(),
     }
 }
 
@@ -323,19 +331,20 @@ impl ControllerService {
         let name = validate::required_string("name", &req.name)?;
         validate::required_string("source_volume_id", &req.source_volume_id)?;
         validate::snapshot_parameters(Carrier::CreateSnapshot, &req.parameters)?;
-        let source = validate::existing_volume_id(&req.source_volume_id)?;
+        let source = validate::existing_volume_id(&req.source_volume_id, self.classes.ids())?;
         let s = self
             .classes
             .of(&source)?
             .create_snapshot(name.to_string(), source)
             .await?;
         Ok(CreateSnapshotResponse {
-            snapshot: Some(snapshot(&s)),
+            snapshot: Some(snapshot(&s, self.classes.ids())),
         })
     }
 
     async fn delete_snap(&self, req: DeleteSnapshotRequest) -> Result<DeleteSnapshotResponse> {
-        let Some(id) = validate::snapshot_id("snapshot_id", &req.snapshot_id)? else {
+        let Some(id) = validate::snapshot_id("snapshot_id", &req.snapshot_id, self.classes.ids())?
+        else {
             tracing::info!(
                 id = req.snapshot_id,
                 "DeleteSnapshot: not an id this driver issues; nothing to delete"
@@ -347,31 +356,37 @@ impl ControllerService {
     }
 
     async fn list_snaps(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
-        let max = validate::page(req.max_entries, &req.starting_token, naming::is_snapshot_id)?;
+        let ids = self.classes.ids();
+        let (max, token) = validate::page(
+            req.max_entries,
+            &req.starting_token,
+            naming::is_snapshot_id,
+            ids,
+        )?;
         let empty = || ListSnapshotsResponse {
             entries: vec![],
             next_token: String::new(),
         };
         // A filter naming an id this driver never issues matches nothing.
-        let by_id = (!req.snapshot_id.is_empty()).then_some(req.snapshot_id.as_str());
-        let by_source = (!req.source_volume_id.is_empty()).then_some(req.source_volume_id.as_str());
-        if by_id.is_some_and(|id| !naming::is_snapshot_id(id))
-            || by_source.is_some_and(|id| !naming::is_volume_id(id))
-        {
+        // So does one with another node's key.
+        let (Some(by_id), Some(by_source)) = (
+            filter_id(&req.snapshot_id, naming::is_snapshot_id, ids),
+            filter_id(&req.source_volume_id, naming::is_volume_id, ids),
+        ) else {
             return Ok(empty());
-        }
+        };
         let (page, next_token) = self
             .classes
-            .list_snapshots(by_id, by_source, &req.starting_token, max)
+            .list_snapshots(by_id, by_source, token, max)
             .await?;
         Ok(ListSnapshotsResponse {
             entries: page
                 .iter()
                 .map(|s| list_snapshots_response::Entry {
-                    snapshot: Some(snapshot(s)),
+                    snapshot: Some(snapshot(s, ids)),
                 })
                 .collect(),
-            next_token,
+            next_token: public_token(next_token, ids),
         })
     }
 }
@@ -381,7 +396,7 @@ impl ControllerService {
         &self,
         req: ControllerModifyVolumeRequest,
     ) -> Result<ControllerModifyVolumeResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         // An empty map is "nothing to change", not a missing field: a
         // VolumeAttributesClass may carry no parameters, and csi-sanity at
         // its defaults sends none, expecting OK for a volume that exists
@@ -395,9 +410,28 @@ impl ControllerService {
     }
 }
 
+/// The next token of a listing: the last id of the page as this node
+/// hands it out ("" after the last page).
+fn public_token(token: String, ids: &NodeIds) -> String {
+    match token.as_str() {
+        "" => token,
+        _ => ids.public(token),
+    }
+}
+
+/// A listing's filter by id: `Some(None)` when empty (no filter),
+/// `Some(Some(id))` for an id this node issued, without its key, and
+/// `None` for any other, which matches nothing here.
+fn filter_id<'a>(id: &'a str, issued: fn(&str) -> bool, ids: &NodeIds) -> Option<Option<&'a str>> {
+    match id {
+        "" => Some(None),
+        id => ids.local(id).filter(|id| issued(id)).map(Some),
+    }
+}
+
 /// The volume as CSI shows it, its `accessible_topology` left out; takes
 /// the info apart (ListVolumes builds one per entry).
-fn volume_without_topology(v: VolumeInfo) -> Volume {
+fn volume_without_topology(v: VolumeInfo, ids: &NodeIds) -> Volume {
     let mut ctx = HashMap::with_capacity(1 + v.mutable.len());
     if let Some(Access::Mount { fs_type }) = v.access {
         ctx.insert("fsType".to_string(), fs_type);
@@ -406,9 +440,9 @@ fn volume_without_topology(v: VolumeInfo) -> Volume {
     ctx.extend(v.mutable);
     Volume {
         capacity_bytes: v.size as i64,
-        volume_id: v.id,
+        volume_id: ids.public(v.id),
         volume_context: ctx,
-        content_source: v.from.as_ref().map(content_source),
+        content_source: v.from.as_ref().map(|f| content_source(f, ids)),
         accessible_topology: vec![],
     }
 }
@@ -555,11 +589,15 @@ mod tests {
     fn content_sources_round_trip_through_csi() {
         let id = naming::snapshot_lv_name_for("snap-1");
         let from = ContentSource::Snapshot(id.clone());
-        let csi = content_source(&from);
-        assert_eq!(validate::content_source(Some(&csi)).unwrap(), Some(from));
+        let ids = NodeIds::new("node-1", false);
+        let csi = content_source(&from, &ids);
+        assert_eq!(
+            validate::content_source(Some(&csi), &ids).unwrap(),
+            Some(from)
+        );
         let vol = ContentSource::Volume(naming::lv_name_for("pvc-1"));
         assert_eq!(
-            validate::content_source(Some(&content_source(&vol))).unwrap(),
+            validate::content_source(Some(&content_source(&vol, &ids)), &ids).unwrap(),
             Some(vol)
         );
         // Ids this driver never issues name nothing that exists.
@@ -570,10 +608,10 @@ mod tests {
                 },
             )),
         };
-        let e = validate::content_source(Some(&foreign)).unwrap_err();
+        let e = validate::content_source(Some(&foreign), &ids).unwrap_err();
         assert_eq!(e.code(), tonic::Code::NotFound);
         let empty = VolumeContentSource { r#type: None };
-        let e = validate::content_source(Some(&empty)).unwrap_err();
+        let e = validate::content_source(Some(&empty), &ids).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 }

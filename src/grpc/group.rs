@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 
 use super::{reply, validate};
 use crate::error::{Error, Result};
-use crate::naming;
+use crate::naming::{self, NodeIds};
 use crate::proto::csi::v1::group_controller_server::GroupController;
 use crate::proto::csi::v1::group_controller_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::group_controller_service_capability::{Rpc, Type as CapType};
@@ -20,13 +20,13 @@ pub struct GroupService {
     pub classes: Arc<Classes>,
 }
 
-fn group(g: &GroupInfo) -> VolumeGroupSnapshot {
+fn group(g: &GroupInfo, ids: &NodeIds) -> VolumeGroupSnapshot {
     VolumeGroupSnapshot {
-        group_snapshot_id: g.id.clone(),
+        group_snapshot_id: ids.public(g.id.clone()),
         snapshots: g
             .snapshots
             .iter()
-            .map(super::controller::snapshot)
+            .map(|s| super::controller::snapshot(s, ids))
             .collect(),
         creation_time: g
             .created
@@ -37,9 +37,21 @@ fn group(g: &GroupInfo) -> VolumeGroupSnapshot {
 
 /// A group id in a request: `Ok(None)` when well formed for CSI but not
 /// an id this driver issues.
-fn group_id(id: &str) -> Result<Option<String>> {
+fn group_id(id: &str, ids: &NodeIds) -> Result<Option<String>> {
     validate::required_string("group_snapshot_id", id)?;
-    Ok(naming::is_group_id(id).then(|| id.to_string()))
+    Ok(ids
+        .local(id)
+        .filter(|id| naming::is_group_id(id))
+        .map(str::to_string))
+}
+
+/// The member ids a request names, without this node's key; one with
+/// another node's key stays as it is, and matches no member here.
+fn local_ids(named: &[String], ids: &NodeIds) -> Vec<String> {
+    named
+        .iter()
+        .map(|s| ids.local(s).unwrap_or(s).to_string())
+        .collect()
 }
 
 impl GroupService {
@@ -66,7 +78,7 @@ impl GroupService {
         let sources = req
             .source_volume_ids
             .iter()
-            .map(|id| validate::existing_volume_id(id))
+            .map(|id| validate::existing_volume_id(id, self.classes.ids()))
             .collect::<Result<Vec<_>>>()?;
         // The first volume's class takes the group; a member of another
         // class is refused there (`Volumes::refuse_other_class`).
@@ -76,7 +88,7 @@ impl GroupService {
             .create_group(name.to_string(), sources)
             .await?;
         Ok(CreateVolumeGroupSnapshotResponse {
-            group_snapshot: Some(group(&g)),
+            group_snapshot: Some(group(&g, self.classes.ids())),
         })
     }
 
@@ -84,12 +96,12 @@ impl GroupService {
         &self,
         req: DeleteVolumeGroupSnapshotRequest,
     ) -> Result<DeleteVolumeGroupSnapshotResponse> {
-        let Some(id) = group_id(&req.group_snapshot_id)? else {
+        let Some(id) = group_id(&req.group_snapshot_id, self.classes.ids())? else {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         };
         self.classes
             .of_to_delete(&id)?
-            .delete_group(id, req.snapshot_ids)
+            .delete_group(id, local_ids(&req.snapshot_ids, self.classes.ids()))
             .await?;
         Ok(DeleteVolumeGroupSnapshotResponse {})
     }
@@ -98,7 +110,7 @@ impl GroupService {
         &self,
         req: GetVolumeGroupSnapshotRequest,
     ) -> Result<GetVolumeGroupSnapshotResponse> {
-        let id = group_id(&req.group_snapshot_id)?.ok_or_else(|| {
+        let id = group_id(&req.group_snapshot_id, self.classes.ids())?.ok_or_else(|| {
             Error::NotFound(format!(
                 "group snapshot {:?} does not exist",
                 req.group_snapshot_id
@@ -107,10 +119,10 @@ impl GroupService {
         let g = self
             .classes
             .of(&id)?
-            .get_group(&id, &req.snapshot_ids)
+            .get_group(&id, &local_ids(&req.snapshot_ids, self.classes.ids()))
             .await?;
         Ok(GetVolumeGroupSnapshotResponse {
-            group_snapshot: Some(group(&g)),
+            group_snapshot: Some(group(&g, self.classes.ids())),
         })
     }
 }

@@ -17,7 +17,7 @@ impl NodeService {
     }
 
     async fn node_healer_call(&self, req: NodeHealerRequest) -> Result<NodeHealerResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::existing_volume_id(&req.volume_id, self.classes.ids())?;
         if req.volume_path.is_empty() {
             return Err(Error::InvalidArgument("volume_path is required".into()));
         }

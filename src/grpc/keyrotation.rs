@@ -20,7 +20,7 @@ use crate::proto::encryptionkeyrotation::{
 
 impl AddonsService {
     async fn rotate(&self, req: EncryptionKeyRotateRequest) -> Result<EncryptionKeyRotateResponse> {
-        let id = validate::existing_volume_id(&req.volume_id)?;
+        let id = validate::existing_volume_id(&req.volume_id, self.classes.ids())?;
         validate::addons_path_len("volume_path", &req.volume_path)?;
         validate::opaque_parameters(&req.parameters)?;
         let (current, new) = validate::rotation_keys(&req.encryption_key, &req.secrets)?;

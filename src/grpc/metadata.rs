@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 
 use super::validate;
 use crate::error::{Error, Result};
+use crate::naming::NodeIds;
 use crate::proto::csi::v1::snapshot_metadata_server::SnapshotMetadata;
 use crate::proto::csi::v1::*;
 use crate::volume::classes::Classes;
@@ -25,8 +26,8 @@ pub struct MetadataService {
 
 /// A snapshot id the request must name: empty is INVALID_ARGUMENT, an id
 /// this driver never issued NOT_FOUND.
-fn snapshot(field: &str, id: &str) -> Result<SnapshotId> {
-    validate::snapshot_id(field, id)?
+fn snapshot(field: &str, id: &str, ids: &NodeIds) -> Result<SnapshotId> {
+    validate::snapshot_id(field, id, ids)?
         .ok_or_else(|| Error::NotFound(format!("snapshot {id:?} does not exist")))
 }
 
@@ -156,7 +157,7 @@ impl SnapshotMetadata for MetadataService {
         r: Request<GetMetadataAllocatedRequest>,
     ) -> std::result::Result<Response<Self::GetMetadataAllocatedStream>, Status> {
         let req = r.into_inner();
-        let ask = snapshot("snapshot_id", &req.snapshot_id).map(Ask::Allocated);
+        let ask = snapshot("snapshot_id", &req.snapshot_id, self.classes.ids()).map(Ask::Allocated);
         self.stream(
             ask,
             req.starting_offset,
@@ -176,11 +177,12 @@ impl SnapshotMetadata for MetadataService {
     ) -> std::result::Result<Response<Self::GetMetadataDeltaStream>, Status> {
         let req = r.into_inner();
         // Both ids are checked as given before either is looked up.
-        let ask = validate::snapshot_id("base_snapshot_id", &req.base_snapshot_id)
-            .and_then(|_| validate::snapshot_id("target_snapshot_id", &req.target_snapshot_id))
+        let ids = self.classes.ids();
+        let ask = validate::snapshot_id("base_snapshot_id", &req.base_snapshot_id, ids)
+            .and_then(|_| validate::snapshot_id("target_snapshot_id", &req.target_snapshot_id, ids))
             .and_then(|_| {
-                let base = snapshot("base_snapshot_id", &req.base_snapshot_id)?;
-                let target = snapshot("target_snapshot_id", &req.target_snapshot_id)?;
+                let base = snapshot("base_snapshot_id", &req.base_snapshot_id, ids)?;
+                let target = snapshot("target_snapshot_id", &req.target_snapshot_id, ids)?;
                 Ok(Ask::Delta { base, target })
             });
         self.stream(
@@ -250,11 +252,15 @@ mod tests {
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            snapshot("snapshot_id", "").unwrap_err().code(),
+            snapshot("snapshot_id", "", &NodeIds::new("node-1", false))
+                .unwrap_err()
+                .code(),
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            snapshot("snapshot_id", "other").unwrap_err().code(),
+            snapshot("snapshot_id", "other", &NodeIds::new("node-1", false))
+                .unwrap_err()
+                .code(),
             tonic::Code::NotFound
         );
     }

@@ -59,7 +59,7 @@ impl NodeService {
     }
 
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let cap = self.capability(id.as_ref(), req.volume_capability.as_ref())?;
         let keys = validate::passphrases(&req.secrets)?;
@@ -69,7 +69,7 @@ impl NodeService {
     }
 
     async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<NodeUnstageVolumeResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         let staging = self.path("staging_target_path", &req.staging_target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
         self.classes.of(&id)?.unstage(id, staging).await?;
@@ -77,7 +77,7 @@ impl NodeService {
     }
 
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<NodePublishVolumeResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         let target = self.path("target_path", &req.target_path)?;
         let cap = self.capability(id.as_ref(), req.volume_capability.as_ref())?;
         if req.staging_target_path.is_empty() {
@@ -99,7 +99,7 @@ impl NodeService {
         &self,
         req: NodeUnpublishVolumeRequest,
     ) -> Result<NodeUnpublishVolumeResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         let target = self.path("target_path", &req.target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
         self.classes.of(&id)?.unpublish(id, target).await?;
@@ -107,7 +107,7 @@ impl NodeService {
     }
 
     async fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         validate::required_path("volume_path", &req.volume_path)?;
         self.optional_path("staging_target_path", &req.staging_target_path)?;
         let id = validate::known_volume(id, &req.volume_id)?;
@@ -145,7 +145,7 @@ impl NodeService {
     }
 
     async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
-        let id = validate::volume_id(&req.volume_id)?;
+        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
         validate::required_path("volume_path", &req.volume_path)?;
         // An unknown volume is NOT_FOUND whatever path came with it.
         let id = validate::known_volume(id, &req.volume_id)?;

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use crate::config::FS_TYPES;
 use crate::error::{Error, Result};
 use crate::fs_options;
-use crate::naming::{self, Access, ContentSource, MAX_STRING};
+use crate::naming::{self, Access, ContentSource, NodeIds, MAX_STRING};
 use crate::node::mount_options::MountOptions;
 use crate::node::{cgroup, crypt, paths};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -90,15 +90,21 @@ pub fn addons_path_len(field: &str, value: &str) -> Result<()> {
 /// A volume id in a request. `Ok(None)` means well formed for CSI but not
 /// an id this driver ever issues: no such volume of ours exists. The id
 /// goes into the call's log line (`observe`).
-pub fn volume_id(id: &str) -> Result<Option<VolumeId>> {
+///
+/// An id may carry this node's key (`naming::NodeIds`), which is taken
+/// off; one with another node's key names nothing here (`Ok(None)`).
+pub fn volume_id(id: &str, ids: &NodeIds) -> Result<Option<VolumeId>> {
     required_string("volume_id", id)?;
     super::observe::note_volume_id(id);
-    Ok(naming::is_volume_id(id).then(|| VolumeId::new_unchecked(id.to_string())))
+    Ok(ids
+        .local(id)
+        .filter(|id| naming::is_volume_id(id))
+        .map(|id| VolumeId::new_unchecked(id.to_string())))
 }
 
 /// A volume id that must name one of ours; anything else is NOT_FOUND.
-pub fn existing_volume_id(id: &str) -> Result<VolumeId> {
-    known_volume(volume_id(id)?, id)
+pub fn existing_volume_id(id: &str, ids: &NodeIds) -> Result<VolumeId> {
+    known_volume(volume_id(id, ids)?, id)
 }
 
 /// The second half of [`existing_volume_id`], for requests with more
@@ -111,21 +117,28 @@ pub fn known_volume(id: Option<VolumeId>, raw: &str) -> Result<VolumeId> {
 
 /// A snapshot id in a request; `Ok(None)` when well formed for CSI but not
 /// an id this driver issues.
-pub fn snapshot_id(field: &str, id: &str) -> Result<Option<SnapshotId>> {
+/// Node keys as [`volume_id`] reads them.
+pub fn snapshot_id(field: &str, id: &str, ids: &NodeIds) -> Result<Option<SnapshotId>> {
     required_string(field, id)?;
     super::observe::note_snapshot_id(id);
-    Ok(naming::is_snapshot_id(id).then(|| SnapshotId::new_unchecked(id.to_string())))
+    Ok(ids
+        .local(id)
+        .filter(|id| naming::is_snapshot_id(id))
+        .map(|id| SnapshotId::new_unchecked(id.to_string())))
 }
 
 /// CreateVolume's content source: a snapshot or a volume of ours. An id of
 /// another shape names nothing that exists: NOT_FOUND.
-pub fn content_source(src: Option<&VolumeContentSource>) -> Result<Option<ContentSource>> {
+pub fn content_source(
+    src: Option<&VolumeContentSource>,
+    ids: &NodeIds,
+) -> Result<Option<ContentSource>> {
     let Some(src) = src else {
         return Ok(None);
     };
     match &src.r#type {
         None => invalid("volume_content_source names neither a snapshot nor a volume"),
-        Some(SourceType::Snapshot(s)) => match snapshot_id("snapshot_id", &s.snapshot_id)? {
+        Some(SourceType::Snapshot(s)) => match snapshot_id("snapshot_id", &s.snapshot_id, ids)? {
             Some(id) => Ok(Some(ContentSource::Snapshot(id.to_string()))),
             None => Err(Error::NotFound(format!(
                 "snapshot {:?} does not exist",
@@ -133,7 +146,7 @@ pub fn content_source(src: Option<&VolumeContentSource>) -> Result<Option<Conten
             ))),
         },
         Some(SourceType::Volume(v)) => Ok(Some(ContentSource::Volume(
-            existing_volume_id(&v.volume_id)?.to_string(),
+            existing_volume_id(&v.volume_id, ids)?.to_string(),
         ))),
     }
 }
@@ -210,17 +223,29 @@ pub fn mutable_parameters(
 /// A list call's paging: `max_entries` not negative, and a token this
 /// driver issued (`issued` checks its shape) or none; a foreign token is
 /// ABORTED, as the spec says.
-pub fn page(max_entries: i32, token: &str, issued: fn(&str) -> bool) -> Result<usize> {
+/// A listing's `max_entries`, and its token as an id within this node
+/// (without this node's key; "" for the first page). A token of another
+/// node, or of no shape `issued` accepts, is ABORTED.
+pub fn page<'a>(
+    max_entries: i32,
+    token: &'a str,
+    issued: fn(&str) -> bool,
+    ids: &NodeIds,
+) -> Result<(usize, &'a str)> {
     if max_entries < 0 {
         return invalid("max_entries must not be negative");
     }
-    if !token.is_empty() && !issued(token) {
+    let local = match token {
+        "" => Some(""),
+        t => ids.local(t).filter(|t| issued(t)),
+    };
+    let Some(local) = local else {
         return Err(Error::Aborted(format!(
             "starting_token {token:?} was not issued by this driver"
         ))
         .advise("start the listing again with an empty starting_token"));
-    }
-    Ok(max_entries as usize)
+    };
+    Ok((max_entries as usize, local))
 }
 
 /// A staging or target path, checked against `allowed_roots`.
@@ -886,15 +911,23 @@ pub fn topology_allows(req: Option<&TopologyRequirement>, key: &str, node: &str)
 mod tests {
     use super::*;
 
+    /// A node that is not serving a cluster: ids go out without a key.
+    fn ids() -> NodeIds {
+        NodeIds::new("node-1", false)
+    }
+
     #[test]
     fn an_unknown_id_is_not_found_only_after_the_rest_passed() {
-        let foreign = volume_id("fake-vol-id").unwrap();
+        let foreign = volume_id("fake-vol-id", &ids()).unwrap();
         assert!(foreign.is_none(), "well formed, never issued");
         assert!(matches!(
             known_volume(foreign, "fake-vol-id"),
             Err(Error::NotFound(_))
         ));
-        assert!(matches!(volume_id(""), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            volume_id("", &ids()),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     /// Names and ids: present, at most 128 bytes, no control character
@@ -904,8 +937,11 @@ mod tests {
         for bad in ["\t", "\u{b}", "pvc-1\n", "a\u{1b}[31mb", "\0"] {
             for (field, r) in [
                 ("name", required_string("name", bad).map(drop)),
-                ("volume_id", volume_id(bad).map(drop)),
-                ("snapshot_id", snapshot_id("snapshot_id", bad).map(drop)),
+                ("volume_id", volume_id(bad, &ids()).map(drop)),
+                (
+                    "snapshot_id",
+                    snapshot_id("snapshot_id", bad, &ids()).map(drop),
+                ),
             ] {
                 let e = r.unwrap_err();
                 assert!(
@@ -1391,20 +1427,85 @@ mod tests {
 
     #[test]
     fn ids_and_strings() {
-        assert!(matches!(volume_id(""), Err(Error::InvalidArgument(_))));
         assert!(matches!(
-            volume_id(&"x".repeat(10_000)),
+            volume_id("", &ids()),
             Err(Error::InvalidArgument(_))
         ));
-        assert!(matches!(volume_id("a\0b"), Err(Error::InvalidArgument(_))));
-        assert_eq!(volume_id("vg0/root").unwrap(), None);
-        assert_eq!(volume_id("../x").unwrap(), None);
-        let id = naming::lv_name_for("pvc-1");
-        assert_eq!(volume_id(&id).unwrap().as_deref(), Some(id.as_str()));
         assert!(matches!(
-            existing_volume_id("pool"),
+            volume_id(&"x".repeat(10_000), &ids()),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            volume_id("a\0b", &ids()),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(volume_id("vg0/root", &ids()).unwrap(), None);
+        assert_eq!(volume_id("../x", &ids()).unwrap(), None);
+        let id = naming::lv_name_for("pvc-1");
+        assert_eq!(
+            volume_id(&id, &ids()).unwrap().as_deref(),
+            Some(id.as_str())
+        );
+        assert!(matches!(
+            existing_volume_id("pool", &ids()),
             Err(Error::NotFound(_))
         ));
+    }
+
+    #[test]
+    fn ids_with_a_node_key_name_objects_of_that_node_only() {
+        let here = NodeIds::new("node-1", true);
+        let vol = naming::lv_name_for("pvc-1");
+        let snap = naming::snapshot_lv_name_for("snap-1");
+        let mine = naming::with_node(here.key(), &vol);
+        let theirs = naming::with_node(&naming::node_key("node-2"), &vol);
+        // This node's key comes off; the id within the node is the LV's.
+        assert_eq!(
+            volume_id(&mine, &here).unwrap().as_deref(),
+            Some(vol.as_str())
+        );
+        // An id without a key (minted before the cluster) is still read.
+        assert_eq!(
+            volume_id(&vol, &here).unwrap().as_deref(),
+            Some(vol.as_str())
+        );
+        // Another node's key: well formed, and not here (NOT_FOUND later).
+        assert_eq!(volume_id(&theirs, &here).unwrap(), None);
+        assert!(matches!(
+            existing_volume_id(&theirs, &here),
+            Err(Error::NotFound(_))
+        ));
+        let snap_theirs = naming::with_node(&naming::node_key("node-2"), &snap);
+        assert_eq!(
+            snapshot_id("snapshot_id", &snap_theirs, &here).unwrap(),
+            None
+        );
+        assert_eq!(
+            snapshot_id("snapshot_id", &naming::with_node(here.key(), &snap), &here)
+                .unwrap()
+                .as_deref(),
+            Some(snap.as_str())
+        );
+        // A page token: this node's comes off, another node's is ABORTED.
+        assert_eq!(
+            page(5, &mine, naming::is_volume_id, &here).unwrap(),
+            (5, vol.as_str())
+        );
+        assert_eq!(
+            page(5, &theirs, naming::is_volume_id, &here)
+                .unwrap_err()
+                .code(),
+            tonic::Code::Aborted
+        );
+        // A key on a key, or a key on nothing, is no id of ours.
+        assert_eq!(
+            volume_id(&naming::with_node(here.key(), &mine), &here).unwrap(),
+            None
+        );
+        assert_eq!(
+            volume_id(&naming::with_node(here.key(), ""), &here).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub struct Classes {
     default: usize,
     /// The classes the last Probe found down, so a change is logged once.
     down: Mutex<BTreeSet<String>>,
+    /// This node's key in ids, minted while `[cluster]` is on.
+    ids: naming::NodeIds,
 }
 
 impl Classes {
@@ -53,7 +55,13 @@ impl Classes {
             all,
             default,
             down: Mutex::default(),
+            ids: naming::NodeIds::new(node_id, cfg.cluster_listen_addr().ok().flatten().is_some()),
         }
+    }
+
+    /// How this node reads and writes node keys in ids.
+    pub fn ids(&self) -> &naming::NodeIds {
+        &self.ids
     }
 
     /// Every class, the top-level one first.

@@ -1,0 +1,201 @@
+//! Node keys in ids, natively over the CSI socket (docs/cluster.md): a
+//! node that serves a cluster's controller hands out ids with its key in
+//! front, reads its own key and ids without one, and takes another node's
+//! key as an object it does not hold. The LVM report comes from a fake
+//! `lvm` that prints a fixed one, so no device-mapper is needed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use thinpool_csi::config::Config;
+use thinpool_csi::grpc::validate;
+use thinpool_csi::naming::{self, VolumeTags};
+use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
+use thinpool_csi::proto::csi::v1::*;
+use thinpool_csi::volume::classes::Classes;
+use tonic::transport::Channel;
+
+const OWNER: &str = "tpcsi.test";
+
+fn row(name: &str, attr: &str, pool: &str, seg: &str, tags: &str) -> String {
+    format!(
+        r#"{{"lv_name":"{name}","vg_name":"vg1","lv_attr":"{attr}","lv_size":"8388608","pool_lv":"{pool}","segtype":"{seg}","data_percent":"1.00","metadata_percent":"1.00","lv_tags":"{tags}","lv_health_status":"","lv_kernel_major":"-1","lv_kernel_minor":"-1","vg_extent_size":"4194304","vg_size":"17179869184","vg_free":"0","chunk_size":"65536","lv_time":"1700000000","origin":"","lv_read_ahead":"auto","thin_id":"5","lv_metadata_size":"4194304","vg_mda_size":"1048576","vg_mda_free":"500000"}}"#
+    )
+}
+
+/// The tags of a volume of ours named `co` (ext4, single writer).
+fn tags(co: &str) -> String {
+    let cap = VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                ..Default::default()
+            },
+        )),
+        access_mode: Some(volume_capability::AccessMode { mode: 1 }),
+    };
+    let access = validate::capabilities(&[cap], "ext4").unwrap();
+    let params = validate::parameters(
+        &HashMap::new(),
+        naming::DEFAULT_CLASS,
+        "vg1",
+        "pool",
+        &access,
+    )
+    .unwrap();
+    VolumeTags {
+        owner: OWNER.into(),
+        co_name: co.into(),
+        access: Some(access),
+        params,
+        mutable: Default::default(),
+        class_options: Default::default(),
+        from: None,
+        encrypted: false,
+    }
+    .encode()
+    .join(",")
+}
+
+struct Node {
+    _dir: tempfile::TempDir,
+    client: ControllerClient<Channel>,
+    /// The LV names of its volumes, in name order.
+    volumes: Vec<String>,
+}
+
+/// A node with three volumes, serving a cluster's controller or not.
+async fn node(node_id: &str, cluster: bool) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    // (LV name, CO name), in the report's name order.
+    let mut named: Vec<(String, String)> = (0..3)
+        .map(|i| format!("pvc-{i}"))
+        .map(|co| (naming::lv_name_for(&co), co))
+        .collect();
+    named.sort();
+    let mut rows = vec![row("pool", "twi-aotz--", "", "thin-pool", "")];
+    for (lv, co) in &named {
+        rows.push(row(lv, "Vwi---tz--", "pool", "thin", &tags(co)));
+    }
+    let volumes = named.into_iter().map(|(lv, _)| lv).collect();
+    let report = dir.path().join("report.json");
+    std::fs::write(
+        &report,
+        format!(r#"{{"report":[{{"lv":[{}]}}]}}"#, rows.join(",")),
+    )
+    .unwrap();
+    let lvm = dir.path().join("lvm");
+    std::fs::write(
+        &lvm,
+        format!(
+            "#!/bin/sh\ncase $1 in lvs) cat {} ;; esac\n",
+            report.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&lvm, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cfg = Config {
+        driver_name: OWNER.into(),
+        lvm_binary: lvm.display().to_string(),
+        volume_group: "vg1".into(),
+        thin_pool: "pool".into(),
+        lvm_shell: false,
+        state_dir: dir.path().join("state"),
+        ..Config::default()
+    };
+    if cluster {
+        cfg.cluster.listen = "127.0.0.1:9443".into();
+    }
+    let classes = Arc::new(Classes::new(&cfg, node_id));
+    let socket = dir.path().join("csi.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    tokio::spawn(thinpool_csi::grpc::serve(
+        classes,
+        listener,
+        std::future::pending(),
+    ));
+    let client = ControllerClient::connect(format!("unix://{}", socket.display()))
+        .await
+        .unwrap();
+    Node {
+        _dir: dir,
+        client,
+        volumes,
+    }
+}
+
+async fn listed(c: &mut ControllerClient<Channel>, max: i32) -> (Vec<String>, Vec<String>) {
+    let (mut ids, mut tokens, mut token) = (vec![], vec![], String::new());
+    loop {
+        let r = c
+            .list_volumes(ListVolumesRequest {
+                max_entries: max,
+                starting_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        ids.extend(r.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
+        token = r.next_token;
+        if token.is_empty() {
+            return (ids, tokens);
+        }
+        tokens.push(token.clone());
+    }
+}
+
+async fn get(c: &mut ControllerClient<Channel>, id: &str) -> Result<String, tonic::Code> {
+    c.controller_get_volume(ControllerGetVolumeRequest {
+        volume_id: id.into(),
+    })
+    .await
+    .map(|r| r.into_inner().volume.unwrap().volume_id)
+    .map_err(|s| s.code())
+}
+
+#[tokio::test]
+async fn a_node_on_a_cluster_hands_out_its_key_and_reads_ids_with_and_without_it() {
+    let mut n = node("worker-1", true).await;
+    let key = naming::node_key("worker-1");
+    let keyed: Vec<String> = n
+        .volumes
+        .iter()
+        .map(|v| naming::with_node(&key, v))
+        .collect();
+    // Every listed id and every token carries the key, and paging by
+    // those tokens lists each volume once.
+    let (ids, tokens) = listed(&mut n.client, 1).await;
+    assert_eq!(ids, keyed);
+    assert_eq!(tokens, keyed[..2].to_vec());
+    // Its own key, or none (an id minted before the cluster): the volume,
+    // shown with the key.
+    for id in [&keyed[1], &n.volumes[1]] {
+        assert_eq!(get(&mut n.client, id).await, Ok(keyed[1].clone()), "{id}");
+    }
+    // Another node's key: not here.
+    let theirs = naming::with_node(&naming::node_key("worker-2"), &n.volumes[1]);
+    assert_eq!(
+        get(&mut n.client, &theirs).await,
+        Err(tonic::Code::NotFound)
+    );
+    // Another node's token was not issued here.
+    let e = n
+        .client
+        .list_volumes(ListVolumesRequest {
+            max_entries: 1,
+            starting_token: theirs,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Aborted);
+}
+
+#[tokio::test]
+async fn a_node_alone_hands_out_ids_as_before_and_still_reads_its_key() {
+    let mut n = node("worker-1", false).await;
+    let (ids, _) = listed(&mut n.client, 0).await;
+    assert_eq!(ids, n.volumes);
+    let keyed = naming::with_node(&naming::node_key("worker-1"), &n.volumes[0]);
+    assert_eq!(get(&mut n.client, &keyed).await, Ok(n.volumes[0].clone()));
+}
