@@ -3,6 +3,7 @@
 
 pub mod blocking;
 pub mod channel;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod exec;

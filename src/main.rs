@@ -1,5 +1,7 @@
 //! `thinpool-csi --config FILE [--endpoint unix:///path] [--node-id ID]
-//! [--log-format text|json]`
+//! [--log-format text|json]`: the node plugin.
+//! `thinpool-csi controller --config FILE [--endpoint unix:///path]`: the
+//! cluster's controller (docs/cluster.md).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +13,7 @@ use thinpool_csi::{grpc, naming, pool};
 
 const USAGE: &str = "usage: thinpool-csi [--config FILE] [--endpoint unix:///path] [--node-id ID]
                     [--log-format text|json]
+       thinpool-csi controller --config FILE [--endpoint unix:///path]
 
   --config FILE     TOML configuration (see config/defaults.toml)
   --endpoint ADDR   listen address; overrides CSI_ENDPOINT and the config
@@ -124,8 +127,75 @@ async fn shutdown_signal() {
     tracing::info!("signal received, shutting down");
 }
 
+/// `thinpool-csi controller`: its config and socket.
+fn controller_setup(
+    args: impl Iterator<Item = String>,
+) -> Result<(thinpool_csi::cluster::ControllerConfig, PathBuf), String> {
+    let (mut config, mut endpoint) = (None, None);
+    let mut it = args;
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--config" => config = Some(PathBuf::from(value("--config")?)),
+            "--endpoint" => endpoint = Some(value("--endpoint")?),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    let config = config.ok_or_else(|| format!("controller needs --config FILE\n{USAGE}"))?;
+    let mut cfg = thinpool_csi::cluster::ControllerConfig::load(&config)?;
+    if let Ok(ep) = std::env::var("CSI_ENDPOINT") {
+        cfg.endpoint = ep;
+    }
+    if let Some(ep) = endpoint {
+        cfg.endpoint = ep;
+    }
+    let socket = parse_endpoint(&cfg.endpoint).map_err(|e| format!("endpoint: {e}"))?;
+    Ok((cfg, socket))
+}
+
+/// The cluster's controller: forwards every controller call to its node.
+async fn controller_main(args: impl Iterator<Item = String>) -> ExitCode {
+    let (cfg, socket) = match controller_setup(args) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("thinpool-csi controller: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    thinpool_csi::logging::init(cfg.log_format);
+    tracing::info!(driver = cfg.driver_name, endpoint = %socket.display(),
+        nodes = cfg.nodes.len(), "starting the cluster's controller");
+    let cluster = match thinpool_csi::cluster::Cluster::new(cfg) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("thinpool-csi controller: {e}");
+            tracing::error!(error = %e, "not starting");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match thinpool_csi::socket::bind(&socket) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(socket = %socket.display(), error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(socket = %socket.display(), "serving CSI (controller)");
+    let metrics = Arc::default();
+    match grpc::serve_controller(cluster, metrics, listener, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e.message(), "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("controller") {
+        return controller_main(std::env::args().skip(2)).await;
+    }
     let (cfg, node_id, socket) = match setup() {
         Ok(v) => v,
         Err(e) => {

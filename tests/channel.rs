@@ -4,14 +4,13 @@
 //! refused in the handshake, counted, and reaches no service. Natively:
 //! no call here touches LVM.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+mod common;
+
+use common::{ca, leaf, write, Ca};
+use rcgen::{ExtendedKeyUsagePurpose, KeyPair};
 use thinpool_csi::config::Config;
 use thinpool_csi::metrics::{render, CHANNEL_REFUSED};
 use thinpool_csi::proto::csi::v1::identity_client::IdentityClient;
@@ -21,37 +20,6 @@ use thinpool_csi::volume::classes::Classes;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::Code;
 use ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
-
-type Ca = CertifiedIssuer<'static, KeyPair>;
-
-fn ca(name: &str) -> Ca {
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    p.distinguished_name.push(DnType::CommonName, name);
-    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
-}
-
-/// A leaf certificate and its key (PEM) that `ca` signed for `usage`
-/// (every use when empty: no extended key usage).
-fn leaf(ca: &Ca, name: &str, usage: &[ExtendedKeyUsagePurpose]) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(vec![name.to_string()]).unwrap();
-    p.distinguished_name.push(DnType::CommonName, name);
-    p.extended_key_usages = usage.to_vec();
-    let cert = p.signed_by(&key, ca).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
 
 struct Node {
     dir: tempfile::TempDir,

@@ -4,58 +4,15 @@
 //! key as an object it does not hold. The LVM report comes from a fake
 //! `lvm` that prints a fixed one, so no device-mapper is needed.
 
-use std::collections::HashMap;
+mod common;
+
 use std::sync::Arc;
 
-use thinpool_csi::config::Config;
-use thinpool_csi::grpc::validate;
-use thinpool_csi::naming::{self, VolumeTags};
+use thinpool_csi::naming;
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::*;
 use thinpool_csi::volume::classes::Classes;
 use tonic::transport::Channel;
-
-const OWNER: &str = "tpcsi.test";
-
-fn row(name: &str, attr: &str, pool: &str, seg: &str, tags: &str) -> String {
-    format!(
-        r#"{{"lv_name":"{name}","vg_name":"vg1","lv_attr":"{attr}","lv_size":"8388608","pool_lv":"{pool}","segtype":"{seg}","data_percent":"1.00","metadata_percent":"1.00","lv_tags":"{tags}","lv_health_status":"","lv_kernel_major":"-1","lv_kernel_minor":"-1","vg_extent_size":"4194304","vg_size":"17179869184","vg_free":"0","chunk_size":"65536","lv_time":"1700000000","origin":"","lv_read_ahead":"auto","thin_id":"5","lv_metadata_size":"4194304","vg_mda_size":"1048576","vg_mda_free":"500000"}}"#
-    )
-}
-
-/// The tags of a volume of ours named `co` (ext4, single writer).
-fn tags(co: &str) -> String {
-    let cap = VolumeCapability {
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume {
-                fs_type: "ext4".into(),
-                ..Default::default()
-            },
-        )),
-        access_mode: Some(volume_capability::AccessMode { mode: 1 }),
-    };
-    let access = validate::capabilities(&[cap], "ext4").unwrap();
-    let params = validate::parameters(
-        &HashMap::new(),
-        naming::DEFAULT_CLASS,
-        "vg1",
-        "pool",
-        &access,
-    )
-    .unwrap();
-    VolumeTags {
-        owner: OWNER.into(),
-        co_name: co.into(),
-        access: Some(access),
-        params,
-        mutable: Default::default(),
-        class_options: Default::default(),
-        from: None,
-        encrypted: false,
-    }
-    .encode()
-    .join(",")
-}
 
 struct Node {
     _dir: tempfile::TempDir,
@@ -67,43 +24,8 @@ struct Node {
 /// A node with three volumes, serving a cluster's controller or not.
 async fn node(node_id: &str, cluster: bool) -> Node {
     let dir = tempfile::tempdir().unwrap();
-    // (LV name, CO name), in the report's name order.
-    let mut named: Vec<(String, String)> = (0..3)
-        .map(|i| format!("pvc-{i}"))
-        .map(|co| (naming::lv_name_for(&co), co))
-        .collect();
-    named.sort();
-    let mut rows = vec![row("pool", "twi-aotz--", "", "thin-pool", "")];
-    for (lv, co) in &named {
-        rows.push(row(lv, "Vwi---tz--", "pool", "thin", &tags(co)));
-    }
-    let volumes = named.into_iter().map(|(lv, _)| lv).collect();
-    let report = dir.path().join("report.json");
-    std::fs::write(
-        &report,
-        format!(r#"{{"report":[{{"lv":[{}]}}]}}"#, rows.join(",")),
-    )
-    .unwrap();
-    let lvm = dir.path().join("lvm");
-    std::fs::write(
-        &lvm,
-        format!(
-            "#!/bin/sh\ncase $1 in lvs) cat {} ;; esac\n",
-            report.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&lvm, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut cfg = Config {
-        driver_name: OWNER.into(),
-        lvm_binary: lvm.display().to_string(),
-        volume_group: "vg1".into(),
-        thin_pool: "pool".into(),
-        lvm_shell: false,
-        state_dir: dir.path().join("state"),
-        ..Config::default()
-    };
+    let names: Vec<String> = (0..3).map(|i| format!("pvc-{i}")).collect();
+    let (mut cfg, volumes) = common::fake_lvm(dir.path(), &names);
     if cluster {
         cfg.cluster.listen = "127.0.0.1:9443".into();
     }

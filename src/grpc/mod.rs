@@ -5,6 +5,7 @@
 
 pub mod addons;
 pub mod controller;
+pub mod forward;
 pub mod group;
 pub mod healer;
 pub mod identity;
@@ -129,6 +130,26 @@ where
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| Error::Internal(format!("channel gRPC server: {e}")))
+}
+
+/// Serves the cluster controller's CSI Identity and Controller
+/// (`forward`) on `listener` until `shutdown` resolves.
+pub async fn serve_controller(
+    cluster: Arc<crate::cluster::Cluster>,
+    metrics: Arc<crate::metrics::Metrics>,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let svc = || forward::ForwardService {
+        cluster: cluster.clone(),
+    };
+    tonic::transport::Server::builder()
+        .layer(observe::ObserveLayer::new(metrics))
+        .add_service(IdentityServer::new(svc()))
+        .add_service(ControllerServer::new(svc()))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
 }
 
 #[cfg(test)]

@@ -1,0 +1,138 @@
+//! The node plugins the controller knows: by node key, each with one
+//! lazily connected channel (mutual TLS), rebuilt when its address
+//! changes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::Status;
+
+use super::config::ControllerConfig;
+use crate::naming;
+
+/// One node plugin.
+#[derive(Debug)]
+pub struct Node {
+    pub id: String,
+    pub key: String,
+    pub address: String,
+    pub channel: Channel,
+}
+
+impl Node {
+    /// UNAVAILABLE for a call this node could not be reached for: every
+    /// sidecar retries it. A node's own answer passes unchanged; only a
+    /// failure of the transport (its source is tonic's transport error:
+    /// connect, TLS, a broken connection) is said again with the node
+    /// named.
+    pub fn failed(&self, s: Status) -> Status {
+        let transport = std::error::Error::source(&s)
+            .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some());
+        if transport {
+            return Status::unavailable(format!(
+                "node {:?} ({}) cannot be reached: {}",
+                self.id,
+                self.address,
+                s.message()
+            ));
+        }
+        s
+    }
+}
+
+/// The nodes, and what connecting to one takes.
+pub struct Nodes {
+    tls: ClientTlsConfig,
+    connect_timeout: Duration,
+    by_key: RwLock<BTreeMap<String, Arc<Node>>>,
+}
+
+impl Nodes {
+    /// Reads the TLS files; one that cannot be read is named.
+    pub fn new(cfg: &ControllerConfig) -> Result<Nodes, String> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| format!("TLS file {}: {e}", p.display()))
+        };
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&cfg.nodes_ca)?))
+            .identity(Identity::from_pem(
+                read(&cfg.tls_cert)?,
+                read(&cfg.tls_key)?,
+            ))
+            .domain_name(cfg.node_server_name.clone());
+        let nodes = Nodes {
+            tls,
+            connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
+            by_key: RwLock::default(),
+        };
+        nodes.set(cfg.nodes.iter().map(|n| (n.id.clone(), n.address.clone())))?;
+        Ok(nodes)
+    }
+
+    /// Replaces the node list with `(node id, IP:port)` pairs. Two node ids
+    /// with one key would send one node's calls to the other, which would
+    /// answer NOT_FOUND for volumes that exist: both are left out (their
+    /// calls are UNAVAILABLE) and the collision is logged.
+    pub fn set(&self, nodes: impl IntoIterator<Item = (String, String)>) -> Result<(), String> {
+        let mut next: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for (id, address) in nodes {
+            next.entry(naming::node_key(&id))
+                .or_default()
+                .push((id, address));
+        }
+        let mut by_key = self.by_key.write().unwrap();
+        let mut kept = BTreeMap::new();
+        for (key, mut same) in next {
+            same.sort();
+            same.dedup_by(|a, b| a.0 == b.0);
+            if same.len() > 1 {
+                tracing::error!(key, nodes = ?same, "node ids share a node key: their calls are refused until one is renamed");
+                continue;
+            }
+            let (id, address) = same.pop().expect("one node");
+            let node = match by_key.get(&key) {
+                Some(n) if n.id == id && n.address == address => n.clone(),
+                _ => Arc::new(self.node(id, key.clone(), address)?),
+            };
+            kept.insert(key, node);
+        }
+        let (before, after) = (by_key.len(), kept.len());
+        *by_key = kept;
+        tracing::info!(before, after, "node list set");
+        Ok(())
+    }
+
+    fn node(&self, id: String, key: String, address: String) -> Result<Node, String> {
+        let channel = Endpoint::from_shared(format!("https://{address}"))
+            .and_then(|e| e.tls_config(self.tls.clone()))
+            .map_err(|e| format!("node {id:?} at {address:?}: {e}"))?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .connect_lazy();
+        Ok(Node {
+            id,
+            key,
+            address,
+            channel,
+        })
+    }
+
+    /// The node of node key `key`.
+    pub fn by_key(&self, key: &str) -> Option<Arc<Node>> {
+        self.by_key.read().unwrap().get(key).cloned()
+    }
+
+    /// The node of node id `id`.
+    pub fn by_id(&self, id: &str) -> Option<Arc<Node>> {
+        self.by_key(&naming::node_key(id)).filter(|n| n.id == id)
+    }
+
+    /// Every node, in node key order (the order of keyed ids).
+    pub fn all(&self) -> Vec<Arc<Node>> {
+        self.by_key.read().unwrap().values().cloned().collect()
+    }
+}

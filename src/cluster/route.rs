@@ -1,0 +1,115 @@
+//! The node of an id (docs/cluster.md, "The node of an object"): the node
+//! its key names; for an id without a key (minted before the cluster),
+//! the node that answers for it, asked of every node at most
+//! [`LOOKUPS_AT_ONCE`] at a time and kept in memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures_util::stream::{self, StreamExt};
+use tonic::{Code, Status};
+
+use super::nodes::{Node, Nodes};
+use crate::naming;
+use crate::proto::csi::v1::controller_client::ControllerClient;
+use crate::proto::csi::v1::{ControllerGetVolumeRequest, ListSnapshotsRequest};
+
+/// Nodes asked at once about an id without a key.
+pub const LOOKUPS_AT_ONCE: usize = 8;
+
+/// What an id names: where an id without a key is asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Volume,
+    Snapshot,
+}
+
+/// Where a call goes.
+pub enum Owner {
+    /// The node that holds the object.
+    Node(Arc<Node>),
+    /// Every node answered, and none holds it.
+    Nowhere,
+}
+
+#[derive(Default)]
+pub struct Found(Mutex<HashMap<String, String>>);
+
+impl Found {
+    /// The node of `id`. A key that names no node the controller knows is
+    /// UNAVAILABLE (the node may be gone, or not yet listed); so is an id
+    /// without a key that some node did not answer for, since it may be
+    /// there.
+    pub async fn owner(&self, nodes: &Nodes, id: &str, kind: Kind) -> Result<Owner, Status> {
+        if let (Some(key), _) = naming::split_node(id) {
+            return nodes.by_key(key).map(Owner::Node).ok_or_else(|| {
+                Status::unavailable(format!(
+                    "{id:?} is on a node (key {key}) this controller does not know now: the node is gone or not yet listed"
+                ))
+            });
+        }
+        let known = self.0.lock().unwrap().get(id).cloned();
+        if let Some(node) = known.and_then(|k| nodes.by_key(&k)) {
+            return Ok(Owner::Node(node));
+        }
+        let all = nodes.all();
+        let answers: Vec<(Arc<Node>, Result<bool, Status>)> = stream::iter(all)
+            .map(|n| async move {
+                let held = holds(&n, id, kind).await;
+                (n, held)
+            })
+            .buffer_unordered(LOOKUPS_AT_ONCE)
+            .collect()
+            .await;
+        let mut silent = Vec::new();
+        for (node, held) in answers {
+            match held {
+                Ok(true) => {
+                    tracing::info!(
+                        id,
+                        node = node.id,
+                        "found the node of an id without a node key"
+                    );
+                    self.0
+                        .lock()
+                        .unwrap()
+                        .insert(id.to_string(), node.key.clone());
+                    return Ok(Owner::Node(node));
+                }
+                Ok(false) => {}
+                Err(e) => silent.push(format!("{} ({})", node.id, e.message())),
+            }
+        }
+        if silent.is_empty() {
+            return Ok(Owner::Nowhere);
+        }
+        Err(Status::unavailable(format!(
+            "no node that answered holds {id:?}, and these did not answer: {}",
+            silent.join(", ")
+        )))
+    }
+}
+
+/// Whether `node` holds `id`: `Err` when it did not say.
+async fn holds(node: &Node, id: &str, kind: Kind) -> Result<bool, Status> {
+    let mut c = ControllerClient::new(node.channel.clone());
+    let held = match kind {
+        Kind::Volume => c
+            .controller_get_volume(ControllerGetVolumeRequest {
+                volume_id: id.to_string(),
+            })
+            .await
+            .map(|_| true),
+        Kind::Snapshot => c
+            .list_snapshots(ListSnapshotsRequest {
+                snapshot_id: id.to_string(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| !r.into_inner().entries.is_empty()),
+    };
+    match held {
+        Err(s) if s.code() == Code::NotFound => Ok(false),
+        other => other.map_err(|s| node.failed(s)),
+    }
+}
