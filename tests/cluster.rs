@@ -333,3 +333,51 @@ async fn the_binary_runs_as_the_controller() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tls_key"), "{err}");
 }
+
+#[tokio::test]
+async fn what_no_node_holds_is_answered_by_a_node_as_on_its_socket() {
+    let mut r = rig(false).await;
+    let c = &mut r.controller;
+    // Every node answered and none holds it: a node's own NOT_FOUND, and
+    // OK for a removal (the spec's idempotent delete).
+    let nowhere = naming::lv_name_for("pvc-nowhere");
+    assert_eq!(get(c, &nowhere).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(get(c, "fake-id").await.unwrap_err().code(), Code::NotFound);
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: nowhere,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // A listing token of a node the controller does not know: ABORTED.
+    let gone = naming::with_node(&naming::node_key("worker-9"), &r.nodes[0].1[0]);
+    let e = c
+        .list_volumes(ListVolumesRequest {
+            max_entries: 1,
+            starting_token: gone.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Aborted, "{}", e.message());
+    // ControllerUnpublish is answered by the controller: OK even for a
+    // node it does not know, so a VolumeAttachment never sticks.
+    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+        volume_id: gone,
+        node_id: "worker-9".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let e = c
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    // A snapshot listing across the nodes: neither holds one.
+    let s = c
+        .list_snapshots(ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(s.entries.is_empty() && s.next_token.is_empty());
+}

@@ -101,6 +101,39 @@ async fn a_node_on_a_cluster_hands_out_its_key_and_reads_ids_with_and_without_it
         get(&mut n.client, &theirs).await,
         Err(tonic::Code::NotFound)
     );
+    // A removal sent here for another node's object is refused, never
+    // answered "gone": the CO would drop a volume that still exists.
+    let e = n
+        .client
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: theirs.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{}", e.message());
+    let snap = naming::with_node(
+        &naming::node_key("worker-2"),
+        &naming::snapshot_lv_name_for("snap-1"),
+    );
+    let e = n
+        .client
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: snap,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{}", e.message());
+    // This node's key on a volume it does not hold: gone, OK.
+    let gone = naming::with_node(&key, &naming::lv_name_for("pvc-gone"));
+    n.client
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: gone,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     // Another node's token was not issued here.
     let e = n
         .client

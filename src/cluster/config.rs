@@ -96,8 +96,12 @@ impl ControllerConfig {
         if self.connect_timeout_secs == 0 {
             return Err("connect_timeout_secs: must be at least 1".into());
         }
+        let mut seen = std::collections::BTreeSet::new();
         for n in &self.nodes {
             naming::validate_node_id(&n.id).map_err(|e| format!("nodes: {e}"))?;
+            if !seen.insert(&n.id) {
+                return Err(format!("nodes: node {:?} is listed twice", n.id));
+            }
             n.address
                 .parse::<std::net::SocketAddr>()
                 .map_err(|e| format!("nodes: node {:?}: address {:?}: {e}", n.id, n.address))?;

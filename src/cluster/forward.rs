@@ -83,20 +83,29 @@ impl Cluster {
     /// first (preferred, then requisite).
     pub async fn create_volume(&self, req: CreateVolumeRequest) -> Reply<CreateVolumeResponse> {
         use volume_content_source::Type;
-        let node = match req
+        let source = match req
             .volume_content_source
             .as_ref()
             .and_then(|s| s.r#type.as_ref())
         {
-            Some(Type::Snapshot(s)) => {
-                self.node_of("snapshot_id", &s.snapshot_id, Kind::Snapshot)
-                    .await?
+            Some(Type::Snapshot(s)) => Some(("snapshot_id", &s.snapshot_id, Kind::Snapshot)),
+            Some(Type::Volume(v)) => Some(("volume_id", &v.volume_id, Kind::Volume)),
+            None => None,
+        };
+        let held = match source {
+            Some((field, id, _)) if id.is_empty() => {
+                return Err(Status::invalid_argument(format!(
+                    "volume_content_source: {field} is required"
+                )))
             }
-            Some(Type::Volume(v)) => {
-                self.node_of("volume_id", &v.volume_id, Kind::Volume)
-                    .await?
-            }
-            None => self.named_node(req.accessibility_requirements.as_ref())?,
+            Some((_, id, kind)) => self.found.owner(&self.nodes, id, kind).await?,
+            None => Owner::Nowhere,
+        };
+        // A source no node holds: the named node answers (NOT_FOUND for the
+        // source, after it checked the rest of the request).
+        let node = match held {
+            Owner::Node(n) => n,
+            Owner::Nowhere => self.named_node(req.accessibility_requirements.as_ref())?,
         };
         self.on(&node, |mut c| async move { c.create_volume(req).await })
             .await
@@ -140,15 +149,18 @@ impl Cluster {
         .await
     }
 
+    /// ControllerUnpublishVolume is answered here: a node's keeps no state
+    /// and answers OK to every well-formed request (`grpc::controller`),
+    /// so forwarding it could only turn OK into UNAVAILABLE for a node that
+    /// is gone, and leave its VolumeAttachments stuck.
     pub async fn unpublish(
         &self,
         req: ControllerUnpublishVolumeRequest,
     ) -> Reply<ControllerUnpublishVolumeResponse> {
-        let id = req.volume_id.clone();
-        self.to_owner("volume_id", &id, Kind::Volume, |mut c| async move {
-            c.controller_unpublish_volume(req).await
-        })
-        .await
+        crate::grpc::validate::required_string("volume_id", &req.volume_id)
+            .and_then(|_| crate::grpc::validate::optional_string("node_id", &req.node_id))
+            .map_err(Status::from)?;
+        Ok(ControllerUnpublishVolumeResponse {})
     }
 
     pub async fn validate_capabilities(
@@ -275,18 +287,22 @@ impl Cluster {
             .pages(
                 req.max_entries,
                 req.starting_token,
-                |node, max, token| async move {
-                    let r = self
-                        .on(&node, |mut c| async move {
-                            c.list_snapshots(ListSnapshotsRequest {
-                                max_entries: max,
-                                starting_token: token,
-                                ..Default::default()
+                |node, max, token| {
+                    let secrets = req.secrets.clone();
+                    async move {
+                        let r = self
+                            .on(&node, |mut c| async move {
+                                c.list_snapshots(ListSnapshotsRequest {
+                                    max_entries: max,
+                                    starting_token: token,
+                                    secrets,
+                                    ..Default::default()
+                                })
+                                .await
                             })
-                            .await
-                        })
-                        .await?;
-                    Ok((r.entries, r.next_token))
+                            .await?;
+                        Ok((r.entries, r.next_token))
+                    }
                 },
                 |e| {
                     e.snapshot
@@ -320,6 +336,13 @@ impl Cluster {
     {
         if max_entries < 0 {
             return Err(Status::invalid_argument("max_entries must not be negative"));
+        }
+        let refused = self.nodes.refused();
+        if !refused.is_empty() {
+            return Err(Status::unavailable(format!(
+                "nodes {} share a node key and cannot be listed: a listing without them would look whole",
+                refused.join(", ")
+            )));
         }
         let nodes = self.nodes.all();
         let mut start = 0;
@@ -381,8 +404,8 @@ impl Cluster {
                     sum.maximum_volume_size = sum.maximum_volume_size.max(r.maximum_volume_size);
                     sum.minimum_volume_size = sum.minimum_volume_size.or(r.minimum_volume_size);
                 }
-                // The node's own refusal of the request is the answer.
-                Err(e) if named.is_some() && !is_unreachable(&e) => return Err(e),
+                // A node's own refusal of the request is the answer.
+                Err(e) if !is_unreachable(&e) => return Err(e),
                 Err(e) => {
                     tracing::warn!(node = node.id, error = %e.message(), "GetCapacity counts a node that did not answer as 0");
                 }

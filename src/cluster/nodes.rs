@@ -47,6 +47,8 @@ pub struct Nodes {
     tls: ClientTlsConfig,
     connect_timeout: Duration,
     by_key: RwLock<BTreeMap<String, Arc<Node>>>,
+    /// Node ids left out for sharing a key: they may hold anything.
+    refused: RwLock<Vec<String>>,
 }
 
 impl Nodes {
@@ -66,6 +68,7 @@ impl Nodes {
             tls,
             connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
             by_key: RwLock::default(),
+            refused: RwLock::default(),
         };
         nodes.set(cfg.nodes.iter().map(|n| (n.id.clone(), n.address.clone())))?;
         Ok(nodes)
@@ -84,11 +87,13 @@ impl Nodes {
         }
         let mut by_key = self.by_key.write().unwrap();
         let mut kept = BTreeMap::new();
+        let mut refused = Vec::new();
         for (key, mut same) in next {
             same.sort();
-            same.dedup_by(|a, b| a.0 == b.0);
+            same.dedup();
             if same.len() > 1 {
-                tracing::error!(key, nodes = ?same, "node ids share a node key: their calls are refused until one is renamed");
+                tracing::error!(key, nodes = ?same, "node ids share a node key (or one id two addresses): their calls are refused until one is renamed");
+                refused.extend(same.into_iter().map(|(id, _)| id));
                 continue;
             }
             let (id, address) = same.pop().expect("one node");
@@ -100,6 +105,7 @@ impl Nodes {
         }
         let (before, after) = (by_key.len(), kept.len());
         *by_key = kept;
+        *self.refused.write().unwrap() = refused;
         tracing::info!(before, after, "node list set");
         Ok(())
     }
@@ -129,6 +135,12 @@ impl Nodes {
     /// The node of node id `id`.
     pub fn by_id(&self, id: &str) -> Option<Arc<Node>> {
         self.by_key(&naming::node_key(id)).filter(|n| n.id == id)
+    }
+
+    /// The node ids left out for sharing a key: a lookup or a listing
+    /// cannot say what they hold.
+    pub fn refused(&self) -> Vec<String> {
+        self.refused.read().unwrap().clone()
     }
 
     /// Every node, in node key order (the order of keyed ids).

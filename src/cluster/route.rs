@@ -48,6 +48,15 @@ impl Found {
                 ))
             });
         }
+        // An id of no shape the nodes issue is on no node: any node says
+        // so (no round of questions).
+        let issued = match kind {
+            Kind::Volume => naming::is_volume_id(id),
+            Kind::Snapshot => naming::is_snapshot_id(id),
+        };
+        if !issued {
+            return Ok(Owner::Nowhere);
+        }
         let known = self.0.lock().unwrap().get(id).cloned();
         if let Some(node) = known.and_then(|k| nodes.by_key(&k)) {
             return Ok(Owner::Node(node));
@@ -61,27 +70,46 @@ impl Found {
             .buffer_unordered(LOOKUPS_AT_ONCE)
             .collect()
             .await;
-        let mut silent = Vec::new();
+        // Nodes left out for sharing a key cannot be asked.
+        let mut silent: Vec<String> = nodes
+            .refused()
+            .into_iter()
+            .map(|id| format!("{id} (shares its node key)"))
+            .collect();
+        let mut holders = Vec::new();
         for (node, held) in answers {
             match held {
-                Ok(true) => {
-                    tracing::info!(
-                        id,
-                        node = node.id,
-                        "found the node of an id without a node key"
-                    );
-                    self.0
-                        .lock()
-                        .unwrap()
-                        .insert(id.to_string(), node.key.clone());
-                    return Ok(Owner::Node(node));
-                }
+                Ok(true) => holders.push(node),
                 Ok(false) => {}
                 Err(e) => silent.push(format!("{} ({})", node.id, e.message())),
             }
         }
-        if silent.is_empty() {
-            return Ok(Owner::Nowhere);
+        match holders.len() {
+            0 if silent.is_empty() => return Ok(Owner::Nowhere),
+            0 => {}
+            1 => {
+                let node = holders.pop().expect("one holder");
+                tracing::info!(
+                    id,
+                    node = node.id,
+                    "found the node of an id without a node key"
+                );
+                self.0
+                    .lock()
+                    .unwrap()
+                    .insert(id.to_string(), node.key.clone());
+                return Ok(Owner::Node(node));
+            }
+            // The same name made on two nodes (a CreateVolume that moved
+            // to another node before this cluster): acting on either could
+            // be acting on the wrong one.
+            _ => {
+                let on: Vec<&str> = holders.iter().map(|n| n.id.as_str()).collect();
+                return Err(Status::failed_precondition(format!(
+                    "{id:?} is on more than one node ({}): remove the copy no PV uses (lvremove on its node), then retry",
+                    on.join(", ")
+                )));
+            }
         }
         Err(Status::unavailable(format!(
             "no node that answered holds {id:?}, and these did not answer: {}",

@@ -116,6 +116,7 @@ impl ControllerService {
 
     async fn delete(&self, req: DeleteVolumeRequest) -> Result<DeleteVolumeResponse> {
         let Some(id) = validate::volume_id(&req.volume_id, self.classes.ids())? else {
+            validate::not_elsewhere("volume_id", &req.volume_id, self.classes.ids())?;
             tracing::info!(
                 id = req.volume_id,
                 "DeleteVolume: not an id this driver issues; nothing to delete"
@@ -345,6 +346,7 @@ impl ControllerService {
     async fn delete_snap(&self, req: DeleteSnapshotRequest) -> Result<DeleteSnapshotResponse> {
         let Some(id) = validate::snapshot_id("snapshot_id", &req.snapshot_id, self.classes.ids())?
         else {
+            validate::not_elsewhere("snapshot_id", &req.snapshot_id, self.classes.ids())?;
             tracing::info!(
                 id = req.snapshot_id,
                 "DeleteSnapshot: not an id this driver issues; nothing to delete"

@@ -65,7 +65,10 @@ impl GroupService {
                 "source_volume_ids is required".into(),
             ));
         }
-        let unique: BTreeSet<&String> = req.source_volume_ids.iter().collect();
+        // One volume named with and without this node's key is named twice.
+        let unique: BTreeSet<String> = local_ids(&req.source_volume_ids, self.classes.ids())
+            .into_iter()
+            .collect();
         if unique.len() != req.source_volume_ids.len() {
             return Err(Error::InvalidArgument(
                 "source_volume_ids names a volume twice".into(),
@@ -97,6 +100,11 @@ impl GroupService {
         req: DeleteVolumeGroupSnapshotRequest,
     ) -> Result<DeleteVolumeGroupSnapshotResponse> {
         let Some(id) = group_id(&req.group_snapshot_id, self.classes.ids())? else {
+            validate::not_elsewhere(
+                "group_snapshot_id",
+                &req.group_snapshot_id,
+                self.classes.ids(),
+            )?;
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         };
         self.classes

@@ -102,6 +102,20 @@ pub fn volume_id(id: &str, ids: &NodeIds) -> Result<Option<VolumeId>> {
         .map(|id| VolumeId::new_unchecked(id.to_string())))
 }
 
+/// FAILED_PRECONDITION for an id with another node's key in a call that
+/// removes what it names: "not here" must not become "gone, OK" (the
+/// object is on that node; the caller sent the call to the wrong one).
+pub fn not_elsewhere(field: &str, id: &str, ids: &NodeIds) -> Result<()> {
+    match ids.foreign(id) {
+        None => Ok(()),
+        Some(key) => Err(Error::FailedPrecondition(format!(
+            "{field} {id:?} is on the node of key {key}, not on this node (key {}): nothing was removed",
+            ids.key()
+        ))
+        .advise("send the call to the node that holds it (the cluster's controller does)")),
+    }
+}
+
 /// A volume id that must name one of ours; anything else is NOT_FOUND.
 pub fn existing_volume_id(id: &str, ids: &NodeIds) -> Result<VolumeId> {
     known_volume(volume_id(id, ids)?, id)
