@@ -149,7 +149,14 @@ fn controller_setup(
     if let Some(ep) = endpoint {
         cfg.endpoint = ep;
     }
+    if let Ok(ep) = std::env::var("CSI_ADDONS_ENDPOINT") {
+        cfg.csi_addons_endpoint = ep;
+    }
     let socket = parse_endpoint(&cfg.endpoint).map_err(|e| format!("endpoint: {e}"))?;
+    if !cfg.csi_addons_endpoint.is_empty() {
+        parse_endpoint(&cfg.csi_addons_endpoint)
+            .map_err(|e| format!("csi_addons_endpoint: {e}"))?;
+    }
     Ok((cfg, socket))
 }
 
@@ -165,7 +172,20 @@ async fn controller_main(args: impl Iterator<Item = String>) -> ExitCode {
     thinpool_csi::logging::init(cfg.log_format);
     tracing::info!(driver = cfg.driver_name, endpoint = %socket.display(),
         nodes = cfg.nodes.len(), "starting the cluster's controller");
-    let cluster = match thinpool_csi::cluster::Cluster::new(cfg) {
+    // The Kubernetes API, from the pod's service account, when the nodes
+    // are found there.
+    let client = match &cfg.discovery {
+        None => None,
+        Some(_) => match kube::Client::try_default().await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("thinpool-csi controller: the Kubernetes API: {e}");
+                tracing::error!(error = %e, "not starting: discovery needs the Kubernetes API");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let cluster = match thinpool_csi::cluster::Cluster::new(cfg, client).await {
         Ok(c) => Arc::new(c),
         Err(e) => {
             eprintln!("thinpool-csi controller: {e}");
@@ -173,17 +193,60 @@ async fn controller_main(args: impl Iterator<Item = String>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let listener = match thinpool_csi::socket::bind(&socket) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(socket = %socket.display(), error = %e, "cannot listen");
-            return ExitCode::FAILURE;
+    let bind = |path: &std::path::Path| {
+        thinpool_csi::socket::bind(path)
+            .map_err(|e| tracing::error!(socket = %path.display(), error = %e, "cannot listen"))
+    };
+    let Ok(listener) = bind(&socket) else {
+        return ExitCode::FAILURE;
+    };
+    let addons_socket = match cluster.cfg.csi_addons_endpoint.as_str() {
+        "" => None,
+        ep => Some(parse_endpoint(ep).expect("checked with the config")),
+    };
+    let addons_listener = match &addons_socket {
+        Some(path) => match bind(path) {
+            Ok(l) => Some(l),
+            Err(()) => return ExitCode::FAILURE,
+        },
+        None => None,
+    };
+    if let Some(f) = cluster.finder() {
+        tokio::spawn(f.run(cluster.clone()));
+    }
+    // One signal stops both servers.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    tracing::info!(socket = %socket.display(), addons = ?addons_socket, "serving CSI (controller)");
+    let metrics: Arc<thinpool_csi::metrics::Metrics> = Arc::default();
+    let csi = grpc::serve_controller(
+        cluster.clone(),
+        metrics.clone(),
+        listener,
+        stopped(stop_rx.clone()),
+    );
+    let addons = async {
+        match addons_listener {
+            Some(l) => {
+                grpc::serve_controller_addons(
+                    cluster.clone(),
+                    metrics.clone(),
+                    l,
+                    stopped(stop_rx.clone()),
+                )
+                .await
+            }
+            None => Ok(()),
         }
     };
-    tracing::info!(socket = %socket.display(), "serving CSI (controller)");
-    let metrics = Arc::default();
-    match grpc::serve_controller(cluster, metrics, listener, shutdown_signal()).await {
-        Ok(()) => ExitCode::SUCCESS,
+    match tokio::try_join!(csi, addons) {
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e.message(), "server failed");
             ExitCode::FAILURE

@@ -252,6 +252,12 @@ impl NodeIds {
         &self.key
     }
 
+    /// Whether this node serves a cluster's controller (and so puts its
+    /// key on the ids it hands out).
+    pub fn mints(&self) -> bool {
+        self.mint
+    }
+
     /// The id within this node: `id` without this node's key; `None` when
     /// it carries another node's key (the object is not on this node).
     pub fn local<'a>(&self, id: &'a str) -> Option<&'a str> {

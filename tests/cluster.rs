@@ -24,6 +24,9 @@ use tonic::Code;
 struct Rig {
     _dir: tempfile::TempDir,
     controller: ControllerClient<Channel>,
+    /// The controller's socket, as a URI.
+    uri: String,
+    cluster: Arc<Cluster>,
     /// Each started node's id and LV names.
     nodes: Vec<(String, Vec<String>)>,
 }
@@ -37,6 +40,19 @@ async fn node(
     nodes_ca: &Ca,
     controller_ca: &Ca,
 ) -> (String, Vec<String>) {
+    node_at(dir, id, names, nodes_ca, controller_ca, "127.0.0.1", 0).await
+}
+
+/// [`node`] on `ip:port` (0: a free port).
+async fn node_at(
+    dir: &std::path::Path,
+    id: &str,
+    names: &[String],
+    nodes_ca: &Ca,
+    controller_ca: &Ca,
+    ip: &str,
+    port: u16,
+) -> (String, Vec<String>) {
     let dir = dir.join(id);
     std::fs::create_dir_all(&dir).unwrap();
     let (mut cfg, lvs) = common::fake_lvm(&dir, names);
@@ -49,7 +65,9 @@ async fn node(
     )
     .unwrap();
     let classes = Arc::new(Classes::new(&cfg, id));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:{port}"))
+        .await
+        .unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let incoming = thinpool_csi::channel::incoming(
         listener,
@@ -93,30 +111,34 @@ async fn rig(down: bool) -> Rig {
     let cfg = ControllerConfig {
         driver_name: common::OWNER.into(),
         endpoint: String::new(),
+        csi_addons_endpoint: String::new(),
         log_format: Default::default(),
         controller_expansion: true,
+        snapshot_metadata: true,
         tls_cert: write(dir.path(), "controller.crt", &cert),
         tls_key: write(dir.path(), "controller.key", &key),
         nodes_ca: write(dir.path(), "nodes-ca.crt", &nodes_ca.pem()),
         node_server_name: DEFAULT_NODE_SERVER_NAME.into(),
         connect_timeout_secs: 2,
         nodes: listed,
+        discovery: None,
     };
-    let cluster = Arc::new(Cluster::new(cfg).unwrap());
+    let cluster = Arc::new(Cluster::new(cfg, None).await.unwrap());
     let socket = dir.path().join("controller.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
     tokio::spawn(thinpool_csi::grpc::serve_controller(
-        cluster,
+        cluster.clone(),
         Arc::default(),
         listener,
         std::future::pending(),
     ));
-    let controller = ControllerClient::connect(format!("unix://{}", socket.display()))
-        .await
-        .unwrap();
+    let uri = format!("unix://{}", socket.display());
+    let controller = ControllerClient::connect(uri.clone()).await.unwrap();
     Rig {
         _dir: dir,
         controller,
+        uri,
+        cluster,
         nodes,
     }
 }
@@ -380,4 +402,356 @@ async fn what_no_node_holds_is_answered_by_a_node_as_on_its_socket() {
         .unwrap()
         .into_inner();
     assert!(s.entries.is_empty() && s.next_token.is_empty());
+}
+
+/// A fake Kubernetes API server: answers every `GET` of the pods of
+/// namespace `csi` with the pods in `pods` (node name, pod IP, phase), and
+/// keeps each request's path and query.
+struct FakeApi {
+    url: String,
+    pods: Arc<std::sync::Mutex<Vec<(String, String, String)>>>,
+    asked: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl FakeApi {
+    async fn start() -> FakeApi {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let pods: Arc<std::sync::Mutex<Vec<(String, String, String)>>> = Arc::default();
+        let asked: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let (p, a) = (pods.clone(), asked.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let (p, a) = (p.clone(), a.clone());
+                tokio::spawn(async move {
+                    // One request per connection (Connection: close).
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let n = s.read(&mut chunk).await.unwrap();
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let head = String::from_utf8_lossy(&buf).to_string();
+                    let target = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                    a.lock().unwrap().push(target.clone());
+                    let (status, body) = if target.starts_with("/api/v1/namespaces/csi/pods") {
+                        let items: Vec<serde_json::Value> = p
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .map(|(node, ip, phase)| {
+                                serde_json::json!({
+                                    "metadata": {"name": format!("node-{node}"), "namespace": "csi"},
+                                    "spec": {"nodeName": node, "containers": []},
+                                    "status": {"phase": phase, "podIP": ip},
+                                })
+                            })
+                            .collect();
+                        let list = serde_json::json!({
+                            "apiVersion": "v1", "kind": "PodList",
+                            "metadata": {"resourceVersion": "1"}, "items": items,
+                        });
+                        ("200 OK", list.to_string())
+                    } else {
+                        (
+                            "404 Not Found",
+                            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404}"#
+                                .to_string(),
+                        )
+                    };
+                    let reply = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        FakeApi { url, pods, asked }
+    }
+
+    fn client(&self) -> kube::Client {
+        let cfg = kube::Config::new(self.url.parse().unwrap());
+        kube::Client::try_from(cfg).unwrap()
+    }
+}
+
+/// The node plugins found through the Kubernetes API: the pods the
+/// selector picks in the namespace, at their IPs and the configured port;
+/// a node that joins later is found when a call names it.
+#[tokio::test]
+async fn node_plugins_are_found_through_the_kubernetes_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
+    // Two node plugins on one port, at two loopback addresses, as two pods
+    // at their pod IPs.
+    let mut port = 0;
+    let mut lvs = Vec::new();
+    for (i, id) in ["worker-1", "worker-2"].into_iter().enumerate() {
+        let ip = format!("127.0.0.{}", i + 1);
+        let names = vec![format!("{id}-pvc-0")];
+        let (address, l) =
+            node_at(dir.path(), id, &names, &nodes_ca, &controller_ca, &ip, port).await;
+        port = address.rsplit(':').next().unwrap().parse().unwrap();
+        lvs.push((id, ip, l));
+    }
+    let api = FakeApi::start().await;
+    *api.pods.lock().unwrap() = vec![
+        ("worker-1".into(), lvs[0].1.clone(), "Running".into()),
+        ("worker-9".into(), "127.0.0.9".into(), "Pending".into()),
+    ];
+    let (cert, key) = leaf(&controller_ca, "thinpool-csi-controller", &[ClientAuth]);
+    let cfg = ControllerConfig::parse(&format!(
+        "driver_name = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\nnodes_ca = \"{}\"\n\
+         [discovery]\nnamespace = \"csi\"\nlabel_selector = \"app=thinpool-csi-node\"\nport = {port}\n",
+        common::OWNER,
+        write(dir.path(), "c.crt", &cert).display(),
+        write(dir.path(), "c.key", &key).display(),
+        write(dir.path(), "ca.crt", &nodes_ca.pem()).display(),
+    ))
+    .unwrap();
+    let cluster = Cluster::new(cfg, Some(api.client())).await.unwrap();
+    // The first list was read at start, with the selector.
+    let asked = api.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(
+        asked[0].contains("labelSelector=app%3Dthinpool-csi-node"),
+        "{asked:?}"
+    );
+    let ids: Vec<String> = cluster.nodes.all().iter().map(|n| n.id.clone()).collect();
+    assert_eq!(ids, ["worker-1"], "the pending pod is no node plugin yet");
+    let cluster = Arc::new(cluster);
+    let socket = dir.path().join("controller.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    tokio::spawn(thinpool_csi::grpc::serve_controller(
+        cluster.clone(),
+        Arc::default(),
+        listener,
+        std::future::pending(),
+    ));
+    let mut c = ControllerClient::connect(format!("unix://{}", socket.display()))
+        .await
+        .unwrap();
+    let keyed = |id: &str, lv: &str| naming::with_node(&naming::node_key(id), lv);
+    let one = keyed("worker-1", &lvs[0].2[0]);
+    assert_eq!(get(&mut c, &one).await.unwrap(), one);
+    // worker-2's pod comes up. A call for it soon after the last list
+    // does not list again (a storm for a gone node asks once per 5 s) ...
+    api.pods
+        .lock()
+        .unwrap()
+        .push(("worker-2".into(), lvs[1].1.clone(), "Running".into()));
+    let two = keyed("worker-2", &lvs[1].2[0]);
+    assert_eq!(
+        get(&mut c, &two).await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    assert_eq!(api.asked.lock().unwrap().len(), 1);
+    // ... and once that time has passed, it does, and reaches the node.
+    tokio::time::sleep(thinpool_csi::cluster::discovery::MISS_REFRESH_MIN).await;
+    assert_eq!(get(&mut c, &two).await.unwrap(), two);
+    assert_eq!(api.asked.lock().unwrap().len(), 2);
+    // A node that is known asks the API nothing.
+    assert_eq!(get(&mut c, &one).await.unwrap(), one);
+    assert_eq!(api.asked.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn group_snapshots_are_taken_on_one_node_and_found_by_key() {
+    let r = rig(true).await;
+    let (w1, w2) = (&r.nodes[0], &r.nodes[1]);
+    let key = |id: &str| naming::node_key(id);
+    let mut g =
+        thinpool_csi::proto::csi::v1::group_controller_client::GroupControllerClient::connect(
+            r.uri.clone(),
+        )
+        .await
+        .unwrap();
+    // Members on two nodes: refused before any node is asked to freeze
+    // anything, both nodes named.
+    let e = g
+        .create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest {
+            name: "group-1".into(),
+            source_volume_ids: vec![
+                naming::with_node(&key(&w1.0), &w1.1[0]),
+                naming::with_node(&key(&w2.0), &w2.1[0]),
+            ],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+    assert!(
+        e.message().contains("worker-1") && e.message().contains("worker-2"),
+        "{}",
+        e.message()
+    );
+    // A group id with a node's key goes to that node, which answers for
+    // it (no such group there); one of a node that is down: UNAVAILABLE.
+    let group = naming::group_id_for("group-1");
+    let e = g
+        .get_volume_group_snapshot(GetVolumeGroupSnapshotRequest {
+            group_snapshot_id: naming::with_node(&key(&w1.0), &group),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+    let e = g
+        .get_volume_group_snapshot(GetVolumeGroupSnapshotRequest {
+            group_snapshot_id: naming::with_node(&key("worker-3"), &group),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+}
+
+/// A node whose SnapshotMetadata stream sends two ranges and then dies
+/// (its stream panics: the connection is cut with no status).
+struct DyingNode;
+
+#[tonic::async_trait]
+impl thinpool_csi::proto::csi::v1::snapshot_metadata_server::SnapshotMetadata for DyingNode {
+    type GetMetadataAllocatedStream = std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<Item = Result<GetMetadataAllocatedResponse, tonic::Status>>
+                + Send,
+        >,
+    >;
+    type GetMetadataDeltaStream = std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<Item = Result<GetMetadataDeltaResponse, tonic::Status>> + Send,
+        >,
+    >;
+
+    async fn get_metadata_allocated(
+        &self,
+        _r: tonic::Request<GetMetadataAllocatedRequest>,
+    ) -> Result<tonic::Response<Self::GetMetadataAllocatedStream>, tonic::Status> {
+        fn item(offset: i64) -> Result<GetMetadataAllocatedResponse, tonic::Status> {
+            Ok(GetMetadataAllocatedResponse {
+                block_metadata_type: 1,
+                volume_capacity_bytes: 1 << 20,
+                block_metadata: vec![BlockMetadata {
+                    byte_offset: offset,
+                    size_bytes: 4096,
+                }],
+            })
+        }
+        let items = futures_util::stream::iter([item(0), item(4096)]);
+        let dies = futures_util::stream::once(async {
+            // The two ranges reach the controller; then the node's
+            // process is killed mid-stream.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            panic!("the node dies mid-stream");
+            #[allow(unreachable_code)]
+            item(8192)
+        });
+        Ok(tonic::Response::new(Box::pin(
+            futures_util::StreamExt::chain(items, dies),
+        )))
+    }
+
+    async fn get_metadata_delta(
+        &self,
+        _r: tonic::Request<GetMetadataDeltaRequest>,
+    ) -> Result<tonic::Response<Self::GetMetadataDeltaStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+}
+
+/// A SnapshotMetadata stream cut short on the node ends with an error at
+/// the controller, after the ranges that came: never OK, or a backup tool
+/// would take a partial change list as whole.
+#[tokio::test]
+async fn a_metadata_stream_cut_short_on_the_node_ends_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
+    let (cert, key) = leaf(&nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
+    let tls = thinpool_csi::channel::server_config(
+        &write(dir.path(), "n.crt", &cert),
+        &write(dir.path(), "n.key", &key),
+        &write(dir.path(), "cca.crt", &controller_ca.pem()),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let incoming =
+        thinpool_csi::channel::incoming(listener, tls, Arc::default(), Duration::from_secs(2));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                thinpool_csi::proto::csi::v1::snapshot_metadata_server::SnapshotMetadataServer::new(
+                    DyingNode,
+                ),
+            )
+            .serve_with_incoming(incoming),
+    );
+    let (cert, key) = leaf(&controller_ca, "thinpool-csi-controller", &[ClientAuth]);
+    let cfg = ControllerConfig::parse(&format!(
+        "driver_name = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\nnodes_ca = \"{}\"\n\
+         [[nodes]]\nid = \"worker-1\"\naddress = \"{address}\"\n",
+        common::OWNER,
+        write(dir.path(), "c.crt", &cert).display(),
+        write(dir.path(), "c.key", &key).display(),
+        write(dir.path(), "ca.crt", &nodes_ca.pem()).display(),
+    ))
+    .unwrap();
+    let cluster = Arc::new(Cluster::new(cfg, None).await.unwrap());
+    let snap = naming::with_node(
+        &naming::node_key("worker-1"),
+        &naming::snapshot_lv_name_for("snap-1"),
+    );
+    let mut s = cluster
+        .metadata_allocated(GetMetadataAllocatedRequest {
+            snapshot_id: snap,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut got = vec![];
+    let end = loop {
+        match futures_util::StreamExt::next(&mut s).await {
+            Some(Ok(r)) => got.extend(r.block_metadata.iter().map(|b| b.byte_offset)),
+            Some(Err(e)) => break Some(e),
+            None => break None,
+        }
+    };
+    assert_eq!(got, [0, 4096], "the ranges sent before the cut pass");
+    let e = end.expect("a stream cut short must not end OK");
+    assert_ne!(e.code(), Code::Ok);
+}
+
+/// ControllerReclaimSpace (CSI-Addons) goes to the node of the volume.
+#[tokio::test]
+async fn reclaim_space_goes_to_the_node_of_the_volume() {
+    use thinpool_csi::proto::reclaimspace::ControllerReclaimSpaceRequest;
+    let r = rig(true).await;
+    let reclaim = |id: String| {
+        let cluster = r.cluster.clone();
+        async move {
+            cluster
+                .controller_reclaim(ControllerReclaimSpaceRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ())
+                .map_err(|e| e.code())
+        }
+    };
+    let lv = naming::lv_name_for("pvc-gone");
+    // worker-1 holds no such volume: its own NOT_FOUND.
+    let on_one = naming::with_node(&naming::node_key("worker-1"), &lv);
+    assert_eq!(reclaim(on_one).await, Err(Code::NotFound));
+    // worker-3 is down.
+    let on_three = naming::with_node(&naming::node_key("worker-3"), &lv);
+    assert_eq!(reclaim(on_three).await, Err(Code::Unavailable));
+    assert_eq!(reclaim(String::new()).await, Err(Code::InvalidArgument));
 }

@@ -2427,10 +2427,13 @@ fn capabilities_agree_with_the_sidecars() {
     let plugin = plugin_capabilities();
     // The driver's CSI-Addons identity: CONTROLLER_SERVICE makes the
     // csi-addons sidecar take part in a leader election.
-    let addons_controller = thinpool_csi::grpc::addons::capabilities().iter().any(|c| {
-        matches!(&c.r#type, Some(AddonsCap::Service(s))
+    let addons_controller =
+        thinpool_csi::grpc::addons::capabilities(thinpool_csi::grpc::addons::Sides::Both)
+            .iter()
+            .any(|c| {
+                matches!(&c.r#type, Some(AddonsCap::Service(s))
                 if s.r#type == AddonsService::ControllerService as i32)
-    });
+            });
     let readme = read(&format!("{DEPLOY}/README.md"));
     let mut p = Problems::default();
     let mut snapshotter_somewhere = false;

@@ -19,6 +19,8 @@ struct Node {
     client: ControllerClient<Channel>,
     /// The LV names of its volumes, in name order.
     volumes: Vec<String>,
+    /// Its CSI-Addons socket, as a URI.
+    addons: String,
 }
 
 /// A node with three volumes, serving a cluster's controller or not.
@@ -33,8 +35,15 @@ async fn node(node_id: &str, cluster: bool) -> Node {
     let socket = dir.path().join("csi.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
     tokio::spawn(thinpool_csi::grpc::serve(
-        classes,
+        classes.clone(),
         listener,
+        std::future::pending(),
+    ));
+    let addons = dir.path().join("addons.sock");
+    let addons_listener = tokio::net::UnixListener::bind(&addons).unwrap();
+    tokio::spawn(thinpool_csi::grpc::serve_addons(
+        classes,
+        addons_listener,
         std::future::pending(),
     ));
     let client = ControllerClient::connect(format!("unix://{}", socket.display()))
@@ -44,7 +53,39 @@ async fn node(node_id: &str, cluster: bool) -> Node {
         _dir: dir,
         client,
         volumes,
+        addons: format!("unix://{}", addons.display()),
     }
+}
+
+/// The services a node's CSI-Addons identity names.
+async fn addons_services(uri: &str) -> Vec<i32> {
+    use thinpool_csi::proto::identity::capability::Type;
+    thinpool_csi::proto::identity::identity_client::IdentityClient::connect(uri.to_string())
+        .await
+        .unwrap()
+        .get_capabilities(thinpool_csi::proto::identity::GetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|c| match c.r#type {
+            Some(Type::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect()
+}
+
+/// On a cluster, the controller takes the csi-addons lease: a node's
+/// CSI-Addons identity names NODE_SERVICE alone; alone, it is both.
+#[tokio::test]
+async fn a_node_on_a_cluster_is_no_csi_addons_controller() {
+    use thinpool_csi::proto::identity::capability::service::Type;
+    let (c, n) = (Type::ControllerService as i32, Type::NodeService as i32);
+    let on = node("worker-1", true).await;
+    assert_eq!(addons_services(&on.addons).await, [n]);
+    let alone = node("worker-1", false).await;
+    assert_eq!(addons_services(&alone.addons).await, [c, n]);
 }
 
 async fn listed(c: &mut ControllerClient<Channel>, max: i32) -> (Vec<String>, Vec<String>) {

@@ -22,12 +22,20 @@ pub struct ControllerConfig {
     /// The socket the central sidecars call (`CSI_ENDPOINT` wins).
     #[serde(default = "default_endpoint")]
     pub endpoint: String,
+    /// The CSI-Addons socket the central csi-addons sidecar calls; empty:
+    /// none (`CSI_ADDONS_ENDPOINT` wins).
+    #[serde(default)]
+    pub csi_addons_endpoint: String,
     #[serde(default)]
     pub log_format: LogFormat,
     /// Whether ControllerExpandVolume is advertised: the node plugins'
     /// `controller_expansion` must say the same.
     #[serde(default = "yes")]
     pub controller_expansion: bool,
+    /// Whether SnapshotMetadata is advertised: set false when the node
+    /// plugins cannot serve it (no thin-provisioning-tools).
+    #[serde(default = "yes")]
+    pub snapshot_metadata: bool,
     /// The controller's client certificate (PEM), signed by the CA the
     /// nodes take clients of (their `cluster.client_ca`), and its key.
     pub tls_cert: PathBuf,
@@ -44,6 +52,10 @@ pub struct ControllerConfig {
     /// the cluster.
     #[serde(default)]
     pub nodes: Vec<StaticNode>,
+    /// Where the node plugins are found in the cluster; with `nodes`, one
+    /// or the other.
+    #[serde(default)]
+    pub discovery: Option<super::discovery::Discovery>,
 }
 
 /// A node plugin: its node id and the `IP:port` of its channel.
@@ -95,6 +107,19 @@ impl ControllerConfig {
         }
         if self.connect_timeout_secs == 0 {
             return Err("connect_timeout_secs: must be at least 1".into());
+        }
+        if let Some(d) = &self.discovery {
+            if !self.nodes.is_empty() {
+                return Err("nodes and discovery: give one or the other".into());
+            }
+            if d.label_selector.trim().is_empty() {
+                return Err("discovery.label_selector: must pick the node plugin pods".into());
+            }
+            if d.port == 0 || d.interval_secs == 0 {
+                return Err(
+                    "discovery.port and discovery.interval_secs: must be at least 1".into(),
+                );
+            }
         }
         let mut seen = std::collections::BTreeSet::new();
         for n in &self.nodes {

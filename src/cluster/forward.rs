@@ -7,34 +7,103 @@
 //! NOT_FOUND, OK for a DeleteVolume of a volume that is gone, as the spec
 //! orders them and as on the node's socket.
 
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+
+use futures_util::Stream;
+use tonic::Streaming;
 
 use tonic::transport::Channel;
 use tonic::{Response, Status};
 
 use super::config::ControllerConfig;
+use super::discovery::Finder;
 use super::nodes::{Node, Nodes};
 use super::route::{Found, Kind, Owner};
 use crate::naming;
 use crate::proto::csi::v1::controller_client::ControllerClient;
+use crate::proto::csi::v1::group_controller_client::GroupControllerClient;
+use crate::proto::csi::v1::snapshot_metadata_client::SnapshotMetadataClient;
 use crate::proto::csi::v1::*;
+use crate::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
+use crate::proto::reclaimspace::{ControllerReclaimSpaceRequest, ControllerReclaimSpaceResponse};
 
 pub struct Cluster {
     pub cfg: ControllerConfig,
     pub nodes: Nodes,
     found: Found,
+    /// Lists the node plugins from the cluster (`[discovery]`).
+    finder: Option<Arc<Finder>>,
 }
 
 type Reply<T> = Result<T, Status>;
 
 impl Cluster {
-    pub fn new(cfg: ControllerConfig) -> Result<Cluster, String> {
-        Ok(Cluster {
+    /// The controller with the nodes its config lists, or with `client`
+    /// (the Kubernetes API) when it has `[discovery]`: then the first list
+    /// is read here, and [`Finder::run`] keeps it current.
+    pub async fn new(
+        cfg: ControllerConfig,
+        client: Option<kube::Client>,
+    ) -> Result<Cluster, String> {
+        let finder = match (&cfg.discovery, client) {
+            (Some(d), Some(client)) => {
+                let ns = match d.namespace.as_str() {
+                    "" => super::discovery::own_namespace()?,
+                    ns => ns.to_string(),
+                };
+                Some(Arc::new(Finder::new(client, d.clone(), &ns)))
+            }
+            (Some(_), None) => return Err("discovery needs a Kubernetes client".into()),
+            (None, _) => None,
+        };
+        let cluster = Cluster {
             nodes: Nodes::new(&cfg)?,
             cfg,
             found: Found::default(),
-        })
+            finder,
+        };
+        if let Some(f) = &cluster.finder {
+            // A controller that cannot list the nodes at start says so;
+            // the loop keeps trying.
+            match f.refresh(&cluster.nodes).await {
+                Ok(n) => tracing::info!(nodes = n, "node plugins listed"),
+                Err(e) => tracing::warn!(error = %e, "cannot list the node plugins yet"),
+            }
+        }
+        Ok(cluster)
+    }
+
+    /// The loop that keeps the node list current, when the nodes are
+    /// found in the cluster.
+    pub fn finder(&self) -> Option<Arc<Finder>> {
+        self.finder.clone()
+    }
+
+    /// Lists the nodes again (rate-limited) when `known` is false: a call
+    /// named a node this controller does not know yet.
+    async fn look_again(&self, known: bool) {
+        if let (false, Some(f)) = (known, &self.finder) {
+            f.refresh_for_miss(&self.nodes).await;
+        }
+    }
+
+    /// [`Found::owner`], with the node list read again first when `id`
+    /// carries a key of no node known.
+    async fn owner(&self, id: &str, kind: Kind) -> Reply<Owner> {
+        if let (Some(key), _) = naming::split_node(id) {
+            self.look_again(self.nodes.by_key(key).is_some()).await;
+        }
+        self.found.owner(&self.nodes, id, kind).await
+    }
+
+    /// The node of node id `id`, the node list read again first when it
+    /// is not known.
+    async fn by_id(&self, id: &str) -> Option<Arc<Node>> {
+        self.look_again(self.nodes.by_id(id).is_some()).await;
+        self.nodes.by_id(id)
     }
 
     /// `call` on the Controller service of `node`.
@@ -55,7 +124,7 @@ impl Cluster {
         if id.is_empty() {
             return Err(Status::invalid_argument(format!("{field} is required")));
         }
-        match self.found.owner(&self.nodes, id, kind).await? {
+        match self.owner(id, kind).await? {
             Owner::Node(n) => Ok(n),
             Owner::Nowhere => self.any(),
         }
@@ -98,21 +167,24 @@ impl Cluster {
                     "volume_content_source: {field} is required"
                 )))
             }
-            Some((_, id, kind)) => self.found.owner(&self.nodes, id, kind).await?,
+            Some((_, id, kind)) => self.owner(id, kind).await?,
             None => Owner::Nowhere,
         };
         // A source no node holds: the named node answers (NOT_FOUND for the
         // source, after it checked the rest of the request).
         let node = match held {
             Owner::Node(n) => n,
-            Owner::Nowhere => self.named_node(req.accessibility_requirements.as_ref())?,
+            Owner::Nowhere => {
+                self.named_node(req.accessibility_requirements.as_ref())
+                    .await?
+            }
         };
         self.on(&node, |mut c| async move { c.create_volume(req).await })
             .await
     }
 
     /// The node the accessibility requirements name first.
-    fn named_node(&self, req: Option<&TopologyRequirement>) -> Reply<Arc<Node>> {
+    async fn named_node(&self, req: Option<&TopologyRequirement>) -> Reply<Arc<Node>> {
         let key = self.cfg.topology_key();
         let id = req
             .into_iter()
@@ -123,7 +195,7 @@ impl Cluster {
                     "accessibility_requirements name no node ({key}): a volume is made on one node (run the provisioner with --feature-gates=Topology=true and --strict-topology)"
                 ))
             })?;
-        self.nodes.by_id(id).ok_or_else(|| {
+        self.by_id(id).await.ok_or_else(|| {
             Status::unavailable(format!(
                 "node {id:?} has no node plugin this controller knows now"
             ))
@@ -275,7 +347,7 @@ impl Cluster {
         .into_iter()
         .find(|(id, _)| !id.is_empty());
         if let Some((id, kind)) = by {
-            return match self.found.owner(&self.nodes, id, kind).await? {
+            return match self.owner(id, kind).await? {
                 Owner::Node(n) => {
                     self.on(&n, |mut c| async move { c.list_snapshots(req).await })
                         .await
@@ -389,7 +461,7 @@ impl Cluster {
             .and_then(|t| t.segments.get(&key))
             .cloned();
         let nodes = match &named {
-            Some(id) => self.nodes.by_id(id).into_iter().collect(),
+            Some(id) => self.by_id(id).await.into_iter().collect(),
             None => self.nodes.all(),
         };
         let mut sum = GetCapacityResponse::default();
@@ -413,6 +485,173 @@ impl Cluster {
         }
         Ok(sum)
     }
+}
+
+impl Cluster {
+    /// `call` on the GroupController service of the node that holds `id`.
+    async fn to_group_owner<T, F, Fut>(
+        &self,
+        field: &str,
+        id: &str,
+        kind: Kind,
+        call: F,
+    ) -> Reply<T>
+    where
+        F: FnOnce(GroupControllerClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let node = self.node_of(field, id, kind).await?;
+        call(GroupControllerClient::new(node.channel.clone()))
+            .await
+            .map(Response::into_inner)
+            .map_err(|s| node.failed(s))
+    }
+
+    /// CreateVolumeGroupSnapshot on the node that holds every member. A
+    /// group is taken on one node (its members held still together there,
+    /// docs/behaviour.md): members on two nodes are INVALID_ARGUMENT,
+    /// naming them. Members no node holds leave the call to a node that
+    /// holds the others (or any), which answers NOT_FOUND for them.
+    pub async fn create_group(
+        &self,
+        req: CreateVolumeGroupSnapshotRequest,
+    ) -> Reply<CreateVolumeGroupSnapshotResponse> {
+        let mut on: BTreeMap<String, (Arc<Node>, Vec<&str>)> = BTreeMap::new();
+        for id in req.source_volume_ids.iter().filter(|id| !id.is_empty()) {
+            if let Owner::Node(n) = self.owner(id, Kind::Volume).await? {
+                on.entry(n.key.clone())
+                    .or_insert_with(|| (n.clone(), vec![]))
+                    .1
+                    .push(id);
+            }
+        }
+        let node = match on.len() {
+            0 => self.any()?,
+            1 => on.into_values().next().expect("one node").0,
+            _ => {
+                let spread: Vec<String> = on
+                    .values()
+                    .map(|(n, ids)| format!("{} on node {}", ids.join(", "), n.id))
+                    .collect();
+                return Err(Status::invalid_argument(format!(
+                    "source_volume_ids are on more than one node ({}): a group snapshot is taken on one node",
+                    spread.join("; ")
+                )));
+            }
+        };
+        GroupControllerClient::new(node.channel.clone())
+            .create_volume_group_snapshot(req)
+            .await
+            .map(Response::into_inner)
+            .map_err(|s| node.failed(s))
+    }
+
+    pub async fn delete_group(
+        &self,
+        req: DeleteVolumeGroupSnapshotRequest,
+    ) -> Reply<DeleteVolumeGroupSnapshotResponse> {
+        let id = req.group_snapshot_id.clone();
+        self.to_group_owner("group_snapshot_id", &id, Kind::Group, |mut c| async move {
+            c.delete_volume_group_snapshot(req).await
+        })
+        .await
+    }
+
+    pub async fn get_group(
+        &self,
+        req: GetVolumeGroupSnapshotRequest,
+    ) -> Reply<GetVolumeGroupSnapshotResponse> {
+        let id = req.group_snapshot_id.clone();
+        self.to_group_owner("group_snapshot_id", &id, Kind::Group, |mut c| async move {
+            c.get_volume_group_snapshot(req).await
+        })
+        .await
+    }
+
+    /// GetMetadataAllocated, streamed from the node of the snapshot.
+    pub async fn metadata_allocated(
+        &self,
+        req: GetMetadataAllocatedRequest,
+    ) -> Reply<Relay<GetMetadataAllocatedResponse>> {
+        let node = self
+            .node_of("snapshot_id", &req.snapshot_id, Kind::Snapshot)
+            .await?;
+        let s = SnapshotMetadataClient::new(node.channel.clone())
+            .get_metadata_allocated(req)
+            .await
+            .map_err(|s| node.failed(s))?
+            .into_inner();
+        Ok(relay(node, s))
+    }
+
+    /// GetMetadataDelta, streamed from the node of the target snapshot
+    /// (the base is on the same node, or that node answers NOT_FOUND).
+    pub async fn metadata_delta(
+        &self,
+        req: GetMetadataDeltaRequest,
+    ) -> Reply<Relay<GetMetadataDeltaResponse>> {
+        let node = self
+            .node_of(
+                "target_snapshot_id",
+                &req.target_snapshot_id,
+                Kind::Snapshot,
+            )
+            .await?;
+        let s = SnapshotMetadataClient::new(node.channel.clone())
+            .get_metadata_delta(req)
+            .await
+            .map_err(|s| node.failed(s))?
+            .into_inner();
+        Ok(relay(node, s))
+    }
+}
+
+impl Cluster {
+    /// CSI-Addons ControllerReclaimSpace, on the node of the volume.
+    pub async fn controller_reclaim(
+        &self,
+        req: ControllerReclaimSpaceRequest,
+    ) -> Reply<ControllerReclaimSpaceResponse> {
+        let node = self
+            .node_of("volume_id", &req.volume_id, Kind::Volume)
+            .await?;
+        ReclaimSpaceControllerClient::new(node.channel.clone())
+            .controller_reclaim_space(req)
+            .await
+            .map(Response::into_inner)
+            .map_err(|s| node.failed(s))
+    }
+}
+
+/// A node's stream as the controller passes it on.
+pub type Relay<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// The node's stream, item for item. It ends OK only where the node's
+/// ended OK with its status: a stream cut short (the node killed, the
+/// link down) or one that ends without a status ends with an error, never
+/// OK after partial ranges (a backup tool would take them as whole).
+pub fn relay<T: Send + 'static>(node: Arc<Node>, s: Streaming<T>) -> Relay<T> {
+    Box::pin(futures_util::stream::unfold(Some(s), move |state| {
+        let node = node.clone();
+        async move {
+            let mut s = state?;
+            match s.message().await {
+                Ok(Some(m)) => Some((Ok(m), Some(s))),
+                Ok(None) => match s.trailers().await {
+                    Ok(Some(_)) => None,
+                    Ok(None) => Some((
+                        Err(Status::unavailable(format!(
+                            "node {:?} ended the stream without its status: it may be cut short",
+                            node.id
+                        ))),
+                        None,
+                    )),
+                    Err(e) => Some((Err(node.failed(e)), None)),
+                },
+                Err(e) => Some((Err(node.failed(e)), None)),
+            }
+        }
+    }))
 }
 
 /// Whether a node's call failed for want of the node, not by its answer.

@@ -6,13 +6,15 @@
 //! (`naming::NodeIds`), which the node minted.
 //!
 //! - [`nodes`]: the node plugins the controller knows, by node key, and a
-//!   lazily connected channel to each.
+//!   lazily connected channel to each; [`discovery`] lists them from the
+//!   Kubernetes API (the node plugin pods), or the config lists them.
 //! - [`route`]: the node of an id: its key, or for an id minted before the
 //!   cluster, the node that answers for it (asked once, then kept).
 //! - [`forward`]: each controller call, sent to its node; the listings and
 //!   GetCapacity, which span nodes.
 
 pub mod config;
+pub mod discovery;
 pub mod forward;
 pub mod nodes;
 pub mod route;

@@ -12,7 +12,10 @@ use tonic::{Code, Status};
 use super::nodes::{Node, Nodes};
 use crate::naming;
 use crate::proto::csi::v1::controller_client::ControllerClient;
-use crate::proto::csi::v1::{ControllerGetVolumeRequest, ListSnapshotsRequest};
+use crate::proto::csi::v1::group_controller_client::GroupControllerClient;
+use crate::proto::csi::v1::{
+    ControllerGetVolumeRequest, GetVolumeGroupSnapshotRequest, ListSnapshotsRequest,
+};
 
 /// Nodes asked at once about an id without a key.
 pub const LOOKUPS_AT_ONCE: usize = 8;
@@ -22,6 +25,7 @@ pub const LOOKUPS_AT_ONCE: usize = 8;
 pub enum Kind {
     Volume,
     Snapshot,
+    Group,
 }
 
 /// Where a call goes.
@@ -53,6 +57,7 @@ impl Found {
         let issued = match kind {
             Kind::Volume => naming::is_volume_id(id),
             Kind::Snapshot => naming::is_snapshot_id(id),
+            Kind::Group => naming::is_group_id(id),
         };
         if !issued {
             return Ok(Owner::Nowhere);
@@ -122,6 +127,13 @@ impl Found {
 async fn holds(node: &Node, id: &str, kind: Kind) -> Result<bool, Status> {
     let mut c = ControllerClient::new(node.channel.clone());
     let held = match kind {
+        Kind::Group => GroupControllerClient::new(node.channel.clone())
+            .get_volume_group_snapshot(GetVolumeGroupSnapshotRequest {
+                group_snapshot_id: id.to_string(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| true),
         Kind::Volume => c
             .controller_get_volume(ControllerGetVolumeRequest {
                 volume_id: id.to_string(),

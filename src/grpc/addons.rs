@@ -78,9 +78,22 @@ impl ReclaimSpaceController for AddonsService {
     }
 }
 
-/// What this process serves: it is both the controller and the node
-/// plugin of its node, so both sides of ReclaimSpace.
-pub fn capabilities() -> Vec<Capability> {
+/// Which sides of CSI-Addons a process serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sides {
+    /// A node plugin alone: it is the controller of its node too.
+    Both,
+    /// A node plugin of a cluster whose controller serves the other side:
+    /// so the csi-addons lease holder is the controller.
+    Node,
+    /// The cluster's controller (`thinpool-csi controller`).
+    Controller,
+}
+
+/// What a process serving `sides` advertises: CONTROLLER_SERVICE with
+/// ReclaimSpace OFFLINE (ControllerReclaimSpace), NODE_SERVICE with
+/// ReclaimSpace ONLINE (NodeReclaimSpace) and key rotation.
+pub fn capabilities(sides: Sides) -> Vec<Capability> {
     let svc = |t: service::Type| Capability {
         r#type: Some(capability::Type::Service(capability::Service {
             r#type: t as i32,
@@ -98,13 +111,20 @@ pub fn capabilities() -> Vec<Capability> {
             },
         )),
     };
-    vec![
+    let controller = [
         svc(service::Type::ControllerService),
-        svc(service::Type::NodeService),
         reclaim(reclaim_space::Type::Offline),
+    ];
+    let node = [
+        svc(service::Type::NodeService),
         reclaim(reclaim_space::Type::Online),
         rotation,
-    ]
+    ];
+    match sides {
+        Sides::Both => controller.into_iter().chain(node).collect(),
+        Sides::Node => node.into(),
+        Sides::Controller => controller.into(),
+    }
 }
 
 #[tonic::async_trait]
@@ -125,7 +145,11 @@ impl Identity for AddonsService {
         _r: Request<GetCapabilitiesRequest>,
     ) -> Result<Response<GetCapabilitiesResponse>, Status> {
         Ok(Response::new(GetCapabilitiesResponse {
-            capabilities: capabilities(),
+            capabilities: capabilities(if self.classes.ids().mints() {
+                Sides::Node
+            } else {
+                Sides::Both
+            }),
         }))
     }
 
@@ -133,5 +157,31 @@ impl Identity for AddonsService {
         // As the CSI Probe (`grpc::identity`).
         self.classes.probe().await;
         Ok(Response::new(ProbeResponse { ready: Some(true) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn services(sides: Sides) -> Vec<i32> {
+        capabilities(sides)
+            .into_iter()
+            .filter_map(|c| match c.r#type {
+                Some(capability::Type::Service(s)) => Some(s.r#type),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn on_a_cluster_the_controller_alone_takes_the_csi_addons_lease() {
+        let (c, n) = (
+            service::Type::ControllerService as i32,
+            service::Type::NodeService as i32,
+        );
+        assert_eq!(services(Sides::Both), [c, n]);
+        assert_eq!(services(Sides::Node), [n]);
+        assert_eq!(services(Sides::Controller), [c]);
     }
 }

@@ -8,12 +8,21 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::controller::capabilities;
+use crate::cluster::forward::Relay;
 use crate::cluster::Cluster;
 use crate::proto::csi::v1::controller_server::Controller;
 use crate::proto::csi::v1::controller_service_capability::{Rpc, Type as CapType};
+use crate::proto::csi::v1::group_controller_server::GroupController;
 use crate::proto::csi::v1::identity_server::Identity;
 use crate::proto::csi::v1::plugin_capability::{self, service, volume_expansion};
+use crate::proto::csi::v1::snapshot_metadata_server::SnapshotMetadata;
 use crate::proto::csi::v1::*;
+use crate::proto::identity::identity_server::Identity as AddonsIdentity;
+use crate::proto::identity::{
+    GetCapabilitiesRequest, GetCapabilitiesResponse, GetIdentityRequest, GetIdentityResponse,
+};
+use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceController;
+use crate::proto::reclaimspace::{ControllerReclaimSpaceRequest, ControllerReclaimSpaceResponse};
 
 pub struct ForwardService {
     pub cluster: Arc<Cluster>,
@@ -47,18 +56,23 @@ impl Identity for ForwardService {
                 plugin_capability::Service { r#type: t as i32 },
             )),
         };
+        let mut capabilities = vec![
+            service(service::Type::ControllerService),
+            service(service::Type::VolumeAccessibilityConstraints),
+            service(service::Type::GroupControllerService),
+            PluginCapability {
+                r#type: Some(plugin_capability::Type::VolumeExpansion(
+                    plugin_capability::VolumeExpansion {
+                        r#type: volume_expansion::Type::Online as i32,
+                    },
+                )),
+            },
+        ];
+        if self.cluster.cfg.snapshot_metadata {
+            capabilities.push(service(service::Type::SnapshotMetadataService));
+        }
         Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities: vec![
-                service(service::Type::ControllerService),
-                service(service::Type::VolumeAccessibilityConstraints),
-                PluginCapability {
-                    r#type: Some(plugin_capability::Type::VolumeExpansion(
-                        plugin_capability::VolumeExpansion {
-                            r#type: volume_expansion::Type::Online as i32,
-                        },
-                    )),
-                },
-            ],
+            capabilities,
         }))
     }
 
@@ -152,5 +166,99 @@ impl Controller for ForwardService {
         r: Request<ControllerModifyVolumeRequest>,
     ) -> Reply<ControllerModifyVolumeResponse> {
         reply(self.cluster.modify(r.into_inner()).await)
+    }
+}
+
+#[tonic::async_trait]
+impl GroupController for ForwardService {
+    async fn group_controller_get_capabilities(
+        &self,
+        _r: Request<GroupControllerGetCapabilitiesRequest>,
+    ) -> Reply<GroupControllerGetCapabilitiesResponse> {
+        Ok(Response::new(GroupControllerGetCapabilitiesResponse {
+            capabilities: super::group::capabilities(),
+        }))
+    }
+    async fn create_volume_group_snapshot(
+        &self,
+        r: Request<CreateVolumeGroupSnapshotRequest>,
+    ) -> Reply<CreateVolumeGroupSnapshotResponse> {
+        reply(self.cluster.create_group(r.into_inner()).await)
+    }
+    async fn delete_volume_group_snapshot(
+        &self,
+        r: Request<DeleteVolumeGroupSnapshotRequest>,
+    ) -> Reply<DeleteVolumeGroupSnapshotResponse> {
+        reply(self.cluster.delete_group(r.into_inner()).await)
+    }
+    async fn get_volume_group_snapshot(
+        &self,
+        r: Request<GetVolumeGroupSnapshotRequest>,
+    ) -> Reply<GetVolumeGroupSnapshotResponse> {
+        reply(self.cluster.get_group(r.into_inner()).await)
+    }
+}
+
+#[tonic::async_trait]
+impl SnapshotMetadata for ForwardService {
+    type GetMetadataAllocatedStream = Relay<GetMetadataAllocatedResponse>;
+    type GetMetadataDeltaStream = Relay<GetMetadataDeltaResponse>;
+
+    async fn get_metadata_allocated(
+        &self,
+        r: Request<GetMetadataAllocatedRequest>,
+    ) -> Reply<Self::GetMetadataAllocatedStream> {
+        reply(self.cluster.metadata_allocated(r.into_inner()).await)
+    }
+    async fn get_metadata_delta(
+        &self,
+        r: Request<GetMetadataDeltaRequest>,
+    ) -> Reply<Self::GetMetadataDeltaStream> {
+        reply(self.cluster.metadata_delta(r.into_inner()).await)
+    }
+}
+
+/// The cluster controller's CSI-Addons services: its Identity
+/// (CONTROLLER_SERVICE, so the csi-addons lease holder is the controller)
+/// and ControllerReclaimSpace, forwarded to the node of the volume.
+pub struct ForwardAddons {
+    pub cluster: Arc<Cluster>,
+}
+
+#[tonic::async_trait]
+impl AddonsIdentity for ForwardAddons {
+    async fn get_identity(&self, _r: Request<GetIdentityRequest>) -> Reply<GetIdentityResponse> {
+        Ok(Response::new(GetIdentityResponse {
+            name: self.cluster.cfg.driver_name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: Default::default(),
+        }))
+    }
+    async fn get_capabilities(
+        &self,
+        _r: Request<GetCapabilitiesRequest>,
+    ) -> Reply<GetCapabilitiesResponse> {
+        Ok(Response::new(GetCapabilitiesResponse {
+            capabilities: super::addons::capabilities(super::addons::Sides::Controller),
+        }))
+    }
+    /// As the CSI Probe: ready whenever it serves.
+    async fn probe(
+        &self,
+        _r: Request<crate::proto::identity::ProbeRequest>,
+    ) -> Reply<crate::proto::identity::ProbeResponse> {
+        Ok(Response::new(crate::proto::identity::ProbeResponse {
+            ready: Some(true),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl ReclaimSpaceController for ForwardAddons {
+    async fn controller_reclaim_space(
+        &self,
+        r: Request<ControllerReclaimSpaceRequest>,
+    ) -> Reply<ControllerReclaimSpaceResponse> {
+        reply(self.cluster.controller_reclaim(r.into_inner()).await)
     }
 }

@@ -135,6 +135,16 @@ impl GroupService {
     }
 }
 
+/// What the GroupController serves (here, and forwarded by the cluster's
+/// controller).
+pub fn capabilities() -> Vec<GroupControllerServiceCapability> {
+    vec![GroupControllerServiceCapability {
+        r#type: Some(CapType::Rpc(Rpc {
+            r#type: RpcType::CreateDeleteGetVolumeGroupSnapshot as i32,
+        })),
+    }]
+}
+
 #[tonic::async_trait]
 impl GroupController for GroupService {
     async fn group_controller_get_capabilities(
@@ -142,11 +152,7 @@ impl GroupController for GroupService {
         _r: Request<GroupControllerGetCapabilitiesRequest>,
     ) -> std::result::Result<Response<GroupControllerGetCapabilitiesResponse>, Status> {
         Ok(Response::new(GroupControllerGetCapabilitiesResponse {
-            capabilities: vec![GroupControllerServiceCapability {
-                r#type: Some(CapType::Rpc(Rpc {
-                    r#type: RpcType::CreateDeleteGetVolumeGroupSnapshot as i32,
-                })),
-            }],
+            capabilities: capabilities(),
         }))
     }
 

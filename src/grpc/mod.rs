@@ -132,8 +132,9 @@ where
         .map_err(|e| Error::Internal(format!("channel gRPC server: {e}")))
 }
 
-/// Serves the cluster controller's CSI Identity and Controller
-/// (`forward`) on `listener` until `shutdown` resolves.
+/// Serves the cluster controller's CSI Identity, Controller,
+/// GroupController and SnapshotMetadata (`forward`) on `listener` until
+/// `shutdown` resolves.
 pub async fn serve_controller(
     cluster: Arc<crate::cluster::Cluster>,
     metrics: Arc<crate::metrics::Metrics>,
@@ -147,9 +148,34 @@ pub async fn serve_controller(
         .layer(observe::ObserveLayer::new(metrics))
         .add_service(IdentityServer::new(svc()))
         .add_service(ControllerServer::new(svc()))
+        .add_service(GroupControllerServer::new(svc()))
+        .add_service(SnapshotMetadataServer::new(svc()))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
+}
+
+/// Serves the cluster controller's CSI-Addons Identity and
+/// ReclaimSpace controller (`forward`) on `listener` until `shutdown`
+/// resolves.
+pub async fn serve_controller_addons(
+    cluster: Arc<crate::cluster::Cluster>,
+    metrics: Arc<crate::metrics::Metrics>,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    use crate::proto::identity::identity_server::IdentityServer as AddonsIdentityServer;
+    use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceControllerServer;
+    let svc = || forward::ForwardAddons {
+        cluster: cluster.clone(),
+    };
+    tonic::transport::Server::builder()
+        .layer(observe::ObserveLayer::new(metrics))
+        .add_service(AddonsIdentityServer::new(svc()))
+        .add_service(ReclaimSpaceControllerServer::new(svc()))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| Error::Internal(format!("CSI-Addons gRPC server: {e}")))
 }
 
 #[cfg(test)]
