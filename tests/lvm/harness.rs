@@ -42,6 +42,11 @@ pub struct TestDriver {
     pub config: PathBuf,
     pub backing: PathBuf,
     child: Option<Child>,
+    /// A command the driver runs under (`nsenter --net=…`: a node of a
+    /// cluster in its own network namespace); empty: none.
+    pub prefix: Vec<String>,
+    /// `--node-id` for the driver, over the config's.
+    pub node_id: Option<String>,
 }
 
 impl TestDriver {
@@ -78,6 +83,8 @@ impl TestDriver {
             config,
             backing,
             child: None,
+            prefix: vec![],
+            node_id: None,
         }
     }
 
@@ -103,6 +110,15 @@ impl TestDriver {
         loop_keys: &str,
         env: &[(String, String)],
     ) -> TestDriver {
+        let mut d = Self::prepared(name, size, extra, loop_keys);
+        d.spawn_with_env(env).await;
+        d
+    }
+
+    /// The driver [`TestDriver::start_with_loop_keys`] starts, with its
+    /// config written, not running yet (set `prefix` or `node_id`, then
+    /// spawn it).
+    pub fn prepared(name: &str, size: u64, extra: &str, loop_keys: &str) -> TestDriver {
         require_lvm();
         let dir = tempfile::Builder::new()
             .prefix(&format!("tpcsi-{name}-"))
@@ -131,9 +147,7 @@ impl TestDriver {
         };
         std::fs::write(&config, text).unwrap();
         let backing = dir.path().join("pool.img");
-        let mut d = Self::unstarted(dir, config, vg, backing);
-        d.spawn_with_env(env).await;
-        d
+        Self::unstarted(dir, config, vg, backing)
     }
 
     /// [`TestDriver::spawn`] with `env` added to the driver's environment.
@@ -143,7 +157,19 @@ impl TestDriver {
             .append(true)
             .open(self.dir.path().join("driver.log"))
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
+        let bin = env!("CARGO_BIN_EXE_thinpool-csi");
+        let mut cmd = match self.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        if let Some(id) = &self.node_id {
+            cmd.args(["--node-id", id]);
+        }
+        let child = cmd
             .arg("--config")
             .arg(&self.config)
             .arg("--endpoint")

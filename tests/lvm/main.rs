@@ -1,6 +1,8 @@
 //! The LVM suite: runs inside the VM (`scripts/test.sh vm`) against the real
 //! binary over its unix socket.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod fixtures;
 mod harness;
 
@@ -8,6 +10,7 @@ mod addons;
 mod autopilot;
 mod classes;
 mod cli;
+mod cluster;
 mod concurrency;
 mod conformance;
 mod controller;
