@@ -18,6 +18,11 @@
 //! A missed limit is listed as `MISSED: ...` after the tables, and the
 //! bench then exits 1, so `scripts/bench.sh` fails.
 
+#[path = "../tests/lvm/cluster_rig.rs"]
+#[allow(dead_code)]
+mod cluster_rig;
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "../tests/lvm/fixtures.rs"]
 #[allow(dead_code)]
 mod fixtures;
@@ -39,6 +44,7 @@ use harness::{bare, TestDriver, MIB};
 use thinpool_csi::exec::{Coprocess, Stop};
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
+use thinpool_csi::proto::csi::v1::snapshot_metadata_client::SnapshotMetadataClient;
 use thinpool_csi::proto::csi::v1::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
@@ -57,7 +63,7 @@ fn samples() -> usize {
 
 /// The phases to run: `TPCSI_BENCH_ONLY` (a comma-separated list, for
 /// quick looks), else all of them.
-const PHASES: [&str; 9] = [
+const PHASES: [&str; 10] = [
     "P1",
     "P5",
     "Keep",
@@ -67,6 +73,7 @@ const PHASES: [&str; 9] = [
     "capacity",
     "classes",
     "autopilot",
+    "cluster",
 ];
 
 fn phases() -> BTreeSet<&'static str> {
@@ -1426,6 +1433,9 @@ async fn run() -> usize {
     if want("autopilot") {
         autopilot_phase(&mut table).await;
     }
+    if want("cluster") {
+        cluster_phase(&mut table, n).await;
+    }
 
     table.notes.push(format!(
         "Samples: {n} per serial figure on every side, after untimed rounds of every side ({P1_WARM_UP} in P1, {P5_WARM_UP} per filesystem in P5, {P3_WARM_UP} in P3); P2 takes {p2_rounds} rounds of 32 creates a side after {P2_WARM_UP} untimed. The sides' order rotates every round. Percentiles: {}; for P2, {}.",
@@ -1626,4 +1636,327 @@ fn keep_check(table: &mut Table, fs: &str, size: u64, grew: &Samples) {
         KEEP_LIMIT,
         keep_limit(),
     );
+}
+
+/// Issue 34's limits: each call through the cluster's controller against
+/// the same call on the owner's own socket (node 2 of the rig, in its own
+/// network namespace: the controller's forwarding crosses a veth link and
+/// mutual TLS), in alternating rounds; GetMetadataDelta's throughput
+/// through the controller; and the controller idle: its RSS with
+/// [`CLUSTER_VOLUMES`] volumes over three nodes, and no call to a node
+/// that no sidecar asked for.
+async fn cluster_phase(table: &mut Table, n: usize) {
+    use cluster_rig::{on_node, Rig};
+    // The deployment's report cache (10 s), as the other phases run.
+    let rig = Rig::start(
+        512 * MIB,
+        "overprovision_ratio = 50.0\nreport_max_age_secs = 10\n",
+    )
+    .await;
+    let via = rig.ctl.controller().await;
+    let owner = &rig.nodes[1];
+    let direct = owner.controller().await;
+    // Which client a side uses: ours is the controller, "typed" the owner.
+    let client = |side: Side| match side {
+        Side::Ours => via.clone(),
+        _ => direct.clone(),
+    };
+    let rounds = |i: usize| {
+        if i % 2 == 0 {
+            [Side::Ours, Side::Typed]
+        } else {
+            [Side::Typed, Side::Ours]
+        }
+    };
+    // One untimed round of each side.
+    for side in rounds(0) {
+        let mut c = client(side);
+        let id = c
+            .create_volume(on_node(&format!("warm-{side:?}"), 2))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        c.delete_volume(del(&id)).await.unwrap();
+    }
+    let (mut create, mut delete, mut snap, mut capacity) = (
+        Samples::default(),
+        Samples::default(),
+        Samples::default(),
+        Samples::default(),
+    );
+    let mut made = Vec::new();
+    for i in 0..n {
+        for side in rounds(i) {
+            let mut c = client(side);
+            let t = Instant::now();
+            let v = c
+                .create_volume(on_node(&format!("c-{i}-{side:?}"), 2))
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap();
+            create.push(side, t.elapsed().as_secs_f64());
+            made.push((side, v.volume_id));
+        }
+    }
+    let source = made[0].1.clone();
+    let mut snaps = Vec::new();
+    for i in 0..n {
+        for side in rounds(i) {
+            let mut c = client(side);
+            let t = Instant::now();
+            let s = c
+                .create_snapshot(fixtures::snap_req(&format!("s-{i}-{side:?}"), &source))
+                .await
+                .unwrap()
+                .into_inner()
+                .snapshot
+                .unwrap();
+            snap.push(side, t.elapsed().as_secs_f64());
+            snaps.push(s.snapshot_id);
+        }
+        for side in rounds(i) {
+            let mut c = client(side);
+            let t = Instant::now();
+            c.get_capacity(GetCapacityRequest {
+                accessible_topology: Some(Topology {
+                    segments: [(
+                        format!("topology.{}/node", harness::DRIVER_NAME),
+                        cluster_rig::node_id(2),
+                    )]
+                    .into(),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            capacity.push(side, t.elapsed().as_secs_f64());
+        }
+    }
+    for s in snaps {
+        client(Side::Typed)
+            .delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id: s,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    // Each side deletes what it made, in the same alternating rounds.
+    let (ours, theirs): (Vec<_>, Vec<_>) = made.into_iter().partition(|(s, _)| *s == Side::Ours);
+    for (i, ((_, a), (_, b))) in ours.into_iter().zip(theirs).enumerate() {
+        for side in rounds(i) {
+            let id = if side == Side::Ours { &a } else { &b };
+            let mut c = client(side);
+            let t = Instant::now();
+            c.delete_volume(del(id)).await.unwrap();
+            delete.push(side, t.elapsed().as_secs_f64());
+        }
+    }
+    for (what, s) in [
+        ("CreateVolume", &create),
+        ("DeleteVolume", &delete),
+        ("CreateSnapshot", &snap),
+        ("GetCapacity", &capacity),
+    ] {
+        table.rows.push(Row {
+            target: "C1",
+            what: format!("{what} through the controller ÷ on the owner's socket"),
+            form: "direct",
+            ours: s.ours.clone(),
+            bare: s.typed.clone(),
+            limit: Some(1.15),
+        });
+    }
+    cluster_metadata(table, &rig, n).await;
+    cluster_idle(table, &rig).await;
+    drop(via);
+    drop(direct);
+}
+
+/// The rig's controller idles at [`CLUSTER_VOLUMES`] volumes over its
+/// three nodes.
+const CLUSTER_VOLUMES: usize = 500;
+
+/// GetMetadataDelta between two snapshots of a 64 MiB volume on node 2
+/// (every other chunk written, then a quarter of the chunks changed), in
+/// batches of 8 ranges: its throughput through the controller against the
+/// node's own socket, judged ≥ 90 %.
+async fn cluster_metadata(table: &mut Table, rig: &cluster_rig::Rig, n: usize) {
+    use std::os::unix::fs::FileExt;
+    let owner = &rig.nodes[1];
+    let mut direct = owner.controller().await;
+    let id = direct
+        .create_volume(CreateVolumeRequest {
+            ..cluster_rig::on_node("meta", 2)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let lv = naming_local(&id);
+    let path = format!("{}/{lv}", owner.vg);
+    harness::lvm(&["lvextend", "-L", "64m", &path]);
+    harness::lvm(&["lvchange", "-ay", "-K", &path]);
+    let chunk = harness::lvs(&owner.vg).find("pool").unwrap().chunk_size;
+    let dev = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/{path}"))
+        .unwrap();
+    let chunks = (64 * MIB) / chunk;
+    let data = vec![0x5au8; chunk as usize];
+    for c in (0..chunks).step_by(2) {
+        dev.write_at(&data, c * chunk).unwrap();
+    }
+    dev.sync_all().unwrap();
+    let s1 = snapshot_id(&mut direct, "meta-s1", &id).await;
+    let data = vec![0xa5u8; chunk as usize];
+    for c in (0..chunks).step_by(4) {
+        dev.write_at(&data, c * chunk).unwrap();
+    }
+    dev.sync_all().unwrap();
+    drop(dev);
+    let s2 = snapshot_id(&mut direct, "meta-s2", &id).await;
+    let mut via = SnapshotMetadataClient::connect(rig.ctl.uri())
+        .await
+        .unwrap();
+    let mut own = SnapshotMetadataClient::connect(owner.uri()).await.unwrap();
+    let mut times = Samples::default();
+    let mut ranges = 0;
+    for i in 0..=n {
+        let sides = if i % 2 == 0 {
+            [Side::Ours, Side::Typed]
+        } else {
+            [Side::Typed, Side::Ours]
+        };
+        for side in sides {
+            let m = if side == Side::Ours {
+                &mut via
+            } else {
+                &mut own
+            };
+            let t = Instant::now();
+            let got = fixtures::delta_batches(m, &s1, &s2, 0, 8).await.unwrap();
+            let took = t.elapsed().as_secs_f64();
+            ranges = got.iter().map(|b| b.1.len()).sum::<usize>();
+            // The first round warms both sides up.
+            if i > 0 {
+                times.push(side, took);
+            }
+        }
+    }
+    let (via50, own50) = (pct(&times.ours, 0.5), pct(&times.typed, 0.5));
+    let share = own50 / via50;
+    table.at_least(
+        "C2",
+        format!("GetMetadataDelta through the controller, share of the node's own throughput ({ranges} ranges in batches of 8)"),
+        format!("{:.0} % ({} against {})", share * 100.0, secs(via50), secs(own50)),
+        share,
+        0.90,
+        "90 %".into(),
+    );
+    harness::lvm(&["lvchange", "-an", &path]);
+    for s in [s1, s2] {
+        direct
+            .delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id: s,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    direct.delete_volume(del(&id)).await.unwrap();
+}
+
+/// The LV name of an id (its node key taken off).
+fn naming_local(id: &str) -> String {
+    thinpool_csi::naming::split_node(id).1.to_string()
+}
+
+async fn snapshot_id(c: &mut ControllerClient<Channel>, name: &str, source: &str) -> String {
+    c.create_snapshot(fixtures::snap_req(name, source))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id
+}
+
+/// The controller idle with [`CLUSTER_VOLUMES`] volumes over three nodes:
+/// its RSS (judged ≤ 30 MiB) after a listing of them all, and the calls
+/// the nodes logged over 20 idle seconds (judged 0).
+async fn cluster_idle(table: &mut Table, rig: &cluster_rig::Rig) {
+    let c = rig.ctl.controller().await;
+    let cs: Vec<_> = (0..4).map(|_| c.clone()).collect();
+    let t = Instant::now();
+    let tasks: Vec<_> = (0..CLUSTER_VOLUMES)
+        .map(|i| {
+            let mut c = cs[i % cs.len()].clone();
+            tokio::spawn(async move {
+                let req = CreateVolumeRequest {
+                    capacity_range: Some(CapacityRange {
+                        required_bytes: 4 * MIB as i64,
+                        limit_bytes: 0,
+                    }),
+                    ..cluster_rig::on_node(&format!("idle-{i}"), 1 + i % 3)
+                };
+                c.create_volume(req).await.unwrap();
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let made = t.elapsed().as_secs_f64();
+    let mut c = c;
+    let mut listed = 0;
+    let mut token = String::new();
+    loop {
+        let p = c
+            .list_volumes(ListVolumesRequest {
+                max_entries: 100,
+                starting_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        listed += p.entries.len();
+        token = p.next_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(listed, CLUSTER_VOLUMES, "the controller lists every volume");
+    let rpcs = |d: &TestDriver| d.log().matches("thinpool_csi::rpc").count();
+    let before: Vec<usize> = rig.nodes.iter().map(rpcs).collect();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let after: Vec<usize> = rig.nodes.iter().map(rpcs).collect();
+    let idle_calls: usize = after.iter().zip(&before).map(|(a, b)| a - b).sum();
+    let (rss_now, hwm) = rss(rig.ctl.child.id());
+    table.at_most(
+        "C3",
+        format!("the controller's RSS with {CLUSTER_VOLUMES} volumes over three nodes, after a listing of them all (VmHWM {hwm:.1} MiB)"),
+        format!("{rss_now:.1} MiB"),
+        rss_now,
+        30.0,
+        "30 MiB".into(),
+    );
+    table.at_most(
+        "C3",
+        "calls the nodes served while the controller idled 20 s".into(),
+        idle_calls.to_string(),
+        idle_calls as f64,
+        0.0,
+        "0".into(),
+    );
+    table.notes.push(format!(
+        "C3: {CLUSTER_VOLUMES} volumes made through the controller over three nodes in {made:.1} s."
+    ));
 }

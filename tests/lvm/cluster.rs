@@ -4,12 +4,8 @@
 //! controller in the root namespace reaching them over TCP through the
 //! real channel (mutual TLS). The calls are the central sidecars'.
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
-use thinpool_csi::cluster::config::DEFAULT_NODE_SERVER_NAME;
 use thinpool_csi::naming;
 use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::group_controller_client::GroupControllerClient;
@@ -18,156 +14,9 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::common::{ca, leaf, write};
-use crate::fixtures::{allocated_batches, create_req, del, mount_cap, snap_req};
-use crate::harness::{lvs, sh, TestDriver, DRIVER_NAME, MIB};
-
-const NODES: usize = 3;
-/// The port every node plugin's channel listens on, at its own address.
-const PORT: u16 = 9443;
-
-/// Network namespaces `tpc<i>` and veth links `tpc<i>` (root side,
-/// 10.77.<i>.1) / `tpc<i>p` (the namespace's, 10.77.<i>.2); gone on drop.
-struct Net;
-
-impl Net {
-    fn up() -> Net {
-        for i in 1..=NODES {
-            let (ns, link, peer) = names(i);
-            // Left by a run that was killed.
-            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
-            let _ = Command::new("ip").args(["link", "del", &link]).output();
-            sh("ip", &["netns", "add", &ns]);
-            sh(
-                "ip",
-                &["link", "add", &link, "type", "veth", "peer", "name", &peer],
-            );
-            sh("ip", &["link", "set", &peer, "netns", &ns]);
-            sh(
-                "ip",
-                &["addr", "add", &format!("10.77.{i}.1/30"), "dev", &link],
-            );
-            sh("ip", &["link", "set", &link, "up"]);
-            sh(
-                "ip",
-                &[
-                    "-n",
-                    &ns,
-                    "addr",
-                    "add",
-                    &format!("10.77.{i}.2/30"),
-                    "dev",
-                    &peer,
-                ],
-            );
-            sh("ip", &["-n", &ns, "link", "set", &peer, "up"]);
-            sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
-        }
-        Net
-    }
-
-    /// Takes node `i`'s link down or up.
-    fn link(&self, i: usize, up: bool) {
-        let (_, link, _) = names(i);
-        sh(
-            "ip",
-            &["link", "set", &link, if up { "up" } else { "down" }],
-        );
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for i in 1..=NODES {
-            let (ns, link, _) = names(i);
-            let _ = Command::new("ip").args(["link", "del", &link]).output();
-            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
-        }
-    }
-}
-
-fn names(i: usize) -> (String, String, String) {
-    (format!("tpc{i}"), format!("tpc{i}"), format!("tpc{i}p"))
-}
-
-fn node_id(i: usize) -> String {
-    format!("node-{i}")
-}
-
-fn key(i: usize) -> String {
-    naming::node_key(&node_id(i))
-}
-
-/// The controller process.
-struct Controller {
-    child: Child,
-    socket: std::path::PathBuf,
-    log: std::path::PathBuf,
-}
-
-impl Controller {
-    async fn start(dir: &Path, config: &str) -> Controller {
-        let path = write(dir, "controller.toml", config);
-        let socket = dir.join("controller.sock");
-        let log = dir.join("controller.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
-            .args(["controller", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .env_remove("CSI_ENDPOINT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "no controller socket; its log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Controller { child, socket, log }
-    }
-
-    fn uri(&self) -> String {
-        format!("unix://{}", self.socket.display())
-    }
-
-    async fn controller(&self) -> ControllerClient<Channel> {
-        ControllerClient::connect(self.uri()).await.unwrap()
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "controller log:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-        }
-    }
-}
-
-/// CreateVolume as the provisioner sends it with strict topology: the
-/// selected node as requisite and preferred.
-fn on_node(name: &str, i: usize) -> CreateVolumeRequest {
-    let topology = Topology {
-        segments: [(format!("topology.{DRIVER_NAME}/node"), node_id(i))].into(),
-    };
-    CreateVolumeRequest {
-        accessibility_requirements: Some(TopologyRequirement {
-            requisite: vec![topology.clone()],
-            preferred: vec![topology],
-        }),
-        ..create_req(name, 8 * MIB, mount_cap("ext4"))
-    }
-}
+use crate::cluster_rig::{key, node_id, on_node, Rig, NODES};
+use crate::fixtures::{allocated_batches, del, snap_req};
+use crate::harness::{lvs, DRIVER_NAME, MIB};
 
 async fn capacity(c: &mut ControllerClient<Channel>, i: usize) -> i64 {
     c.get_capacity(GetCapacityRequest {
@@ -202,49 +51,8 @@ fn lv_names(vg: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_controller_reaches_the_node_of_every_object() {
-    let net = Net::up();
-    let dir = tempfile::Builder::new()
-        .prefix("tpcsi-cluster-")
-        .tempdir()
-        .unwrap();
-    let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
-    let (cert, key_pem) = leaf(&nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
-    let node_cert = write(dir.path(), "node.crt", &cert);
-    let node_key = write(dir.path(), "node.key", &key_pem);
-    let controller_ca_file = write(dir.path(), "controller-ca.crt", &controller_ca.pem());
-    let mut nodes = Vec::new();
-    for i in 1..=NODES {
-        let extra = format!(
-            "controller_expansion = true\n[cluster]\nlisten = \"10.77.{i}.2:{PORT}\"\n\
-             tls_cert = \"{}\"\ntls_key = \"{}\"\nclient_ca = \"{}\"\n",
-            node_cert.display(),
-            node_key.display(),
-            controller_ca_file.display()
-        );
-        let mut d = TestDriver::prepared(&format!("cl{i}"), 96 * MIB, &extra, "");
-        d.prefix = vec!["nsenter".into(), format!("--net=/var/run/netns/tpc{i}")];
-        d.node_id = Some(node_id(i));
-        d.spawn().await;
-        nodes.push(d);
-    }
-    let (cert, key_pem) = leaf(&controller_ca, "thinpool-csi-controller", &[ClientAuth]);
-    let mut config = format!(
-        "driver_name = \"{DRIVER_NAME}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\nnodes_ca = \"{}\"\n\
-         endpoint = \"unix://{dir}/controller.sock\"\n\
-         csi_addons_endpoint = \"unix://{dir}/controller-addons.sock\"\nconnect_timeout_secs = 2\n",
-        write(dir.path(), "controller.crt", &cert).display(),
-        write(dir.path(), "controller.key", &key_pem).display(),
-        write(dir.path(), "nodes-ca.crt", &nodes_ca.pem()).display(),
-        dir = dir.path().display(),
-    );
-    for i in 1..=NODES {
-        config.push_str(&format!(
-            "[[nodes]]\nid = \"{}\"\naddress = \"10.77.{i}.2:{PORT}\"\n",
-            node_id(i)
-        ));
-    }
-    let ctl = Controller::start(dir.path(), &config).await;
-    let mut c = ctl.controller().await;
+    let mut rig = Rig::start(96 * MIB, "").await;
+    let mut c = rig.ctl.controller().await;
 
     // The provisioner: CreateVolume on the node the scheduler picked, and
     // GetCapacity per node.
@@ -256,8 +64,8 @@ async fn one_controller_reaches_the_node_of_every_object() {
     let a = a.volume.unwrap();
     let (k, lv_a) = naming::split_node(&a.volume_id);
     assert_eq!(k, Some(key(2).as_str()), "{}", a.volume_id);
-    assert_eq!(lv_names(&nodes[1].vg), [lv_a]);
-    assert!(lv_names(&nodes[0].vg).is_empty() && lv_names(&nodes[2].vg).is_empty());
+    assert_eq!(lv_names(&rig.nodes[1].vg), [lv_a]);
+    assert!(lv_names(&rig.nodes[0].vg).is_empty() && lv_names(&rig.nodes[2].vg).is_empty());
     for i in 1..=NODES {
         assert!(capacity(&mut c, i).await > 0, "node {i}");
     }
@@ -284,7 +92,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
         .unwrap()
         .into_inner();
     assert!(grown.capacity_bytes >= 16 * MIB as i64);
-    let size = lvs(&nodes[1].vg)
+    let size = lvs(&rig.nodes[1].vg)
         .lvs
         .iter()
         .find(|l| l.name == lv_a)
@@ -331,8 +139,10 @@ async fn one_controller_reaches_the_node_of_every_object() {
         Some(key(2).as_str())
     );
     // SnapshotMetadata through the controller: the node's own answer.
-    let mut through = SnapshotMetadataClient::connect(ctl.uri()).await.unwrap();
-    let mut direct = SnapshotMetadataClient::connect(nodes[1].uri())
+    let mut through = SnapshotMetadataClient::connect(rig.ctl.uri())
+        .await
+        .unwrap();
+    let mut direct = SnapshotMetadataClient::connect(rig.nodes[1].uri())
         .await
         .unwrap();
     let via = allocated_batches(&mut through, &s.snapshot_id, 0, 0).await;
@@ -358,7 +168,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
         .volume
         .unwrap();
     assert_eq!(naming::split_node(&far.volume_id).0, Some(key(3).as_str()));
-    let mut g = GroupControllerClient::connect(ctl.uri()).await.unwrap();
+    let mut g = GroupControllerClient::connect(rig.ctl.uri()).await.unwrap();
     let group = g
         .create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest {
             name: "group-ab".into(),
@@ -418,7 +228,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
 
     // A node's link goes down: its calls are UNAVAILABLE, its capacity 0,
     // and the other nodes still answer; back up, it answers again.
-    net.link(3, false);
+    rig.net.link(3, false);
     let e = get(&mut c, &far.volume_id).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
     assert_eq!(capacity(&mut c, 3).await, 0);
@@ -427,7 +237,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
         get(&mut c, &a.volume_id).await.unwrap().volume_id,
         a.volume_id
     );
-    net.link(3, true);
+    rig.net.link(3, true);
     let deadline = Instant::now() + Duration::from_secs(60);
     while get(&mut c, &far.volume_id).await.is_err() {
         assert!(
@@ -438,10 +248,10 @@ async fn one_controller_reaches_the_node_of_every_object() {
     }
 
     // A node plugin killed: UNAVAILABLE until it is back.
-    nodes[2].kill9_with_children();
+    rig.nodes[2].kill9_with_children();
     let e = get(&mut c, &far.volume_id).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
-    nodes[2].spawn().await;
+    rig.nodes[2].spawn().await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while get(&mut c, &far.volume_id).await.is_err() {
         assert!(
@@ -477,7 +287,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
     ] {
         c.delete_volume(del(id)).await.unwrap();
     }
-    for n in &nodes {
+    for n in &rig.nodes {
         assert!(
             lv_names(&n.vg).is_empty(),
             "{}: {:?}",
@@ -485,5 +295,4 @@ async fn one_controller_reaches_the_node_of_every_object() {
             lv_names(&n.vg)
         );
     }
-    drop(nodes);
 }

@@ -11,6 +11,7 @@ mod autopilot;
 mod classes;
 mod cli;
 mod cluster;
+mod cluster_rig;
 mod concurrency;
 mod conformance;
 mod controller;

@@ -1,0 +1,231 @@
+//! The cluster rig the LVM suite and the benchmark share: three node
+//! plugins, each in its own network namespace (a veth link to the root
+//! namespace) with its own loop-backed VG and node id, and the cluster's
+//! controller in the root namespace reaching them over TCP through the
+//! real channel (mutual TLS).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+use thinpool_csi::cluster::config::DEFAULT_NODE_SERVER_NAME;
+use thinpool_csi::naming;
+use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
+use thinpool_csi::proto::csi::v1::*;
+use tonic::transport::Channel;
+
+use crate::common::{ca, leaf, write};
+use crate::fixtures::{create_req, mount_cap};
+use crate::harness::{sh, TestDriver, DRIVER_NAME, MIB};
+
+pub const NODES: usize = 3;
+/// The port every node plugin's channel listens on, at its own address.
+pub const PORT: u16 = 9443;
+
+/// Network namespaces `tpc<i>` and veth links `tpc<i>` (root side,
+/// 10.77.<i>.1) / `tpc<i>p` (the namespace's, 10.77.<i>.2); gone on drop.
+pub struct Net;
+
+impl Net {
+    pub fn up() -> Net {
+        for i in 1..=NODES {
+            let (ns, link, peer) = names(i);
+            // Left by a run that was killed.
+            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+            let _ = Command::new("ip").args(["link", "del", &link]).output();
+            sh("ip", &["netns", "add", &ns]);
+            sh(
+                "ip",
+                &["link", "add", &link, "type", "veth", "peer", "name", &peer],
+            );
+            sh("ip", &["link", "set", &peer, "netns", &ns]);
+            sh(
+                "ip",
+                &["addr", "add", &format!("10.77.{i}.1/30"), "dev", &link],
+            );
+            sh("ip", &["link", "set", &link, "up"]);
+            sh(
+                "ip",
+                &[
+                    "-n",
+                    &ns,
+                    "addr",
+                    "add",
+                    &format!("10.77.{i}.2/30"),
+                    "dev",
+                    &peer,
+                ],
+            );
+            sh("ip", &["-n", &ns, "link", "set", &peer, "up"]);
+            sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+        }
+        Net
+    }
+
+    /// Takes node `i`'s link down or up.
+    pub fn link(&self, i: usize, up: bool) {
+        let (_, link, _) = names(i);
+        sh(
+            "ip",
+            &["link", "set", &link, if up { "up" } else { "down" }],
+        );
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for i in 1..=NODES {
+            let (ns, link, _) = names(i);
+            let _ = Command::new("ip").args(["link", "del", &link]).output();
+            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        }
+    }
+}
+
+fn names(i: usize) -> (String, String, String) {
+    (format!("tpc{i}"), format!("tpc{i}"), format!("tpc{i}p"))
+}
+
+pub fn node_id(i: usize) -> String {
+    format!("node-{i}")
+}
+
+pub fn key(i: usize) -> String {
+    naming::node_key(&node_id(i))
+}
+
+/// The controller process.
+pub struct Controller {
+    pub child: Child,
+    socket: std::path::PathBuf,
+    log: std::path::PathBuf,
+}
+
+impl Controller {
+    pub async fn start(dir: &Path, config: &str) -> Controller {
+        let path = write(dir, "controller.toml", config);
+        let socket = dir.join("controller.sock");
+        let log = dir.join("controller.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
+            .args(["controller", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .env_remove("CSI_ENDPOINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "no controller socket; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Controller { child, socket, log }
+    }
+
+    pub fn uri(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub async fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::connect(self.uri()).await.unwrap()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "controller log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// CreateVolume as the provisioner sends it with strict topology: the
+/// selected node as requisite and preferred.
+pub fn on_node(name: &str, i: usize) -> CreateVolumeRequest {
+    let topology = Topology {
+        segments: [(format!("topology.{DRIVER_NAME}/node"), node_id(i))].into(),
+    };
+    CreateVolumeRequest {
+        accessibility_requirements: Some(TopologyRequirement {
+            requisite: vec![topology.clone()],
+            preferred: vec![topology],
+        }),
+        ..create_req(name, 8 * MIB, mount_cap("ext4"))
+    }
+}
+
+/// The controller and its nodes; dropped in this order (the namespaces
+/// last).
+pub struct Rig {
+    pub ctl: Controller,
+    pub nodes: Vec<TestDriver>,
+    pub _dir: tempfile::TempDir,
+    pub net: Net,
+}
+
+impl Rig {
+    /// Three node plugins of `size` bytes each (with `extra` in their
+    /// config) and the controller in front of them.
+    pub async fn start(size: u64, extra: &str) -> Rig {
+        let net = Net::up();
+        let dir = tempfile::Builder::new()
+            .prefix("tpcsi-cluster-")
+            .tempdir()
+            .unwrap();
+        let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
+        let (cert, key_pem) = leaf(&nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
+        let node_cert = write(dir.path(), "node.crt", &cert);
+        let node_key = write(dir.path(), "node.key", &key_pem);
+        let controller_ca_file = write(dir.path(), "controller-ca.crt", &controller_ca.pem());
+        let mut nodes = Vec::new();
+        for i in 1..=NODES {
+            let extra = format!(
+                "controller_expansion = true\n{extra}\n[cluster]\nlisten = \"10.77.{i}.2:{PORT}\"\n\
+                 tls_cert = \"{}\"\ntls_key = \"{}\"\nclient_ca = \"{}\"\n",
+                node_cert.display(),
+                node_key.display(),
+                controller_ca_file.display()
+            );
+            let mut d = TestDriver::prepared(&format!("cl{i}"), size, &extra, "");
+            d.prefix = vec!["nsenter".into(), format!("--net=/var/run/netns/tpc{i}")];
+            d.node_id = Some(node_id(i));
+            d.spawn().await;
+            nodes.push(d);
+        }
+        let (cert, key_pem) = leaf(&controller_ca, "thinpool-csi-controller", &[ClientAuth]);
+        let mut config = format!(
+            "driver_name = \"{DRIVER_NAME}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\nnodes_ca = \"{}\"\n\
+             endpoint = \"unix://{dir}/controller.sock\"\n\
+             csi_addons_endpoint = \"unix://{dir}/controller-addons.sock\"\nconnect_timeout_secs = 2\n",
+            write(dir.path(), "controller.crt", &cert).display(),
+            write(dir.path(), "controller.key", &key_pem).display(),
+            write(dir.path(), "nodes-ca.crt", &nodes_ca.pem()).display(),
+            dir = dir.path().display(),
+        );
+        for i in 1..=NODES {
+            config.push_str(&format!(
+                "[[nodes]]\nid = \"{}\"\naddress = \"10.77.{i}.2:{PORT}\"\n",
+                node_id(i)
+            ));
+        }
+        let ctl = Controller::start(dir.path(), &config).await;
+        Rig {
+            ctl,
+            nodes,
+            _dir: dir,
+            net,
+        }
+    }
+}
