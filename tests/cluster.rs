@@ -410,6 +410,8 @@ async fn what_no_node_holds_is_answered_by_a_node_as_on_its_socket() {
 struct FakeApi {
     url: String,
     pods: Arc<std::sync::Mutex<Vec<(String, String, String)>>>,
+    /// The Nodes of the cluster, by name (a `GET` of another is 404).
+    nodes: Arc<std::sync::Mutex<Vec<String>>>,
     asked: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
@@ -420,11 +422,12 @@ impl FakeApi {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let pods: Arc<std::sync::Mutex<Vec<(String, String, String)>>> = Arc::default();
         let asked: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
-        let (p, a) = (pods.clone(), asked.clone());
+        let nodes: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let (p, a, ns) = (pods.clone(), asked.clone(), nodes.clone());
         tokio::spawn(async move {
             loop {
                 let (mut s, _) = listener.accept().await.unwrap();
-                let (p, a) = (p.clone(), a.clone());
+                let (p, a, ns) = (p.clone(), a.clone(), ns.clone());
                 tokio::spawn(async move {
                     // One request per connection (Connection: close).
                     let mut buf = Vec::new();
@@ -457,10 +460,18 @@ impl FakeApi {
                             "metadata": {"resourceVersion": "1"}, "items": items,
                         });
                         ("200 OK", list.to_string())
+                    } else if let Some(name) = target
+                        .strip_prefix("/api/v1/nodes/")
+                        .filter(|n| ns.lock().unwrap().iter().any(|k| k == n))
+                    {
+                        let node = serde_json::json!({
+                            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                        });
+                        ("200 OK", node.to_string())
                     } else {
                         (
                             "404 Not Found",
-                            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404}"#
+                            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"not found","reason":"NotFound","code":404}"#
                                 .to_string(),
                         )
                     };
@@ -472,7 +483,12 @@ impl FakeApi {
                 });
             }
         });
-        FakeApi { url, pods, asked }
+        FakeApi {
+            url,
+            pods,
+            nodes,
+            asked,
+        }
     }
 
     fn client(&self) -> kube::Client {
@@ -559,6 +575,53 @@ async fn node_plugins_are_found_through_the_kubernetes_api() {
     // A node that is known asks the API nothing.
     assert_eq!(get(&mut c, &one).await.unwrap(), one);
     assert_eq!(api.asked.lock().unwrap().len(), 2);
+
+    // worker-1's pod goes (a rollout, a drain) while its Node stays: it
+    // may come back with its volumes, so nothing of it is "gone" and no
+    // listing passes for whole without it.
+    *api.nodes.lock().unwrap() = vec!["worker-1".into(), "worker-2".into()];
+    api.pods
+        .lock()
+        .unwrap()
+        .retain(|(node, _, _)| node != "worker-1");
+    let finder = cluster.finder().expect("discovery");
+    finder.refresh(&cluster.nodes).await.unwrap();
+    assert_eq!(cluster.nodes.missing(), ["worker-1"]);
+    assert_eq!(
+        get(&mut c, &one).await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    // Its volume by the id without a key: not "nowhere", UNAVAILABLE.
+    let e = get(&mut c, &lvs[0].2[0]).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+    let e = c
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: lvs[0].2[0].clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+    let e = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+    // Its Node is deleted: the node is forgotten, and the listing is whole
+    // again without it.
+    api.nodes.lock().unwrap().retain(|n| n != "worker-1");
+    finder.refresh(&cluster.nodes).await.unwrap();
+    assert!(cluster.nodes.missing().is_empty());
+    let listed: Vec<String> = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| e.volume.unwrap().volume_id)
+        .collect();
+    assert_eq!(listed, [two]);
 }
 
 #[tokio::test]

@@ -112,10 +112,16 @@ impl Cluster {
         F: FnOnce(ControllerClient<Channel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        call(ControllerClient::new(node.channel.clone()))
-            .await
-            .map(Response::into_inner)
-            .map_err(|s| node.failed(s))
+        match call(ControllerClient::new(node.channel.clone())).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) => {
+                // A node plugin whose pod came back at another IP: the
+                // list is read again (rate-limited), so the CO's retry
+                // finds it.
+                self.look_again(!super::nodes::unreached(&s)).await;
+                Err(node.failed(s))
+            }
+        }
     }
 
     /// The node of `id` (an empty id is INVALID_ARGUMENT, named as
@@ -416,7 +422,19 @@ impl Cluster {
                 refused.join(", ")
             )));
         }
+        let missing = self.nodes.missing();
+        if !missing.is_empty() {
+            return Err(Status::unavailable(format!(
+                "node plugins {} are not listed now: a listing without them would look whole",
+                missing.join(", ")
+            )));
+        }
         let nodes = self.nodes.all();
+        if nodes.is_empty() {
+            return Err(Status::unavailable(
+                "the controller knows no node plugin yet: a listing of none would look whole",
+            ));
+        }
         let mut start = 0;
         let mut token = token;
         if !token.is_empty() {

@@ -28,9 +28,7 @@ impl Node {
     /// connect, TLS, a broken connection) is said again with the node
     /// named.
     pub fn failed(&self, s: Status) -> Status {
-        let transport = std::error::Error::source(&s)
-            .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some());
-        if transport {
+        if unreached(&s) {
             return Status::unavailable(format!(
                 "node {:?} ({}) cannot be reached: {}",
                 self.id,
@@ -42,6 +40,14 @@ impl Node {
     }
 }
 
+/// Whether a call failed in the transport (connect, TLS, a broken
+/// connection: tonic's transport error is the status's source), not by
+/// the node's answer.
+pub fn unreached(s: &Status) -> bool {
+    std::error::Error::source(s)
+        .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
+}
+
 /// The nodes, and what connecting to one takes.
 pub struct Nodes {
     tls: ClientTlsConfig,
@@ -49,6 +55,11 @@ pub struct Nodes {
     by_key: RwLock<BTreeMap<String, Arc<Node>>>,
     /// Node ids left out for sharing a key: they may hold anything.
     refused: RwLock<Vec<String>>,
+    /// Nodes listed before and not now (by key: node id), until their Node
+    /// is known to be gone ([`Nodes::forget`]): a pod being replaced, or a
+    /// node drained, still holds its volumes, and a lookup or a listing
+    /// without it must not pass for whole.
+    missing: RwLock<BTreeMap<String, String>>,
 }
 
 impl Nodes {
@@ -69,6 +80,7 @@ impl Nodes {
             connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
             by_key: RwLock::default(),
             refused: RwLock::default(),
+            missing: RwLock::default(),
         };
         nodes.set(cfg.nodes.iter().map(|n| (n.id.clone(), n.address.clone())))?;
         Ok(nodes)
@@ -104,10 +116,40 @@ impl Nodes {
             kept.insert(key, node);
         }
         let (before, after) = (by_key.len(), kept.len());
+        let mut missing = self.missing.write().unwrap();
+        for (key, node) in by_key.iter() {
+            if !kept.contains_key(key) {
+                tracing::warn!(node = node.id, "a node plugin is no longer listed: its objects cannot be looked up until it is back or its Node is gone");
+                missing.insert(key.clone(), node.id.clone());
+            }
+        }
+        missing.retain(|key, _| !kept.contains_key(key));
         *by_key = kept;
         *self.refused.write().unwrap() = refused;
-        tracing::info!(before, after, "node list set");
+        tracing::info!(before, after, missing = missing.len(), "node list set");
         Ok(())
+    }
+
+    /// Node ids listed before and not now (see `missing`).
+    pub fn missing(&self) -> Vec<String> {
+        self.missing.read().unwrap().values().cloned().collect()
+    }
+
+    /// Whether node key `key` names a node listed before and not now.
+    pub fn is_missing(&self, key: &str) -> bool {
+        self.missing.read().unwrap().contains_key(key)
+    }
+
+    /// Forgets node `id` that was listed before: its Node is gone from the
+    /// cluster, and its objects with it.
+    pub fn forget(&self, id: &str) {
+        let key = naming::node_key(id);
+        if self.missing.write().unwrap().remove(&key).is_some() {
+            tracing::warn!(
+                node = id,
+                "the Node of a missing node plugin is gone: its objects are forgotten"
+            );
+        }
     }
 
     fn node(&self, id: String, key: String, address: String) -> Result<Node, String> {

@@ -63,8 +63,16 @@ impl Found {
             return Ok(Owner::Nowhere);
         }
         let known = self.0.lock().unwrap().get(id).cloned();
-        if let Some(node) = known.and_then(|k| nodes.by_key(&k)) {
-            return Ok(Owner::Node(node));
+        if let Some(key) = known {
+            match nodes.by_key(&key) {
+                Some(node) => return Ok(Owner::Node(node)),
+                None if nodes.is_missing(&key) => {
+                    return Err(Status::unavailable(format!(
+                        "{id:?} is on a node plugin that is not listed now: the node is being replaced or drained"
+                    )))
+                }
+                None => {}
+            }
         }
         let all = nodes.all();
         let answers: Vec<(Arc<Node>, Result<bool, Status>)> = stream::iter(all)
@@ -76,10 +84,17 @@ impl Found {
             .collect()
             .await;
         // Nodes left out for sharing a key cannot be asked.
+        // Nor can nodes listed before and not now: they may hold it.
         let mut silent: Vec<String> = nodes
             .refused()
             .into_iter()
             .map(|id| format!("{id} (shares its node key)"))
+            .chain(
+                nodes
+                    .missing()
+                    .into_iter()
+                    .map(|id| format!("{id} (not listed now)")),
+            )
             .collect();
         let mut holders = Vec::new();
         for (node, held) in answers {

@@ -15,8 +15,8 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::cluster_rig::{key, node_id, on_node, Rig, NODES};
-use crate::fixtures::{allocated_batches, del, snap_req};
-use crate::harness::{lvs, DRIVER_NAME, MIB};
+use crate::fixtures::{allocated_batches, del, snap_req, write_at};
+use crate::harness::{lvm, lvs, DRIVER_NAME, MIB};
 
 async fn capacity(c: &mut ControllerClient<Channel>, i: usize) -> i64 {
     c.get_capacity(GetCapacityRequest {
@@ -108,6 +108,18 @@ async fn one_controller_reaches_the_node_of_every_object() {
     .await
     .unwrap();
 
+    // Data in the volume (written behind the driver, on its node), so its
+    // snapshot maps chunks to report.
+    let path = format!("{}/{lv_a}", rig.nodes[1].vg);
+    lvm(&["lvchange", "-ay", "-K", &path]);
+    write_at(
+        std::path::Path::new(&format!("/dev/{path}")),
+        MIB,
+        &vec![0x5a; MIB as usize],
+    )
+    .unwrap();
+    lvm(&["lvchange", "-an", &path]);
+
     // The snapshotter: a snapshot on the volume's node, restored and
     // cloned there.
     let s = c
@@ -145,12 +157,15 @@ async fn one_controller_reaches_the_node_of_every_object() {
     let mut direct = SnapshotMetadataClient::connect(rig.nodes[1].uri())
         .await
         .unwrap();
-    let via = allocated_batches(&mut through, &s.snapshot_id, 0, 0).await;
-    let own = allocated_batches(&mut direct, &s.snapshot_id, 0, 0).await;
-    assert_eq!(
-        via.as_ref().map_err(|e| e.code()),
-        own.as_ref().map_err(|e| e.code())
-    );
+    let via = allocated_batches(&mut through, &s.snapshot_id, 0, 0)
+        .await
+        .unwrap();
+    let own = allocated_batches(&mut direct, &s.snapshot_id, 0, 0)
+        .await
+        .unwrap();
+    assert_eq!(via, own);
+    let mapped: i64 = via.iter().flat_map(|b| &b.1).map(|r| r.size_bytes).sum();
+    assert!(mapped >= MIB as i64, "the MiB written is mapped: {via:?}");
 
     // Group snapshots: members on one node, or refused naming the nodes.
     let b = c

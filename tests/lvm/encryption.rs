@@ -560,9 +560,9 @@ async fn rotations_cut_by_kills(
     d: &mut TestDriver,
     id: &str,
     whole: Duration,
-) -> Vec<(u128, bool, bool)> {
+) -> Vec<(u128, bool, bool, bool)> {
     let (mut current, mut new) = (KEY, OTHER);
-    let mut states: Vec<(u128, bool, bool)> = Vec::new();
+    let mut states: Vec<(u128, bool, bool, bool)> = Vec::new();
     let mut plan: std::collections::VecDeque<u32> =
         [0u32, 5, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 24].into();
     // A rotation can take longer than the one timed (under TCG the wipe
@@ -588,10 +588,13 @@ async fn rotations_cut_by_kills(
                 .await;
         });
         tokio::time::sleep(delay).await;
+        // Whether the rotation had answered before the kill: a kill after
+        // it cut nothing.
+        let answered = call.is_finished();
         d.kill9_with_children();
         let _ = call.await;
         let (old_opens, new_opens) = (opens_with(d, id, current), opens_with(d, id, new));
-        states.push((delay.as_millis(), old_opens, new_opens));
+        states.push((delay.as_millis(), old_opens, new_opens, answered));
         assert!(
             old_opens || new_opens,
             "killed after {delay:?}: neither key opens"
@@ -666,11 +669,14 @@ async fn key_rotation_killed_at_any_point_leaves_a_volume_one_key_opens() {
     sidecar_rotation(&d, &id, &staging).await;
     rotate(&d, &id, OTHER, KEY).await.unwrap();
     let states = rotations_cut_by_kills(&mut d, &id, whole).await;
-    eprintln!("MEASURE key rotation killed at (ms, old opens, new opens): {states:?}");
-    // The kills met the volume before the new key was added, between the
-    // add and the wipe (both keys open), and after: each step was cut.
-    assert!(states.iter().any(|s| s.1 && !s.2), "{states:?}");
-    assert!(states.iter().any(|s| s.1 && s.2), "{states:?}");
+    eprintln!(
+        "MEASURE key rotation killed at (ms, old opens, new opens, answered before the kill): {states:?}"
+    );
+    // Kills cut the rotation before the new key was added and between the
+    // add and the wipe (both keys open), while it ran; and one met the
+    // volume after the wipe.
+    assert!(states.iter().any(|s| s.1 && !s.2 && !s.3), "{states:?}");
+    assert!(states.iter().any(|s| s.1 && s.2 && !s.3), "{states:?}");
     assert!(states.iter().any(|s| !s.1 && s.2), "{states:?}");
     // Still staged through it all; unstage closes the mapping.
     d.node()
