@@ -1649,6 +1649,7 @@ async fn cluster_phase(table: &mut Table, n: usize) {
     use cluster_rig::{on_node, Rig};
     // The deployment's report cache (10 s), as the other phases run.
     let rig = Rig::start(
+        0,
         512 * MIB,
         "overprovision_ratio = 50.0\nreport_max_age_secs = 10\n",
     )

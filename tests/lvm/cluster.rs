@@ -51,7 +51,7 @@ fn lv_names(vg: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_controller_reaches_the_node_of_every_object() {
-    let mut rig = Rig::start(96 * MIB, "").await;
+    let mut rig = Rig::start(0, 96 * MIB, "").await;
     let mut c = rig.ctl.controller().await;
 
     // The provisioner: CreateVolume on the node the scheduler picked, and
@@ -302,6 +302,146 @@ async fn one_controller_reaches_the_node_of_every_object() {
     ] {
         c.delete_volume(del(id)).await.unwrap();
     }
+    for n in &rig.nodes {
+        assert!(
+            lv_names(&n.vg).is_empty(),
+            "{}: {:?}",
+            n.vg,
+            lv_names(&n.vg)
+        );
+    }
+}
+
+/// Whether a failed call is one a sidecar retries: UNAVAILABLE and
+/// ABORTED, and a call cut by its connection (the controller killed
+/// under it: the transport's error, whatever code tonic gave it).
+fn retried(s: &tonic::Status) -> bool {
+    matches!(s.code(), Code::Unavailable | Code::Aborted)
+        || thinpool_csi::cluster::nodes::unreached(s)
+}
+
+/// `call` until it answers anything but a retried failure, as a sidecar
+/// retries; panics after two minutes.
+async fn until_answered<T, F, Fut>(what: &str, mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match call().await {
+            Err(s) if retried(&s) => {
+                assert!(Instant::now() < deadline, "{what}: still {s:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other.map(tonic::Response::into_inner),
+        }
+    }
+}
+
+/// kill -9 of the owner node plugin and of the controller at seeded
+/// random points while CreateVolume and DeleteVolume go through the
+/// controller, each retried as a sidecar retries it: every name ends as
+/// exactly one LV on the node it was asked for, and every delete leaves
+/// none. `TPCSI_CLUSTER_KILLS` runs more kills (default 6).
+#[tokio::test(flavor = "multi_thread")]
+async fn kills_of_a_node_and_the_controller_mid_call_lose_and_duplicate_nothing() {
+    let kills: u64 = std::env::var("TPCSI_CLUSTER_KILLS")
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(6);
+    let mut rig = Rig::start(1, 96 * MIB, "").await;
+    let names: Vec<String> = (0..12).map(|i| format!("storm-{i}")).collect();
+    let uri = rig.ctl.uri();
+    // The CO's side: creates, then deletes, each retried until answered.
+    let work = {
+        let names = names.clone();
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for name in &names {
+                let r = until_answered(name, || {
+                    let uri = uri.clone();
+                    let req = on_node(name, 2);
+                    async move {
+                        match ControllerClient::connect(uri).await {
+                            Ok(mut c) => c.create_volume(req).await,
+                            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+                        }
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| panic!("CreateVolume {name}: {e:?}"));
+                ids.push(r.volume.unwrap().volume_id);
+            }
+            ids
+        })
+    };
+    // Seeded kill points: the node plugin and the controller in turn.
+    let mut seed: u64 = 0x005e_edc1;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        200 + (seed >> 33) % 1500
+    };
+    let mut log = Vec::new();
+    for k in 0..kills {
+        if work.is_finished() {
+            break;
+        }
+        let after = next();
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        if k % 2 == 0 {
+            rig.nodes[1].kill9_with_children();
+            log.push(format!("node-2 at +{after} ms"));
+            rig.nodes[1].spawn().await;
+        } else {
+            rig.ctl.kill9_and_restart().await;
+            log.push(format!("controller at +{after} ms"));
+        }
+    }
+    let ids = work.await.unwrap();
+    eprintln!("MEASURE cluster storm kills: {log:?}");
+    assert!(!log.is_empty(), "no kill landed before the creates ended");
+    // Each name: one id, on node 2, and one LV there; nothing elsewhere.
+    assert_eq!(ids.len(), names.len());
+    let mut lvs_2 = lv_names(&rig.nodes[1].vg);
+    lvs_2.sort();
+    let mut expected: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            let (k, lv) = naming::split_node(id);
+            assert_eq!(k, Some(key(2).as_str()), "{id}");
+            lv.to_string()
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(lvs_2, expected, "one LV per name, on the node asked for");
+    assert!(lv_names(&rig.nodes[0].vg).is_empty() && lv_names(&rig.nodes[2].vg).is_empty());
+    // Deletes, with the controller killed once among them.
+    let uri = rig.ctl.uri();
+    let deletes = {
+        let ids = ids.clone();
+        tokio::spawn(async move {
+            for id in &ids {
+                until_answered(id, || {
+                    let uri = uri.clone();
+                    let id = id.clone();
+                    async move {
+                        match ControllerClient::connect(uri).await {
+                            Ok(mut c) => c.delete_volume(del(&id)).await,
+                            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+                        }
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| panic!("DeleteVolume {id}: {e:?}"));
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(next())).await;
+    rig.ctl.kill9_and_restart().await;
+    deletes.await.unwrap();
     for n in &rig.nodes {
         assert!(
             lv_names(&n.vg).is_empty(),

@@ -23,14 +23,19 @@ pub const NODES: usize = 3;
 /// The port every node plugin's channel listens on, at its own address.
 pub const PORT: u16 = 9443;
 
-/// Network namespaces `tpc<i>` and veth links `tpc<i>` (root side,
-/// 10.77.<i>.1) / `tpc<i>p` (the namespace's, 10.77.<i>.2); gone on drop.
-pub struct Net;
+/// Network namespaces `tp<rig>n<i>` and veth links `tp<rig>n<i>` (root
+/// side, 10.<77 + rig>.<i>.1) / `tp<rig>n<i>p` (the namespace's,
+/// .2); gone on drop. Each rig of one run has its own `rig` number.
+pub struct Net {
+    rig: u8,
+}
 
 impl Net {
-    pub fn up() -> Net {
+    pub fn up(rig: u8) -> Net {
+        let net = Net { rig };
         for i in 1..=NODES {
-            let (ns, link, peer) = names(i);
+            let (ns, link, peer) = net.names(i);
+            let (root_ip, ns_ip) = (net.ip(i, 1), net.ip(i, 2));
             // Left by a run that was killed.
             let _ = Command::new("ip").args(["netns", "del", &ns]).output();
             let _ = Command::new("ip").args(["link", "del", &link]).output();
@@ -42,7 +47,7 @@ impl Net {
             sh("ip", &["link", "set", &peer, "netns", &ns]);
             sh(
                 "ip",
-                &["addr", "add", &format!("10.77.{i}.1/30"), "dev", &link],
+                &["addr", "add", &format!("{root_ip}/30"), "dev", &link],
             );
             sh("ip", &["link", "set", &link, "up"]);
             sh(
@@ -52,7 +57,7 @@ impl Net {
                     &ns,
                     "addr",
                     "add",
-                    &format!("10.77.{i}.2/30"),
+                    &format!("{ns_ip}/30"),
                     "dev",
                     &peer,
                 ],
@@ -60,12 +65,28 @@ impl Net {
             sh("ip", &["-n", &ns, "link", "set", &peer, "up"]);
             sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
         }
-        Net
+        net
+    }
+
+    /// Node `i`'s namespace, its link's root side and the namespace's side.
+    fn names(&self, i: usize) -> (String, String, String) {
+        let ns = format!("tp{}n{i}", self.rig);
+        (ns.clone(), ns.clone(), format!("{ns}p"))
+    }
+
+    /// Address `end` (1: the root side, 2: the node's) of node `i`'s link.
+    pub fn ip(&self, i: usize, end: u8) -> String {
+        format!("10.{}.{i}.{end}", 77 + self.rig)
+    }
+
+    /// The path `nsenter --net=` takes for node `i`.
+    pub fn netns_path(&self, i: usize) -> String {
+        format!("/var/run/netns/{}", self.names(i).0)
     }
 
     /// Takes node `i`'s link down or up.
     pub fn link(&self, i: usize, up: bool) {
-        let (_, link, _) = names(i);
+        let (_, link, _) = self.names(i);
         sh(
             "ip",
             &["link", "set", &link, if up { "up" } else { "down" }],
@@ -76,15 +97,11 @@ impl Net {
 impl Drop for Net {
     fn drop(&mut self) {
         for i in 1..=NODES {
-            let (ns, link, _) = names(i);
+            let (ns, link, _) = self.names(i);
             let _ = Command::new("ip").args(["link", "del", &link]).output();
             let _ = Command::new("ip").args(["netns", "del", &ns]).output();
         }
     }
-}
-
-fn names(i: usize) -> (String, String, String) {
-    (format!("tpc{i}"), format!("tpc{i}"), format!("tpc{i}p"))
 }
 
 pub fn node_id(i: usize) -> String {
@@ -98,6 +115,7 @@ pub fn key(i: usize) -> String {
 /// The controller process.
 pub struct Controller {
     pub child: Child,
+    config: std::path::PathBuf,
     socket: std::path::PathBuf,
     log: std::path::PathBuf,
 }
@@ -107,26 +125,62 @@ impl Controller {
         let path = write(dir, "controller.toml", config);
         let socket = dir.join("controller.sock");
         let log = dir.join("controller.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
+        let child = Self::spawn(&path, &log);
+        let mut c = Controller {
+            child,
+            config: path,
+            socket,
+            log,
+        };
+        c.wait_ready().await;
+        c
+    }
+
+    fn spawn(config: &Path, log: &Path) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_thinpool-csi"))
             .args(["controller", "--config"])
-            .arg(&path)
+            .arg(config)
             .env("RUST_LOG", "info")
             .env_remove("CSI_ENDPOINT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stderr(log)
             .spawn()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Until the controller answers GetPluginInfo on its socket.
+    async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !socket.exists() {
+        loop {
+            if let Ok(mut c) =
+                thinpool_csi::proto::csi::v1::identity_client::IdentityClient::connect(self.uri())
+                    .await
+            {
+                if c.get_plugin_info(GetPluginInfoRequest {}).await.is_ok() {
+                    return;
+                }
+            }
             assert!(
                 Instant::now() < deadline,
-                "no controller socket; its log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
+                "the controller does not answer; its log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Controller { child, socket, log }
+    }
+
+    /// kill -9 of the controller, then a new one on the same config.
+    pub async fn kill9_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(&self.config, &self.log);
+        self.wait_ready().await;
     }
 
     pub fn uri(&self) -> String {
@@ -176,10 +230,11 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// Three node plugins of `size` bytes each (with `extra` in their
-    /// config) and the controller in front of them.
-    pub async fn start(size: u64, extra: &str) -> Rig {
-        let net = Net::up();
+    /// Rig number `rig` of this run: three node plugins of `size` bytes
+    /// each (with `extra` in their config) and the controller in front of
+    /// them.
+    pub async fn start(rig: u8, size: u64, extra: &str) -> Rig {
+        let net = Net::up(rig);
         let dir = tempfile::Builder::new()
             .prefix("tpcsi-cluster-")
             .tempdir()
@@ -192,14 +247,15 @@ impl Rig {
         let mut nodes = Vec::new();
         for i in 1..=NODES {
             let extra = format!(
-                "controller_expansion = true\n{extra}\n[cluster]\nlisten = \"10.77.{i}.2:{PORT}\"\n\
+                "controller_expansion = true\n{extra}\n[cluster]\nlisten = \"{}:{PORT}\"\n\
                  tls_cert = \"{}\"\ntls_key = \"{}\"\nclient_ca = \"{}\"\n",
+                net.ip(i, 2),
                 node_cert.display(),
                 node_key.display(),
                 controller_ca_file.display()
             );
-            let mut d = TestDriver::prepared(&format!("cl{i}"), size, &extra, "");
-            d.prefix = vec!["nsenter".into(), format!("--net=/var/run/netns/tpc{i}")];
+            let mut d = TestDriver::prepared(&format!("cl{rig}n{i}"), size, &extra, "");
+            d.prefix = vec!["nsenter".into(), format!("--net={}", net.netns_path(i))];
             d.node_id = Some(node_id(i));
             d.spawn().await;
             nodes.push(d);
@@ -216,8 +272,9 @@ impl Rig {
         );
         for i in 1..=NODES {
             config.push_str(&format!(
-                "[[nodes]]\nid = \"{}\"\naddress = \"10.77.{i}.2:{PORT}\"\n",
-                node_id(i)
+                "[[nodes]]\nid = \"{}\"\naddress = \"{}:{PORT}\"\n",
+                node_id(i),
+                net.ip(i, 2)
             ));
         }
         let ctl = Controller::start(dir.path(), &config).await;
