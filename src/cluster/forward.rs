@@ -597,8 +597,7 @@ impl Cluster {
         let s = SnapshotMetadataClient::new(node.channel.clone())
             .get_metadata_allocated(req)
             .await
-            .map_err(|s| node.failed(s))?
-            .into_inner();
+            .map_err(|s| node.failed(s))?;
         Ok(relay(node, s))
     }
 
@@ -618,8 +617,7 @@ impl Cluster {
         let s = SnapshotMetadataClient::new(node.channel.clone())
             .get_metadata_delta(req)
             .await
-            .map_err(|s| node.failed(s))?
-            .into_inner();
+            .map_err(|s| node.failed(s))?;
         Ok(relay(node, s))
     }
 }
@@ -648,7 +646,14 @@ pub type Relay<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 /// ended OK with its status: a stream cut short (the node killed, the
 /// link down) or one that ends without a status ends with an error, never
 /// OK after partial ranges (a backup tool would take them as whole).
-pub fn relay<T: Send + 'static>(node: Arc<Node>, s: Streaming<T>) -> Relay<T> {
+pub fn relay<T: Send + 'static>(node: Arc<Node>, r: Response<Streaming<T>>) -> Relay<T> {
+    // An OK status already in the response's headers (a trailers-only
+    // answer: an empty stream) is the node's OK.
+    let ok_in_headers = r
+        .metadata()
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == b"0");
+    let s = r.into_inner();
     Box::pin(futures_util::stream::unfold(Some(s), move |state| {
         let node = node.clone();
         async move {
@@ -657,6 +662,7 @@ pub fn relay<T: Send + 'static>(node: Arc<Node>, s: Streaming<T>) -> Relay<T> {
                 Ok(Some(m)) => Some((Ok(m), Some(s))),
                 Ok(None) => match s.trailers().await {
                     Ok(Some(_)) => None,
+                    Ok(None) if ok_in_headers => None,
                     Ok(None) => Some((
                         Err(Status::unavailable(format!(
                             "node {:?} ended the stream without its status: it may be cut short",
