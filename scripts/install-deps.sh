@@ -18,7 +18,9 @@ set -euo pipefail
 run_pkgs=(mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:util-linux blkid:util-linux
     lvm:lvm2 thin_check:thin-provisioning-tools cryptsetup:cryptsetup-bin)
 # ruby: `ruby -c` checks vagrant/Vagrantfile (scripts/check_packaging.py).
-test_pkgs=("${run_pkgs[@]}" ruby:ruby)
+# ip and nsenter: the cluster tests put each node plugin in a network
+# namespace of its own (tests/lvm/cluster_rig.rs).
+test_pkgs=("${run_pkgs[@]}" ruby:ruby ip:iproute2 nsenter:util-linux)
 lint_pkgs=(shellcheck:shellcheck)
 
 (($#)) || set -- test

@@ -13,10 +13,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::Stream;
-use tonic::Streaming;
-
 use tonic::transport::Channel;
-use tonic::{Response, Status};
+use tonic::{Response, Status, Streaming};
 
 use super::config::ControllerConfig;
 use super::discovery::Finder;
