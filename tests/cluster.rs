@@ -252,6 +252,39 @@ async fn a_listing_spans_the_nodes_and_pages_across_them() {
         }
         assert_eq!(ids, all, "pages of {max}");
     }
+    // `tpcsi list` pointed at the controller lists every node's volumes.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tpcsi"))
+        .arg("--endpoint")
+        .arg(&r.uri)
+        .args(["--json", "list"])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids: Vec<String> = listed["volumes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|v| v["volume_id"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(ids, all, "{listed}");
+    // The class each id carries is read past its node key.
+    assert!(
+        listed["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["device_class"] == "default"),
+        "{listed}"
+    );
     // A token no node issued: ABORTED, as on a node's socket.
     let e = r
         .controller
@@ -294,10 +327,13 @@ async fn the_binary_runs_as_the_controller() {
     let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
     let (cert, key) = leaf(&controller_ca, "thinpool-csi-controller", &[ClientAuth]);
     let socket = dir.path().join("csi.sock");
+    let addons = dir.path().join("addons.sock");
     let config = format!(
-        "driver_name = \"{}\"\nendpoint = \"unix://{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\nnodes_ca = \"{}\"\n[[nodes]]\nid = \"worker-1\"\naddress = \"127.0.0.1:1\"\n",
+        "driver_name = \"{}\"\nendpoint = \"unix://{}\"\ncsi_addons_endpoint = \"unix://{}\"\n\
+         tls_cert = \"{}\"\ntls_key = \"{}\"\nnodes_ca = \"{}\"\n[[nodes]]\nid = \"worker-1\"\naddress = \"127.0.0.1:1\"\n",
         common::OWNER,
         socket.display(),
+        addons.display(),
         write(dir.path(), "c.crt", &cert).display(),
         write(dir.path(), "c.key", &key).display(),
         write(dir.path(), "ca.crt", &nodes_ca.pem()).display(),
@@ -337,6 +373,33 @@ async fn the_binary_runs_as_the_controller() {
     assert_eq!(
         get(&mut c, &id).await.unwrap_err().code(),
         Code::Unavailable
+    );
+    // `tpcsi info` pointed at the controller: its manifest names its nodes,
+    // and it has no Node service to ask.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tpcsi"))
+        .arg("--endpoint")
+        .arg(format!("unix://{}", socket.display()))
+        .arg("--addons-endpoint")
+        .arg(format!("unix://{}", addons.display()))
+        .args(["--json", "info"])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(info["manifest"]["mode"], "controller", "{info}");
+    assert_eq!(info["manifest"]["nodes"], "worker-1", "{info}");
+    assert!(info.get("node_id").is_none(), "{info}");
+    // Its CSI-Addons identity is the controller's: the lease is its.
+    let addons_caps = info["addons"]["capabilities"].to_string();
+    assert!(
+        addons_caps.contains("CONTROLLER_SERVICE") && !addons_caps.contains("NODE_SERVICE"),
+        "{info}"
     );
     child.kill().await.unwrap();
     // A relative TLS path: refused before anything is served.

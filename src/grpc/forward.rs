@@ -30,6 +30,11 @@ pub struct ForwardService {
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// Node ids for a manifest value: comma-separated.
+fn ids(ids: impl IntoIterator<Item = String>) -> String {
+    ids.into_iter().collect::<Vec<_>>().join(",")
+}
+
 fn reply<T>(r: Result<T, Status>) -> Reply<T> {
     r.map(Response::new)
 }
@@ -43,7 +48,18 @@ impl Identity for ForwardService {
         Ok(Response::new(GetPluginInfoResponse {
             name: self.cluster.cfg.driver_name.clone(),
             vendor_version: env!("CARGO_PKG_VERSION").to_string(),
-            manifest: [("mode".to_string(), "controller".to_string())].into(),
+            manifest: [
+                ("mode".to_string(), "controller".to_string()),
+                (
+                    "nodes".to_string(),
+                    ids(self.cluster.nodes.all().iter().map(|n| n.id.clone())),
+                ),
+                (
+                    "missing_nodes".to_string(),
+                    ids(self.cluster.nodes.missing()),
+                ),
+            ]
+            .into(),
         }))
     }
 

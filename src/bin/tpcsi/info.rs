@@ -6,7 +6,7 @@ use thinpool_csi::proto::identity as addons;
 
 use crate::connect::Ctx;
 use crate::failure::Result;
-use crate::output::{AddonsInfo, InfoOut};
+use crate::output::{AddonsInfo, InfoOut, NodeInfoOut};
 use csi::identity_client::IdentityClient;
 
 /// An enum value's name as the proto spells it, `#n` for one this client
@@ -19,7 +19,6 @@ fn name_of<T: TryFrom<i32>>(value: i32, name: fn(&T) -> &str) -> String {
 
 pub async fn info(c: &mut Ctx) -> Result<()> {
     use csi::controller_service_capability::{rpc, Type as CtlType};
-    use csi::node_service_capability::{rpc as node_rpc, Type as NodeType};
     use csi::plugin_capability::{service, volume_expansion, Type as PlugType};
     let mut id = IdentityClient::new(c.csi().await?);
     let plugin = id
@@ -54,6 +53,30 @@ pub async fn info(c: &mut Ctx) -> Result<()> {
         .filter_map(|c| c.r#type.as_ref())
         .map(|CtlType::Rpc(r)| name_of(r.r#type, rpc::Type::as_str_name))
         .collect();
+    // The cluster's controller serves no Node service.
+    let node = match plugin.manifest.get("mode").map(String::as_str) {
+        Some("controller") => None,
+        _ => Some(node_info(c).await?),
+    };
+    let addons = match c.ends.addons {
+        Some(_) => Some(addons_info(c).await?),
+        None => None,
+    };
+    c.show(&InfoOut {
+        name: plugin.name,
+        vendor_version: plugin.vendor_version,
+        manifest: plugin.manifest.into_iter().collect(),
+        plugin_capabilities,
+        controller_capabilities,
+        node,
+        addons,
+    });
+    Ok(())
+}
+
+/// NodeGetInfo and NodeGetCapabilities.
+async fn node_info(c: &mut Ctx) -> Result<NodeInfoOut> {
+    use csi::node_service_capability::{rpc as node_rpc, Type as NodeType};
     let mut node = c.node().await?;
     let ninfo = node
         .node_get_info(csi::NodeGetInfoRequest {})
@@ -69,16 +92,7 @@ pub async fn info(c: &mut Ctx) -> Result<()> {
         .filter_map(|c| c.r#type.as_ref())
         .map(|NodeType::Rpc(r)| name_of(r.r#type, node_rpc::Type::as_str_name))
         .collect();
-    let addons = match c.ends.addons {
-        Some(_) => Some(addons_info(c).await?),
-        None => None,
-    };
-    c.show(&InfoOut {
-        name: plugin.name,
-        vendor_version: plugin.vendor_version,
-        manifest: plugin.manifest.into_iter().collect(),
-        plugin_capabilities,
-        controller_capabilities,
+    Ok(NodeInfoOut {
         node_id: ninfo.node_id,
         max_volumes_per_node: ninfo.max_volumes_per_node,
         accessible_topology: ninfo
@@ -86,9 +100,7 @@ pub async fn info(c: &mut Ctx) -> Result<()> {
             .map(|t| t.segments.into_iter().collect())
             .unwrap_or_default(),
         node_capabilities,
-        addons,
-    });
-    Ok(())
+    })
 }
 
 async fn addons_info(c: &mut Ctx) -> Result<AddonsInfo> {

@@ -473,12 +473,20 @@ pub struct InfoOut {
     pub manifest: BTreeMap<String, String>,
     pub plugin_capabilities: Vec<String>,
     pub controller_capabilities: Vec<String>,
+    /// The Node service's answers; absent from the cluster's controller,
+    /// which serves no Node service (its manifest names its nodes).
+    #[serde(flatten)]
+    pub node: Option<NodeInfoOut>,
+    /// The CSI-Addons identity; absent when no CSI-Addons socket is configured.
+    pub addons: Option<AddonsInfo>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeInfoOut {
     pub node_id: String,
     pub max_volumes_per_node: i64,
     pub accessible_topology: BTreeMap<String, String>,
     pub node_capabilities: Vec<String>,
-    /// The CSI-Addons identity; absent when no CSI-Addons socket is configured.
-    pub addons: Option<AddonsInfo>,
 }
 
 #[derive(Debug, Serialize)]
@@ -506,14 +514,19 @@ impl Render for InfoOut {
                 "controller capabilities",
                 self.controller_capabilities.join(", "),
             ),
-            ("node id", self.node_id.clone()),
-            (
-                "max volumes per node",
-                self.max_volumes_per_node.to_string(),
-            ),
-            ("topology", map_cell(&self.accessible_topology)),
-            ("node capabilities", self.node_capabilities.join(", ")),
         ];
+        match &self.node {
+            Some(n) => pairs.extend([
+                ("node id", n.node_id.clone()),
+                ("max volumes per node", n.max_volumes_per_node.to_string()),
+                ("topology", map_cell(&n.accessible_topology)),
+                ("node capabilities", n.node_capabilities.join(", ")),
+            ]),
+            None => pairs.push((
+                "node",
+                "none: the cluster's controller (its nodes are in the manifest)".to_string(),
+            )),
+        }
         if let Some(a) = &self.addons {
             pairs.push(("csi-addons name", a.name.clone()));
             pairs.push(("csi-addons capabilities", a.capabilities.join(", ")));
