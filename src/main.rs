@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use tokio::net::UnixListener;
+
 use thinpool_csi::config::{parse_endpoint, Config, LogFormat};
 use thinpool_csi::volume::classes::Classes;
 use thinpool_csi::{grpc, naming, pool};
@@ -116,6 +118,41 @@ fn take_lock(state_dir: &std::path::Path) -> Result<thinpool_csi::sys::FileLock,
     })
 }
 
+/// The CSI socket, and the CSI-Addons socket when `addons_endpoint` (a
+/// validated config value) names one; a socket that cannot be bound is
+/// logged, and stops the start.
+fn bind_sockets(
+    socket: &std::path::Path,
+    addons_endpoint: &str,
+) -> Result<(UnixListener, Option<PathBuf>, Option<UnixListener>), ()> {
+    let bind = |path: &std::path::Path| {
+        thinpool_csi::socket::bind(path)
+            .map_err(|e| tracing::error!(socket = %path.display(), error = %e, "cannot listen"))
+    };
+    let listener = bind(socket)?;
+    let addons_socket = match addons_endpoint {
+        "" => None,
+        ep => Some(parse_endpoint(ep).expect("validated with the config")),
+    };
+    let addons_listener = addons_socket.as_deref().map(bind).transpose()?;
+    Ok((listener, addons_socket, addons_listener))
+}
+
+/// A receiver that turns true at SIGTERM or SIGINT: every server stops.
+fn stop_on_signal() -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    stop_rx
+}
+
+/// Resolves once `rx` (from [`stop_on_signal`]) turns true.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -193,36 +230,16 @@ async fn controller_main(args: impl Iterator<Item = String>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let bind = |path: &std::path::Path| {
-        thinpool_csi::socket::bind(path)
-            .map_err(|e| tracing::error!(socket = %path.display(), error = %e, "cannot listen"))
-    };
-    let Ok(listener) = bind(&socket) else {
+    let Ok((listener, addons_socket, addons_listener)) =
+        bind_sockets(&socket, &cluster.cfg.csi_addons_endpoint)
+    else {
         return ExitCode::FAILURE;
-    };
-    let addons_socket = match cluster.cfg.csi_addons_endpoint.as_str() {
-        "" => None,
-        ep => Some(parse_endpoint(ep).expect("checked with the config")),
-    };
-    let addons_listener = match &addons_socket {
-        Some(path) => match bind(path) {
-            Ok(l) => Some(l),
-            Err(()) => return ExitCode::FAILURE,
-        },
-        None => None,
     };
     if let Some(f) = cluster.finder() {
         tokio::spawn(f.run(cluster.clone()));
     }
     // One signal stops both servers.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let stop_rx = stop_on_signal();
     tracing::info!(socket = %socket.display(), addons = ?addons_socket, "serving CSI (controller)");
     let metrics: Arc<thinpool_csi::metrics::Metrics> = Arc::default();
     let csi = grpc::serve_controller(
@@ -385,33 +402,13 @@ async fn main() -> ExitCode {
             }
         }
     };
-    let bind = |path: &std::path::Path| {
-        thinpool_csi::socket::bind(path)
-            .map_err(|e| tracing::error!(socket = %path.display(), error = %e, "cannot listen"))
-    };
-    let Ok(listener) = bind(&socket) else {
+    let Ok((listener, addons_socket, addons_listener)) =
+        bind_sockets(&socket, &base.cfg.csi_addons_endpoint)
+    else {
         return ExitCode::FAILURE;
     };
-    let addons_socket = match base.cfg.csi_addons_endpoint.as_str() {
-        "" => None,
-        ep => Some(parse_endpoint(ep).expect("validated with the config")),
-    };
-    let addons_listener = match &addons_socket {
-        Some(path) => match bind(path) {
-            Ok(l) => Some(l),
-            Err(()) => return ExitCode::FAILURE,
-        },
-        None => None,
-    };
     // One signal stops every server.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let stop_rx = stop_on_signal();
     tracing::info!(socket = %socket.display(), addons = ?addons_socket, "serving CSI");
     let csi = grpc::serve(classes.clone(), listener, stopped(stop_rx.clone()));
     let addons = async {

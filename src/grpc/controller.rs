@@ -49,6 +49,19 @@ pub fn capabilities(controller_expansion: bool) -> Vec<RpcType> {
         .collect()
 }
 
+/// ControllerGetCapabilities' answer: a node's, and the cluster
+/// controller's, which forwards each of these calls.
+pub fn capabilities_response(controller_expansion: bool) -> ControllerGetCapabilitiesResponse {
+    ControllerGetCapabilitiesResponse {
+        capabilities: capabilities(controller_expansion)
+            .into_iter()
+            .map(|t| ControllerServiceCapability {
+                r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
+            })
+            .collect(),
+    }
+}
+
 impl ControllerService {
     fn topology(&self) -> Vec<Topology> {
         let d = self.classes.base();
@@ -515,15 +528,9 @@ impl Controller for ControllerService {
         &self,
         _r: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
-        let capabilities = capabilities(self.classes.base().cfg.controller_expansion)
-            .into_iter()
-            .map(|t| ControllerServiceCapability {
-                r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
-            })
-            .collect();
-        Ok(Response::new(ControllerGetCapabilitiesResponse {
-            capabilities,
-        }))
+        Ok(Response::new(capabilities_response(
+            self.classes.base().cfg.controller_expansion,
+        )))
     }
     async fn create_snapshot(
         &self,

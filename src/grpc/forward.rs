@@ -7,14 +7,12 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::controller::capabilities;
+use super::controller::capabilities_response;
 use crate::cluster::forward::Relay;
 use crate::cluster::Cluster;
 use crate::proto::csi::v1::controller_server::Controller;
-use crate::proto::csi::v1::controller_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::group_controller_server::GroupController;
 use crate::proto::csi::v1::identity_server::Identity;
-use crate::proto::csi::v1::plugin_capability::{self, service, volume_expansion};
 use crate::proto::csi::v1::snapshot_metadata_server::SnapshotMetadata;
 use crate::proto::csi::v1::*;
 use crate::proto::identity::identity_server::Identity as AddonsIdentity;
@@ -67,26 +65,7 @@ impl Identity for ForwardService {
         &self,
         _r: Request<GetPluginCapabilitiesRequest>,
     ) -> Reply<GetPluginCapabilitiesResponse> {
-        let service = |t: service::Type| PluginCapability {
-            r#type: Some(plugin_capability::Type::Service(
-                plugin_capability::Service { r#type: t as i32 },
-            )),
-        };
-        let mut capabilities = vec![
-            service(service::Type::ControllerService),
-            service(service::Type::VolumeAccessibilityConstraints),
-            service(service::Type::GroupControllerService),
-            PluginCapability {
-                r#type: Some(plugin_capability::Type::VolumeExpansion(
-                    plugin_capability::VolumeExpansion {
-                        r#type: volume_expansion::Type::Online as i32,
-                    },
-                )),
-            },
-        ];
-        if self.cluster.cfg.snapshot_metadata {
-            capabilities.push(service(service::Type::SnapshotMetadataService));
-        }
+        let capabilities = super::identity::plugin_capabilities(self.cluster.cfg.snapshot_metadata);
         Ok(Response::new(GetPluginCapabilitiesResponse {
             capabilities,
         }))
@@ -137,15 +116,9 @@ impl Controller for ForwardService {
         _r: Request<ControllerGetCapabilitiesRequest>,
     ) -> Reply<ControllerGetCapabilitiesResponse> {
         // What the nodes serve, each call forwarded.
-        let capabilities = capabilities(self.cluster.cfg.controller_expansion)
-            .into_iter()
-            .map(|t| ControllerServiceCapability {
-                r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
-            })
-            .collect();
-        Ok(Response::new(ControllerGetCapabilitiesResponse {
-            capabilities,
-        }))
+        Ok(Response::new(capabilities_response(
+            self.cluster.cfg.controller_expansion,
+        )))
     }
     async fn create_snapshot(
         &self,

@@ -9,6 +9,32 @@ use crate::proto::csi::v1::plugin_capability::{self, service, volume_expansion};
 use crate::proto::csi::v1::*;
 use crate::volume::classes::Classes;
 
+/// What the plugin serves, on a node's socket and from the cluster's
+/// controller alike; SNAPSHOT_METADATA_SERVICE only when `metadata`.
+pub fn plugin_capabilities(metadata: bool) -> Vec<PluginCapability> {
+    let service = |t: service::Type| PluginCapability {
+        r#type: Some(plugin_capability::Type::Service(
+            plugin_capability::Service { r#type: t as i32 },
+        )),
+    };
+    let mut capabilities = vec![
+        service(service::Type::ControllerService),
+        service(service::Type::VolumeAccessibilityConstraints),
+        service(service::Type::GroupControllerService),
+        PluginCapability {
+            r#type: Some(plugin_capability::Type::VolumeExpansion(
+                plugin_capability::VolumeExpansion {
+                    r#type: volume_expansion::Type::Online as i32,
+                },
+            )),
+        },
+    ];
+    if metadata {
+        capabilities.push(service(service::Type::SnapshotMetadataService));
+    }
+    capabilities
+}
+
 pub struct IdentityService {
     pub classes: Arc<Classes>,
 }
@@ -48,26 +74,7 @@ impl Identity for IdentityService {
         &self,
         _r: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        let service = |t: service::Type| PluginCapability {
-            r#type: Some(plugin_capability::Type::Service(
-                plugin_capability::Service { r#type: t as i32 },
-            )),
-        };
-        let mut capabilities = vec![
-            service(service::Type::ControllerService),
-            service(service::Type::VolumeAccessibilityConstraints),
-            service(service::Type::GroupControllerService),
-            PluginCapability {
-                r#type: Some(plugin_capability::Type::VolumeExpansion(
-                    plugin_capability::VolumeExpansion {
-                        r#type: volume_expansion::Type::Online as i32,
-                    },
-                )),
-            },
-        ];
-        if self.classes.base().serves_metadata() {
-            capabilities.push(service(service::Type::SnapshotMetadataService));
-        }
+        let capabilities = plugin_capabilities(self.classes.base().serves_metadata());
         Ok(Response::new(GetPluginCapabilitiesResponse {
             capabilities,
         }))
