@@ -821,8 +821,14 @@ impl Config {
 
     /// The topology key this driver reports; its value is the node id.
     pub fn topology_key(&self) -> String {
-        format!("topology.{}/node", self.driver_name)
+        topology_key(&self.driver_name)
     }
+}
+
+/// The topology key of driver `driver_name` (the node plugins' and the
+/// cluster controller's alike); its value is the node id.
+pub fn topology_key(driver_name: &str) -> String {
+    format!("topology.{driver_name}/node")
 }
 
 /// Each root must be absolute and free of `.`/`..` components, so that a

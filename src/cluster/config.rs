@@ -134,13 +134,9 @@ impl ControllerConfig {
         Ok(())
     }
 
-    /// The topology key of the node plugins (`Config::topology_key`).
+    /// The topology key of the node plugins.
     pub fn topology_key(&self) -> String {
-        crate::config::Config {
-            driver_name: self.driver_name.clone(),
-            ..Default::default()
-        }
-        .topology_key()
+        crate::config::topology_key(&self.driver_name)
     }
 }
 

@@ -104,22 +104,29 @@ impl Cluster {
         self.nodes.by_id(id)
     }
 
+    /// `node`'s answer to one call, of any of its services: passed on as
+    /// it is, but for a failure of the transport, which is said again with
+    /// the node named (`Node::failed`) and has the node list read again
+    /// (rate-limited): a node plugin whose pod came back at another IP is
+    /// found by the CO's retry.
+    async fn answer<T>(&self, node: &Node, r: Result<Response<T>, Status>) -> Reply<T> {
+        match r {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) => {
+                self.look_again(!super::nodes::unreached(&s)).await;
+                Err(node.failed(s))
+            }
+        }
+    }
+
     /// `call` on the Controller service of `node`.
     async fn on<T, F, Fut>(&self, node: &Node, call: F) -> Reply<T>
     where
         F: FnOnce(ControllerClient<Channel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        match call(ControllerClient::new(node.channel.clone())).await {
-            Ok(r) => Ok(r.into_inner()),
-            Err(s) => {
-                // A node plugin whose pod came back at another IP: the
-                // list is read again (rate-limited), so the CO's retry
-                // finds it.
-                self.look_again(!super::nodes::unreached(&s)).await;
-                Err(node.failed(s))
-            }
-        }
+        let r = call(ControllerClient::new(node.channel.clone())).await;
+        self.answer(node, r).await
     }
 
     /// The node of `id` (an empty id is INVALID_ARGUMENT, named as
@@ -517,10 +524,8 @@ impl Cluster {
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let node = self.node_of(field, id, kind).await?;
-        call(GroupControllerClient::new(node.channel.clone()))
-            .await
-            .map(Response::into_inner)
-            .map_err(|s| node.failed(s))
+        let r = call(GroupControllerClient::new(node.channel.clone())).await;
+        self.answer(&node, r).await
     }
 
     /// CreateVolumeGroupSnapshot on the node that holds every member. A
@@ -555,11 +560,10 @@ impl Cluster {
                 )));
             }
         };
-        GroupControllerClient::new(node.channel.clone())
+        let r = GroupControllerClient::new(node.channel.clone())
             .create_volume_group_snapshot(req)
-            .await
-            .map(Response::into_inner)
-            .map_err(|s| node.failed(s))
+            .await;
+        self.answer(&node, r).await
     }
 
     pub async fn delete_group(
@@ -592,10 +596,12 @@ impl Cluster {
         let node = self
             .node_of("snapshot_id", &req.snapshot_id, Kind::Snapshot)
             .await?;
-        let s = SnapshotMetadataClient::new(node.channel.clone())
+        let r = SnapshotMetadataClient::new(node.channel.clone())
             .get_metadata_allocated(req)
             .await
-            .map_err(|s| node.failed(s))?;
+            // The whole response goes on: the relay reads its headers.
+            .map(Response::new);
+        let s = self.answer(&node, r).await?;
         Ok(relay(node, s))
     }
 
@@ -612,10 +618,12 @@ impl Cluster {
                 Kind::Snapshot,
             )
             .await?;
-        let s = SnapshotMetadataClient::new(node.channel.clone())
+        let r = SnapshotMetadataClient::new(node.channel.clone())
             .get_metadata_delta(req)
             .await
-            .map_err(|s| node.failed(s))?;
+            // The whole response goes on: the relay reads its headers.
+            .map(Response::new);
+        let s = self.answer(&node, r).await?;
         Ok(relay(node, s))
     }
 }
@@ -629,11 +637,10 @@ impl Cluster {
         let node = self
             .node_of("volume_id", &req.volume_id, Kind::Volume)
             .await?;
-        ReclaimSpaceControllerClient::new(node.channel.clone())
+        let r = ReclaimSpaceControllerClient::new(node.channel.clone())
             .controller_reclaim_space(req)
-            .await
-            .map(Response::into_inner)
-            .map_err(|s| node.failed(s))
+            .await;
+        self.answer(&node, r).await
     }
 }
 
