@@ -1672,13 +1672,8 @@ async fn cluster_phase(table: &mut Table, n: usize) {
     // One untimed round of each side.
     for side in rounds(0) {
         let mut c = client(side);
-        let id = c
-            .create_volume(on_node(&format!("warm-{side:?}"), 2))
+        let id = create_volume(&mut c, on_node(&format!("warm-{side:?}"), 2))
             .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
             .volume_id;
         c.delete_volume(del(&id)).await.unwrap();
     }
@@ -1693,13 +1688,7 @@ async fn cluster_phase(table: &mut Table, n: usize) {
         for side in rounds(i) {
             let mut c = client(side);
             let t = Instant::now();
-            let v = c
-                .create_volume(on_node(&format!("c-{i}-{side:?}"), 2))
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap();
+            let v = create_volume(&mut c, on_node(&format!("c-{i}-{side:?}"), 2)).await;
             create.push(side, t.elapsed().as_secs_f64());
             made.push((side, v.volume_id));
         }
@@ -1710,15 +1699,9 @@ async fn cluster_phase(table: &mut Table, n: usize) {
         for side in rounds(i) {
             let mut c = client(side);
             let t = Instant::now();
-            let s = c
-                .create_snapshot(fixtures::snap_req(&format!("s-{i}-{side:?}"), &source))
-                .await
-                .unwrap()
-                .into_inner()
-                .snapshot
-                .unwrap();
+            let s = fixtures::snapshot(&mut c, &format!("s-{i}-{side:?}"), &source).await;
             snap.push(side, t.elapsed().as_secs_f64());
-            snaps.push(s.snapshot_id);
+            snaps.push(s);
         }
         for side in rounds(i) {
             let mut c = client(side);
@@ -1792,19 +1775,19 @@ async fn cluster_metadata(table: &mut Table, rig: &cluster_rig::Rig, n: usize) {
     use std::os::unix::fs::FileExt;
     let owner = &rig.nodes[1];
     let mut direct = owner.controller().await;
-    let id = direct
-        .create_volume(CreateVolumeRequest {
+    let id = create_volume(
+        &mut direct,
+        CreateVolumeRequest {
+            capacity_range: Some(CapacityRange {
+                required_bytes: 64 * MIB as i64,
+                limit_bytes: 0,
+            }),
             ..cluster_rig::on_node("meta", 2)
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
-    let lv = naming_local(&id);
-    let path = format!("{}/{lv}", owner.vg);
-    harness::lvm(&["lvextend", "-L", "64m", &path]);
+        },
+    )
+    .await
+    .volume_id;
+    let path = format!("{}/{}", owner.vg, thinpool_csi::naming::split_node(&id).1);
     harness::lvm(&["lvchange", "-ay", "-K", &path]);
     let chunk = harness::lvs(&owner.vg).find("pool").unwrap().chunk_size;
     let dev = std::fs::OpenOptions::new()
@@ -1817,14 +1800,14 @@ async fn cluster_metadata(table: &mut Table, rig: &cluster_rig::Rig, n: usize) {
         dev.write_at(&data, c * chunk).unwrap();
     }
     dev.sync_all().unwrap();
-    let s1 = snapshot_id(&mut direct, "meta-s1", &id).await;
+    let s1 = fixtures::snapshot(&mut direct, "meta-s1", &id).await;
     let data = vec![0xa5u8; chunk as usize];
     for c in (0..chunks).step_by(4) {
         dev.write_at(&data, c * chunk).unwrap();
     }
     dev.sync_all().unwrap();
     drop(dev);
-    let s2 = snapshot_id(&mut direct, "meta-s2", &id).await;
+    let s2 = fixtures::snapshot(&mut direct, "meta-s2", &id).await;
     let mut via = SnapshotMetadataClient::connect(rig.ctl.uri())
         .await
         .unwrap();
@@ -1876,21 +1859,6 @@ async fn cluster_metadata(table: &mut Table, rig: &cluster_rig::Rig, n: usize) {
     direct.delete_volume(del(&id)).await.unwrap();
 }
 
-/// The LV name of an id (its node key taken off).
-fn naming_local(id: &str) -> String {
-    thinpool_csi::naming::split_node(id).1.to_string()
-}
-
-async fn snapshot_id(c: &mut ControllerClient<Channel>, name: &str, source: &str) -> String {
-    c.create_snapshot(fixtures::snap_req(name, source))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
-        .snapshot_id
-}
-
 /// The controller idle with [`CLUSTER_VOLUMES`] volumes over three nodes:
 /// its RSS (judged ≤ 30 MiB) after a listing of them all, and the calls
 /// the nodes logged over 20 idle seconds (judged 0).
@@ -1918,23 +1886,7 @@ async fn cluster_idle(table: &mut Table, rig: &cluster_rig::Rig) {
     }
     let made = t.elapsed().as_secs_f64();
     let mut c = c;
-    let mut listed = 0;
-    let mut token = String::new();
-    loop {
-        let p = c
-            .list_volumes(ListVolumesRequest {
-                max_entries: 100,
-                starting_token: token,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        listed += p.entries.len();
-        token = p.next_token;
-        if token.is_empty() {
-            break;
-        }
-    }
+    let listed = common::list_ids(&mut c, 100).await.0.len();
     assert_eq!(listed, CLUSTER_VOLUMES, "the controller lists every volume");
     let rpcs = |d: &TestDriver| d.log().matches("thinpool_csi::rpc").count();
     let before: Vec<usize> = rig.nodes.iter().map(rpcs).collect();

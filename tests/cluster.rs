@@ -124,15 +124,7 @@ async fn rig(down: bool) -> Rig {
         discovery: None,
     };
     let cluster = Arc::new(Cluster::new(cfg, None).await.unwrap());
-    let socket = dir.path().join("controller.sock");
-    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    tokio::spawn(thinpool_csi::grpc::serve_controller(
-        cluster.clone(),
-        Arc::default(),
-        listener,
-        std::future::pending(),
-    ));
-    let uri = format!("unix://{}", socket.display());
+    let uri = serve(&cluster, dir.path());
     let controller = ControllerClient::connect(uri.clone()).await.unwrap();
     Rig {
         _dir: dir,
@@ -156,6 +148,36 @@ fn keyed(r: &Rig) -> Vec<String> {
         .into_iter()
         .flat_map(|(k, lvs)| lvs.iter().map(move |lv| naming::with_node(&k, lv)))
         .collect()
+}
+
+/// Serves `cluster` on `controller.sock` in `dir`; its URI.
+fn serve(cluster: &Arc<Cluster>, dir: &std::path::Path) -> String {
+    let socket = dir.join("controller.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    tokio::spawn(thinpool_csi::grpc::serve_controller(
+        cluster.clone(),
+        Arc::default(),
+        listener,
+        std::future::pending(),
+    ));
+    format!("unix://{}", socket.display())
+}
+
+/// `tpcsi --endpoint ARGS...`, which must succeed; its JSON output.
+async fn tpcsi_json(args: &[&str]) -> serde_json::Value {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tpcsi"))
+        .arg("--endpoint")
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&text).unwrap()
 }
 
 async fn get(c: &mut ControllerClient<Channel>, id: &str) -> Result<String, tonic::Status> {
@@ -232,41 +254,11 @@ async fn a_listing_spans_the_nodes_and_pages_across_them() {
     // Pages of every size, the ones that fill up at a node's end included
     // (worker-1 holds 3, worker-2 2): each volume once, in id order.
     for max in [0, 1, 2, 3, 4, 5, 6] {
-        let (mut ids, mut token) = (vec![], String::new());
-        for _ in 0..20 {
-            let p = r
-                .controller
-                .list_volumes(ListVolumesRequest {
-                    max_entries: max,
-                    starting_token: token,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            assert!(max == 0 || p.entries.len() <= max as usize);
-            ids.extend(p.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
-            token = p.next_token;
-            if token.is_empty() {
-                break;
-            }
-        }
+        let (ids, _) = common::list_ids(&mut r.controller, max).await;
         assert_eq!(ids, all, "pages of {max}");
     }
     // `tpcsi list` pointed at the controller lists every node's volumes.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tpcsi"))
-        .arg("--endpoint")
-        .arg(&r.uri)
-        .args(["--json", "list"])
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let listed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let listed = tpcsi_json(&[r.uri.as_str(), "--json", "list"]).await;
     let ids: Vec<String> = listed["volumes"]
         .as_array()
         .map(|a| {
@@ -376,22 +368,14 @@ async fn the_binary_runs_as_the_controller() {
     );
     // `tpcsi info` pointed at the controller: its manifest names its nodes,
     // and it has no Node service to ask.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tpcsi"))
-        .arg("--endpoint")
-        .arg(format!("unix://{}", socket.display()))
-        .arg("--addons-endpoint")
-        .arg(format!("unix://{}", addons.display()))
-        .args(["--json", "info"])
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let info: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let info = tpcsi_json(&[
+        &format!("unix://{}", socket.display()),
+        "--addons-endpoint",
+        &format!("unix://{}", addons.display()),
+        "--json",
+        "info",
+    ])
+    .await;
     assert_eq!(info["manifest"]["mode"], "controller", "{info}");
     assert_eq!(info["manifest"]["nodes"], "worker-1", "{info}");
     assert!(info.get("node_id").is_none(), "{info}");
@@ -605,15 +589,7 @@ async fn node_plugins_are_found_through_the_kubernetes_api() {
     let ids: Vec<String> = cluster.nodes.all().iter().map(|n| n.id.clone()).collect();
     assert_eq!(ids, ["worker-1"], "the pending pod is no node plugin yet");
     let cluster = Arc::new(cluster);
-    let socket = dir.path().join("controller.sock");
-    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    tokio::spawn(thinpool_csi::grpc::serve_controller(
-        cluster.clone(),
-        Arc::default(),
-        listener,
-        std::future::pending(),
-    ));
-    let mut c = ControllerClient::connect(format!("unix://{}", socket.display()))
+    let mut c = ControllerClient::connect(serve(&cluster, dir.path()))
         .await
         .unwrap();
     let keyed = |id: &str, lv: &str| naming::with_node(&naming::node_key(id), lv);

@@ -88,26 +88,6 @@ async fn a_node_on_a_cluster_is_no_csi_addons_controller() {
     assert_eq!(addons_services(&alone.addons).await, [c, n]);
 }
 
-async fn listed(c: &mut ControllerClient<Channel>, max: i32) -> (Vec<String>, Vec<String>) {
-    let (mut ids, mut tokens, mut token) = (vec![], vec![], String::new());
-    loop {
-        let r = c
-            .list_volumes(ListVolumesRequest {
-                max_entries: max,
-                starting_token: token,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        ids.extend(r.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
-        token = r.next_token;
-        if token.is_empty() {
-            return (ids, tokens);
-        }
-        tokens.push(token.clone());
-    }
-}
-
 async fn get(c: &mut ControllerClient<Channel>, id: &str) -> Result<String, tonic::Code> {
     c.controller_get_volume(ControllerGetVolumeRequest {
         volume_id: id.into(),
@@ -128,7 +108,7 @@ async fn a_node_on_a_cluster_hands_out_its_key_and_reads_ids_with_and_without_it
         .collect();
     // Every listed id and every token carries the key, and paging by
     // those tokens lists each volume once.
-    let (ids, tokens) = listed(&mut n.client, 1).await;
+    let (ids, tokens) = common::list_ids(&mut n.client, 1).await;
     assert_eq!(ids, keyed);
     assert_eq!(tokens, keyed[..2].to_vec());
     // Its own key, or none (an id minted before the cluster): the volume,
@@ -190,7 +170,7 @@ async fn a_node_on_a_cluster_hands_out_its_key_and_reads_ids_with_and_without_it
 #[tokio::test]
 async fn a_node_alone_hands_out_ids_as_before_and_still_reads_its_key() {
     let mut n = node("worker-1", false).await;
-    let (ids, _) = listed(&mut n.client, 0).await;
+    let (ids, _) = common::list_ids(&mut n.client, 0).await;
     assert_eq!(ids, n.volumes);
     let keyed = naming::with_node(&naming::node_key("worker-1"), &n.volumes[0]);
     assert_eq!(get(&mut n.client, &keyed).await, Ok(n.volumes[0].clone()));

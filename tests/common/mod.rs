@@ -13,7 +13,9 @@ use rcgen::{
 use thinpool_csi::config::Config;
 use thinpool_csi::grpc::validate;
 use thinpool_csi::naming::{self, VolumeTags};
+use thinpool_csi::proto::csi::v1::controller_client::ControllerClient;
 use thinpool_csi::proto::csi::v1::*;
+use tonic::transport::Channel;
 
 pub type Ca = CertifiedIssuer<'static, KeyPair>;
 
@@ -128,4 +130,32 @@ pub fn fake_lvm(dir: &Path, names: &[String]) -> (Config, Vec<String>) {
         ..Config::default()
     };
     (cfg, named.into_iter().map(|(lv, _)| lv).collect())
+}
+
+/// Every volume id ListVolumes gives in pages of `max` (0: one page), and
+/// each next token; every page holds at most `max`, and a listing that
+/// does not end within 1,000 pages fails.
+pub async fn list_ids(c: &mut ControllerClient<Channel>, max: i32) -> (Vec<String>, Vec<String>) {
+    let (mut ids, mut tokens, mut token) = (vec![], vec![], String::new());
+    for _ in 0..1000 {
+        let r = c
+            .list_volumes(ListVolumesRequest {
+                max_entries: max,
+                starting_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            max == 0 || r.entries.len() <= max as usize,
+            "a page over {max}"
+        );
+        ids.extend(r.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
+        token = r.next_token;
+        if token.is_empty() {
+            return (ids, tokens);
+        }
+        tokens.push(token.clone());
+    }
+    panic!("ListVolumes in pages of {max} did not end in 1,000 pages");
 }

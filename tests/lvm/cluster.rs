@@ -15,7 +15,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::cluster_rig::{key, node_id, on_node, Rig, NODES};
-use crate::fixtures::{allocated_batches, del, snap_req, write_at};
+use crate::fixtures::{allocated_batches, create_volume, del, snapshot_of, write_at};
 use crate::harness::{lvm, lvs, DRIVER_NAME, MIB};
 
 async fn capacity(c: &mut ControllerClient<Channel>, i: usize) -> i64 {
@@ -56,12 +56,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
 
     // The provisioner: CreateVolume on the node the scheduler picked, and
     // GetCapacity per node.
-    let a = c
-        .create_volume(on_node("pvc-a", 2))
-        .await
-        .unwrap()
-        .into_inner();
-    let a = a.volume.unwrap();
+    let a = create_volume(&mut c, on_node("pvc-a", 2)).await;
     let (k, lv_a) = naming::split_node(&a.volume_id);
     assert_eq!(k, Some(key(2).as_str()), "{}", a.volume_id);
     assert_eq!(lv_names(&rig.nodes[1].vg), [lv_a]);
@@ -71,12 +66,8 @@ async fn one_controller_reaches_the_node_of_every_object() {
     }
     // Idempotent through the controller as on the socket: the same name,
     // the same volume.
-    let again = c
-        .create_volume(on_node("pvc-a", 2))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(again.volume.unwrap().volume_id, a.volume_id);
+    let again = create_volume(&mut c, on_node("pvc-a", 2)).await;
+    assert_eq!(again.volume_id, a.volume_id);
 
     // The resizer: an unstaged volume grows through the controller.
     let grown = c
@@ -122,13 +113,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
 
     // The snapshotter: a snapshot on the volume's node, restored and
     // cloned there.
-    let s = c
-        .create_snapshot(snap_req("snap-a", &a.volume_id))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let s = snapshot_of(&mut c, "snap-a", &a.volume_id).await;
     assert_eq!(naming::split_node(&s.snapshot_id).0, Some(key(2).as_str()));
     assert_eq!(s.source_volume_id, a.volume_id);
     let mut restore = on_node("pvc-restored", 2);
@@ -139,13 +124,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
             },
         )),
     });
-    let restored = c
-        .create_volume(restore)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let restored = create_volume(&mut c, restore).await;
     assert_eq!(
         naming::split_node(&restored.volume_id).0,
         Some(key(2).as_str())
@@ -168,20 +147,8 @@ async fn one_controller_reaches_the_node_of_every_object() {
     assert!(mapped >= MIB as i64, "the MiB written is mapped: {via:?}");
 
     // Group snapshots: members on one node, or refused naming the nodes.
-    let b = c
-        .create_volume(on_node("pvc-b", 2))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let far = c
-        .create_volume(on_node("pvc-far", 3))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let b = create_volume(&mut c, on_node("pvc-b", 2)).await;
+    let far = create_volume(&mut c, on_node("pvc-far", 3)).await;
     assert_eq!(naming::split_node(&far.volume_id).0, Some(key(3).as_str()));
     let mut g = GroupControllerClient::connect(rig.ctl.uri()).await.unwrap();
     let group = g
@@ -215,23 +182,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
     assert_eq!(found.volume_id, a.volume_id);
 
     // Every volume listed once, across nodes, in pages of 2.
-    let mut all = vec![];
-    let mut token = String::new();
-    loop {
-        let p = c
-            .list_volumes(ListVolumesRequest {
-                max_entries: 2,
-                starting_token: token,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        all.extend(p.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
-        token = p.next_token;
-        if token.is_empty() {
-            break;
-        }
-    }
+    let (all, _) = crate::common::list_ids(&mut c, 2).await;
     let mut expected = vec![
         a.volume_id.clone(),
         restored.volume_id.clone(),
