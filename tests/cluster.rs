@@ -53,21 +53,34 @@ async fn node_at(
     ip: &str,
     port: u16,
 ) -> (String, Vec<String>) {
+    let files = dir.join(id);
+    std::fs::create_dir_all(&files).unwrap();
+    let (cert, key) = leaf(nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
+    let tls = [
+        write(&files, "tls.crt", &cert),
+        write(&files, "tls.key", &key),
+        write(&files, "controller-ca.crt", &controller_ca.pem()),
+    ];
+    node_with(dir, id, names, &tls, &format!("{ip}:{port}")).await
+}
+
+/// A node plugin `id` with `names` volumes, serving its channel on
+/// `address` with `tls`: its certificate, its key and the CA it takes
+/// clients of. Its address and LV names.
+async fn node_with(
+    dir: &std::path::Path,
+    id: &str,
+    names: &[String],
+    tls: &[std::path::PathBuf; 3],
+    address: &str,
+) -> (String, Vec<String>) {
     let dir = dir.join(id);
     std::fs::create_dir_all(&dir).unwrap();
     let (mut cfg, lvs) = common::fake_lvm(&dir, names);
     cfg.cluster.listen = "127.0.0.1:0".into();
-    let (cert, key) = leaf(nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
-    let tls = thinpool_csi::channel::server_config(
-        &write(&dir, "tls.crt", &cert),
-        &write(&dir, "tls.key", &key),
-        &write(&dir, "controller-ca.crt", &controller_ca.pem()),
-    )
-    .unwrap();
+    let tls = thinpool_csi::channel::server_config(&tls[0], &tls[1], &tls[2]).unwrap();
     let classes = Arc::new(Classes::new(&cfg, id));
-    let listener = tokio::net::TcpListener::bind(format!("{ip}:{port}"))
-        .await
-        .unwrap();
+    let listener = tokio::net::TcpListener::bind(address).await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let incoming = thinpool_csi::channel::incoming(
         listener,
@@ -108,21 +121,14 @@ async fn rig(down: bool) -> Rig {
         });
     }
     let (cert, key) = leaf(&controller_ca, "thinpool-csi-controller", &[ClientAuth]);
-    let cfg = ControllerConfig {
-        driver_name: common::OWNER.into(),
-        endpoint: String::new(),
-        csi_addons_endpoint: String::new(),
-        log_format: Default::default(),
-        controller_expansion: true,
-        snapshot_metadata: true,
-        tls_cert: write(dir.path(), "controller.crt", &cert),
-        tls_key: write(dir.path(), "controller.key", &key),
-        nodes_ca: write(dir.path(), "nodes-ca.crt", &nodes_ca.pem()),
-        node_server_name: DEFAULT_NODE_SERVER_NAME.into(),
-        connect_timeout_secs: 2,
-        nodes: listed,
-        discovery: None,
-    };
+    let cfg = controller_config(
+        [
+            write(dir.path(), "controller.crt", &cert),
+            write(dir.path(), "controller.key", &key),
+            write(dir.path(), "nodes-ca.crt", &nodes_ca.pem()),
+        ],
+        listed,
+    );
     let cluster = Arc::new(Cluster::new(cfg, None).await.unwrap());
     let uri = serve(&cluster, dir.path());
     let controller = ControllerClient::connect(uri.clone()).await.unwrap();
@@ -132,6 +138,27 @@ async fn rig(down: bool) -> Rig {
         uri,
         cluster,
         nodes,
+    }
+}
+
+/// The controller's configuration: `tls` is its certificate, its key and
+/// the nodes' CA; `nodes` the node plugins it knows.
+fn controller_config(tls: [std::path::PathBuf; 3], nodes: Vec<StaticNode>) -> ControllerConfig {
+    let [tls_cert, tls_key, nodes_ca] = tls;
+    ControllerConfig {
+        driver_name: common::OWNER.into(),
+        endpoint: String::new(),
+        csi_addons_endpoint: String::new(),
+        log_format: Default::default(),
+        controller_expansion: true,
+        snapshot_metadata: true,
+        tls_cert,
+        tls_key,
+        nodes_ca,
+        node_server_name: DEFAULT_NODE_SERVER_NAME.into(),
+        connect_timeout_secs: 2,
+        nodes,
+        discovery: None,
     }
 }
 
@@ -428,20 +455,23 @@ async fn what_no_node_holds_is_answered_by_a_node_as_on_its_socket() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Aborted, "{}", e.message());
-    // ControllerUnpublish is answered by the controller: OK even for a
-    // node it does not know, so a VolumeAttachment never sticks.
-    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-        volume_id: gone,
-        node_id: "worker-9".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    // The controller has no ControllerPublish/Unpublish, as its nodes:
+    // UNIMPLEMENTED, and nothing is asked of any node (the attacher's
+    // trivial handler never calls them).
     let e = c
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest::default())
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: gone,
+            node_id: "worker-9".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(e.code(), Code::Unimplemented, "{}", e.message());
+    let e = c
+        .controller_publish_volume(ControllerPublishVolumeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{}", e.message());
     // A snapshot listing across the nodes: neither holds one.
     let s = c
         .list_snapshots(ListSnapshotsRequest::default())
@@ -856,4 +886,91 @@ async fn reclaim_space_goes_to_the_node_of_the_volume() {
     let on_three = naming::with_node(&naming::node_key("worker-3"), &lv);
     assert_eq!(reclaim(on_three).await, Err(Code::Unavailable));
     assert_eq!(reclaim(String::new()).await, Err(Code::InvalidArgument));
+}
+
+/// The certificates scripts/cluster-tls.sh makes for the deployment
+/// (deploy/kubernetes/README.md, "Certificates") open the channel: the
+/// controller's reaches a node, and a node's own, presented as a client,
+/// is refused in the handshake.
+#[tokio::test]
+async fn the_deployments_certificates_open_the_channel_to_the_controller_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster-tls.sh");
+    let out = tokio::process::Command::new(&script)
+        .arg(&tls)
+        .args(["--days", "2"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f = |name: &str| tls.join(name);
+    // The Secrets carry what the pods mount (node.yaml, controller.yaml).
+    let secrets = std::fs::read_to_string(f("secrets.yaml")).unwrap();
+    for needle in [
+        "name: thinpool-csi-node-tls",
+        "name: thinpool-csi-controller-tls",
+        "type: kubernetes.io/tls",
+        "namespace: thinpool-csi",
+    ] {
+        assert!(secrets.contains(needle), "{needle} not in {secrets}");
+    }
+    assert_eq!(secrets.matches("ca.crt: ").count(), 2, "{secrets}");
+    let (address, lvs) = node_with(
+        dir.path(),
+        "worker-1",
+        &["pvc-a".to_string()],
+        &[f("node.crt"), f("node.key"), f("controller-ca.crt")],
+        "127.0.0.1:0",
+    )
+    .await;
+    let listed = || {
+        vec![StaticNode {
+            id: "worker-1".into(),
+            address: address.clone(),
+        }]
+    };
+    let id = naming::with_node(&naming::node_key("worker-1"), &lvs[0]);
+    let good = Arc::new(
+        Cluster::new(
+            controller_config(
+                [f("controller.crt"), f("controller.key"), f("nodes-ca.crt")],
+                listed(),
+            ),
+            None,
+        )
+        .await
+        .unwrap(),
+    );
+    let sub = dir.path().join("good");
+    std::fs::create_dir_all(&sub).unwrap();
+    let mut c = ControllerClient::connect(serve(&good, &sub)).await.unwrap();
+    assert_eq!(get(&mut c, &id).await.unwrap(), id);
+    // A node's certificate is no key to another node.
+    let bad = Arc::new(
+        Cluster::new(
+            controller_config([f("node.crt"), f("node.key"), f("nodes-ca.crt")], listed()),
+            None,
+        )
+        .await
+        .unwrap(),
+    );
+    let sub = dir.path().join("bad");
+    std::fs::create_dir_all(&sub).unwrap();
+    let mut c = ControllerClient::connect(serve(&bad, &sub)).await.unwrap();
+    let e = get(&mut c, &id).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    // Run again: the CAs are kept, so the first controller's certificate
+    // still opens a node with the renewed ones.
+    let out = tokio::process::Command::new(&script)
+        .arg(&tls)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("keeping"));
 }

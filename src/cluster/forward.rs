@@ -221,31 +221,6 @@ impl Cluster {
         .await
     }
 
-    pub async fn publish(
-        &self,
-        req: ControllerPublishVolumeRequest,
-    ) -> Reply<ControllerPublishVolumeResponse> {
-        let id = req.volume_id.clone();
-        self.to_owner("volume_id", &id, Kind::Volume, |mut c| async move {
-            c.controller_publish_volume(req).await
-        })
-        .await
-    }
-
-    /// ControllerUnpublishVolume is answered here: a node's keeps no state
-    /// and answers OK to every well-formed request (`grpc::controller`),
-    /// so forwarding it could only turn OK into UNAVAILABLE for a node that
-    /// is gone, and leave its VolumeAttachments stuck.
-    pub async fn unpublish(
-        &self,
-        req: ControllerUnpublishVolumeRequest,
-    ) -> Reply<ControllerUnpublishVolumeResponse> {
-        crate::grpc::validate::required_string("volume_id", &req.volume_id)
-            .and_then(|_| crate::grpc::validate::optional_string("node_id", &req.node_id))
-            .map_err(Status::from)?;
-        Ok(ControllerUnpublishVolumeResponse {})
-    }
-
     pub async fn validate_capabilities(
         &self,
         req: ValidateVolumeCapabilitiesRequest,

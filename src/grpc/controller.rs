@@ -24,9 +24,22 @@ pub struct ControllerService {
 /// The RPCs this controller implements, and nothing else. What it
 /// advertises is [`capabilities`]: EXPAND_VOLUME only with
 /// `controller_expansion`.
+///
+/// No PUBLISH_UNPUBLISH_VOLUME (both calls answer UNIMPLEMENTED,
+/// [`publish_unimplemented`]). ControllerPublishVolume kept no state: it
+/// only checked that the LV exists and that the node id is this node's,
+/// and NodeStageVolume on another node answers NOT_FOUND anyway. Without
+/// the capability, the one central external-attacher (v4.12.0, in front
+/// of the forwarding controller) takes its trivial handler
+/// (`cmd/csi-attacher/main.go`, `pkg/controller/trivial_handler.go`): it
+/// marks each VolumeAttachment attached itself, with no CSI call and no
+/// finalizer, so no node that is gone can hold a detach up. CSIDriver's
+/// attachRequired stays true: the CSI-Addons controller finds a volume's
+/// node through its VolumeAttachment. external-provisioner (v6.3.0)
+/// watches VolumeAttachments only for drivers with the capability, so it
+/// drops that watch and its RBAC too.
 pub const CAPABILITIES: &[RpcType] = &[
     RpcType::CreateDeleteVolume,
-    RpcType::PublishUnpublishVolume,
     RpcType::ListVolumes,
     RpcType::GetCapacity,
     RpcType::ExpandVolume,
@@ -47,6 +60,17 @@ pub fn capabilities(controller_expansion: bool) -> Vec<RpcType> {
         .copied()
         .filter(|t| controller_expansion || *t != RpcType::ExpandVolume)
         .collect()
+}
+
+/// ControllerPublishVolume's and ControllerUnpublishVolume's answer, a
+/// node's and the cluster controller's: not implemented, and not
+/// advertised ([`CAPABILITIES`] says why).
+pub fn publish_unimplemented(rpc: &str) -> Status {
+    Error::Unimplemented(format!(
+        "{rpc} is not implemented: this driver does not advertise PUBLISH_UNPUBLISH_VOLUME; a volume is used on the node that holds it, which NodeStageVolume checks"
+    ))
+    .advise("do not call it: attach needs no CSI call (Kubernetes' external-attacher marks the VolumeAttachment attached by itself)")
+    .into()
 }
 
 /// ControllerGetCapabilities' answer: a node's, and the cluster
@@ -138,25 +162,6 @@ impl ControllerService {
         };
         self.classes.of_to_delete(&id)?.delete_volume(id).await?;
         Ok(DeleteVolumeResponse {})
-    }
-
-    async fn publish(
-        &self,
-        req: ControllerPublishVolumeRequest,
-    ) -> Result<ControllerPublishVolumeResponse> {
-        let id = validate::volume_id(&req.volume_id, self.classes.ids())?;
-        let node_id = validate::required_string("node_id", &req.node_id)?;
-        let cap = req.volume_capability.as_ref().ok_or_else(|| {
-            Error::InvalidArgument("volume_capability is required".into())
-                .advise("set volume_capability (mount or block, with an access_mode)")
-        })?;
-        let access = validate::capability(cap, self.classes.default_fs(id.as_deref()))?;
-        let id = validate::known_volume(id, &req.volume_id)?;
-        let d = self.classes.of(&id)?;
-        let dev = d.controller_publish(&id, node_id, &access).await?;
-        Ok(ControllerPublishVolumeResponse {
-            publish_context: [("devicePath".to_string(), dev)].into(),
-        })
     }
 
     async fn validate_caps(
@@ -491,20 +496,15 @@ impl Controller for ControllerService {
     }
     async fn controller_publish_volume(
         &self,
-        r: Request<ControllerPublishVolumeRequest>,
+        _r: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        reply(self.publish(r.into_inner()).await)
+        Err(publish_unimplemented("ControllerPublishVolume"))
     }
     async fn controller_unpublish_volume(
         &self,
-        r: Request<ControllerUnpublishVolumeRequest>,
+        _r: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        // Publishing keeps no state, so there is nothing to undo; a volume
-        // or node that is gone counts as unpublished (spec: reply OK).
-        let r = r.into_inner();
-        validate::required_string("volume_id", &r.volume_id)?;
-        validate::optional_string("node_id", &r.node_id)?;
-        Ok(Response::new(ControllerUnpublishVolumeResponse {}))
+        Err(publish_unimplemented("ControllerUnpublishVolume"))
     }
     async fn validate_volume_capabilities(
         &self,
@@ -576,9 +576,19 @@ mod tests {
 
     #[test]
     fn capabilities_advertised_have_handlers() {
-        // Published-node listing is neither advertised nor served;
-        // snapshots, clones and modify are.
-        assert!(!CAPABILITIES.contains(&RpcType::ListVolumesPublishedNodes));
+        // Publishing and published-node listing are neither advertised
+        // nor served; snapshots, clones and modify are.
+        for t in [
+            RpcType::PublishUnpublishVolume,
+            RpcType::ListVolumesPublishedNodes,
+        ] {
+            assert!(!CAPABILITIES.contains(&t), "{t:?}");
+        }
+        let s = publish_unimplemented("ControllerPublishVolume");
+        assert_eq!(s.code(), tonic::Code::Unimplemented);
+        assert!(s
+            .message()
+            .starts_with("ControllerPublishVolume is not implemented"));
         for t in [
             RpcType::CreateDeleteSnapshot,
             RpcType::ListSnapshots,

@@ -1,13 +1,15 @@
 //! The cluster controller's CSI services (`thinpool-csi controller`,
-//! docs/cluster.md): Identity answers for the controller itself; every
-//! Controller call is forwarded by `crate::cluster::Cluster` to the node
-//! that holds its object, and the node's answer passes through.
+//! docs/cluster.md): Identity answers for the controller itself; each
+//! Controller call the nodes serve is forwarded by `crate::cluster::Cluster`
+//! to the node that holds its object, and the node's answer passes
+//! through. ControllerPublishVolume and ControllerUnpublishVolume, which no
+//! node implements, are answered UNIMPLEMENTED here.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::controller::capabilities_response;
+use super::controller::{capabilities_response, publish_unimplemented};
 use crate::cluster::forward::Relay;
 use crate::cluster::Cluster;
 use crate::proto::csi::v1::controller_server::Controller;
@@ -89,15 +91,15 @@ impl Controller for ForwardService {
     }
     async fn controller_publish_volume(
         &self,
-        r: Request<ControllerPublishVolumeRequest>,
+        _r: Request<ControllerPublishVolumeRequest>,
     ) -> Reply<ControllerPublishVolumeResponse> {
-        reply(self.cluster.publish(r.into_inner()).await)
+        Err(publish_unimplemented("ControllerPublishVolume"))
     }
     async fn controller_unpublish_volume(
         &self,
-        r: Request<ControllerUnpublishVolumeRequest>,
+        _r: Request<ControllerUnpublishVolumeRequest>,
     ) -> Reply<ControllerUnpublishVolumeResponse> {
-        reply(self.cluster.unpublish(r.into_inner()).await)
+        Err(publish_unimplemented("ControllerUnpublishVolume"))
     }
     async fn validate_volume_capabilities(
         &self,

@@ -40,15 +40,6 @@ pub fn required_string<'a>(field: &str, value: &'a str) -> Result<&'a str> {
     Ok(value)
 }
 
-/// A string field that may be empty, and is otherwise held to
-/// [`required_string`]'s rules.
-pub fn optional_string<'a>(field: &str, value: &'a str) -> Result<&'a str> {
-    match value {
-        "" => Ok(value),
-        v => required_string(field, v),
-    }
-}
-
 pub fn bounded_string<'a>(field: &str, value: &'a str) -> Result<&'a str> {
     if value.len() > MAX_STRING {
         return invalid(format!(
@@ -966,8 +957,6 @@ mod tests {
             }
         }
         assert!(required_string("name", "").is_err());
-        assert_eq!(optional_string("node_id", "").unwrap(), "");
-        assert!(optional_string("node_id", "node\u{1b}1").is_err());
         assert!(required_string("name", &"n".repeat(129)).is_err());
         assert_eq!(
             required_string("name", "pvc-1 ünïcode").unwrap(),

@@ -1,6 +1,6 @@
-//! Controller operations: create, delete, expand, publish checks, listing
-//! and capacity. Creates and deletes are decided on fresh LVM reports and
-//! run as detached operations (see the module above).
+//! Controller operations: create, delete, expand, capability checks,
+//! listing and capacity. Creates and deletes are decided on fresh LVM
+//! reports and run as detached operations (see the module above).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -544,21 +544,6 @@ impl Volumes {
         Ok((target, access))
     }
 
-    /// ControllerPublishVolume: checks the volume, node and capability;
-    /// returns the device path for the publish context.
-    pub async fn controller_publish(
-        &self,
-        id: &VolumeId,
-        node_id: &str,
-        access: &Access,
-    ) -> Result<String> {
-        let report = self.lvm.report().await?;
-        let vol = self.must_own(&report, id)?;
-        self.check_node(node_id)?;
-        check_access(&vol, access)?;
-        Ok(self.lvm.dev_path(id))
-    }
-
     /// ValidateVolumeCapabilities: `Ok(Err(why))` when the volume exists
     /// but the capability does not fit it.
     pub async fn fits(&self, id: &VolumeId, access: Result<Access>) -> Result<Result<()>> {
@@ -642,16 +627,6 @@ impl Volumes {
             .collect();
         vols.sort_by(|a, b| a.lv.name.cmp(&b.lv.name));
         vols
-    }
-
-    fn check_node(&self, node_id: &str) -> Result<()> {
-        if node_id != self.node_id {
-            return Err(Error::NotFound(format!(
-                "node {node_id:?} is not served by this driver (its node is {:?}); thin volumes are local",
-                self.node_id
-            )));
-        }
-        Ok(())
     }
 }
 

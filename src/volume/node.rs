@@ -717,8 +717,8 @@ impl Volumes {
 
     /// NodeExpandVolume: grows the filesystem (or a block volume's
     /// read-only overlays) to the LV's size and returns it. With
-    /// `controller_expansion` off it first grows the LV to `range` (the
-    /// per-node deployment: no ControllerExpandVolume comes).
+    /// `controller_expansion` off it first grows the LV to `range` (a CO
+    /// that sends no ControllerExpandVolume).
     pub async fn node_expand(
         self: &Arc<Self>,
         id: VolumeId,

@@ -64,9 +64,9 @@ const POD_GID: u32 = 1000;
 const FS_GROUP: u32 = 2000;
 
 /// The driver settings of `deploy/kubernetes/base/config.yaml` that the
-/// harness does not already write (it writes `udev = "off"`).
-const DAEMONSET_SETTINGS: &str =
-    "overprovision_ratio = 4.0\ndefault_fs_type = \"ext4\"\ncontroller_expansion = false\n";
+/// harness does not already write (it writes `udev = "off"`; the
+/// deployment keeps `controller_expansion = true`, the default).
+const DAEMONSET_SETTINGS: &str = "overprovision_ratio = 4.0\ndefault_fs_type = \"ext4\"\n";
 
 /// The node image's LVM system directory, as the Dockerfile builds it:
 /// a link to the host's `lvm.conf` and `devices`, a copy of lvm2's
@@ -168,7 +168,8 @@ struct Pv {
     fs_type: String,
     /// `spec.csi.volumeAttributes`: CreateVolume's volume_context.
     attributes: HashMap<String, String>,
-    /// The VolumeAttachment's `status.attachmentMetadata`.
+    /// The VolumeAttachment's `status.attachmentMetadata`: empty, as
+    /// external-attacher's trivial handler leaves it.
     publish_context: HashMap<String, String>,
 }
 
@@ -698,8 +699,10 @@ fn as_pod(groups: &str, script: &str, dir: &Path) -> bool {
 
 /// external-provisioner's CreateVolume for a WaitForFirstConsumer claim
 /// on this node (ReadWriteOnce: SINGLE_NODE_MULTI_WRITER, which the
-/// controller advertises; `--extra-create-metadata`), then
-/// external-attacher's ControllerPublishVolume; the PV that results.
+/// controller advertises; `--extra-create-metadata`); the PV that
+/// results. external-attacher makes no CSI call: without
+/// PUBLISH_UNPUBLISH_VOLUME its trivial handler marks the VolumeAttachment
+/// attached, with no attachment metadata.
 async fn provision(c: &mut ControllerClient<Channel>, name: &str, bytes: u64, block: bool) -> Pv {
     let topology = Topology {
         segments: [(format!("topology.{DRIVER_NAME}/node"), NODE_ID.to_string())].into(),
@@ -744,24 +747,12 @@ async fn provision(c: &mut ControllerClient<Channel>, name: &str, bytes: u64, bl
         .into_inner()
         .volume
         .unwrap();
-    let published = c
-        .controller_publish_volume(ControllerPublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            node_id: NODE_ID.into(),
-            volume_capability: Some(cap),
-            readonly: false,
-            secrets: HashMap::new(),
-            volume_context: vol.volume_context.clone(),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("ControllerPublishVolume {name}: {e}"))
-        .into_inner();
     Pv {
         name: name.into(),
         handle: vol.volume_id,
         fs_type: if block { String::new() } else { "ext4".into() },
         attributes: vol.volume_context,
-        publish_context: published.publish_context,
+        publish_context: HashMap::new(),
     }
 }
 
@@ -815,10 +806,17 @@ fn pod_writes_through_its_fs_group(mnt: &Path, driver_takes_group: bool) {
 }
 
 /// NodeGetVolumeStats at the pod's mount agrees with statvfs; then the
-/// claim grows to 64 MiB (the resizer, no controller expansion, patches
-/// the PV; kubelet calls NodeExpandVolume) and the LV and filesystem
-/// grow. The filesystem's size before.
-async fn stats_then_node_expand(kl: &mut Kl, vg: &str, pv_fs: &Pv, mnt: &Path) -> i64 {
+/// claim grows to 64 MiB (the central resizer's ControllerExpandVolume
+/// grows the LV and asks for node expansion; kubelet calls
+/// NodeExpandVolume) and the filesystem grows. The filesystem's size
+/// before.
+async fn stats_then_node_expand(
+    kl: &mut Kl,
+    c: &mut ControllerClient<Channel>,
+    vg: &str,
+    pv_fs: &Pv,
+    mnt: &Path,
+) -> i64 {
     let st = kl.stats(pv_fs, mnt).await;
     let bytes = st
         .usage
@@ -839,8 +837,30 @@ async fn stats_then_node_expand(kl: &mut Kl, vg: &str, pv_fs: &Pv, mnt: &Path) -
     assert!(!st.volume_condition.unwrap().abnormal);
     let total_before = bytes.total;
 
-    // The claim grows to 64 MiB: the resizer (no controller expansion)
-    // patches the PV, kubelet calls NodeExpandVolume.
+    // The claim grows to 64 MiB: the resizer's ControllerExpandVolume
+    // (as external-resizer v2.2.1 sends it: the new size as
+    // required_bytes, the PV's capability) grows the LV; a filesystem
+    // needs the node's part too.
+    let cap = kl.fs_cap(pv_fs).await;
+    let grown = c
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: pv_fs.handle.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: (64 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("ControllerExpandVolume: {e}"))
+        .into_inner();
+    assert!(grown.capacity_bytes >= (64 * MIB) as i64, "{grown:?}");
+    assert!(
+        grown.node_expansion_required,
+        "a filesystem grows on the node"
+    );
+    assert_eq!(lvs(vg).find(&pv_fs.handle).unwrap().size, 64 * MIB);
     let got = kl.node_expand(U1, pv_fs, 64 * MIB).await;
     assert!(got >= (64 * MIB) as i64, "NodeExpandVolume answered {got}");
     assert_eq!(
@@ -1004,7 +1024,8 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
     };
     kl.registers().await;
 
-    // external-provisioner and external-attacher, for each claim.
+    // external-provisioner, for each claim (external-attacher makes no
+    // CSI call).
     let pv_fs = provision(&mut c, "pv-fs", 32 * MIB, false).await;
     let pv_blk = provision(&mut c, "pv-blk", 16 * MIB, true).await;
 
@@ -1017,7 +1038,7 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
     std::fs::write(mnt.join("before-restart"), b"fs data before the restart").unwrap();
 
     // Stats at the pod's mount; the claim grows to 64 MiB.
-    let total_before = stats_then_node_expand(&mut kl, &vg, &pv_fs, &mnt).await;
+    let total_before = stats_then_node_expand(&mut kl, &mut c, &vg, &pv_fs, &mnt).await;
 
     // ---- pod U2: the raw block volume.
     let staging = kl.set_up_device(&pv_blk).await;
@@ -1088,20 +1109,11 @@ async fn kubelets_calls_for_a_filesystem_and_a_block_pod_across_a_restart() {
     // Stats after the restart, at kubelet's paths.
     stats_after_restart(&mut kl, (&pv_fs, &mnt), (&pv_blk, &bind), total_before).await;
 
-    // ---- teardown, in kubelet's order, then the attacher's.
+    // ---- teardown, in kubelet's order (the attacher's detach makes no
+    // CSI call).
     kl.tear_down(U1, &pv_fs).await;
     kl.unmount_device(&pv_fs).await;
     kl.unmap(U2, &pv_blk).await;
-    for pv in [&pv_fs, &pv_blk] {
-        c = d.controller().await;
-        c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: pv.handle.clone(),
-            node_id: NODE_ID.into(),
-            secrets: HashMap::new(),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("ControllerUnpublishVolume {}: {e}", pv.name));
-    }
 
     nothing_of_the_volumes_remains(&kl, &vg, &[&pv_fs, &pv_blk], &bind);
 

@@ -1079,7 +1079,7 @@ async fn healer_restores_block_node_and_leaves_a_full_pool_alone() {
     unstage(&mut n, &fill, &staging).await;
 }
 
-/// `controller_expansion = false` (the per-node Kubernetes deployment):
+/// `controller_expansion = false` (a CO without a controller-side resizer):
 /// controller EXPAND_VOLUME is not advertised and ControllerExpandVolume
 /// is UNIMPLEMENTED; NodeExpandVolume grows the LV, then the filesystem
 /// or the block device, online; what it refuses leaves the LV as it was.

@@ -728,7 +728,7 @@ impl Prop {
     }
 }
 
-/// CreateVolume, DeleteVolume, ControllerPublish/Unpublish and ValidateVolumeCapabilities under random and hostile input: proper codes only, the host and the fixtures untouched, no secret logged.
+/// CreateVolume, DeleteVolume and ValidateVolumeCapabilities under random and hostile input: proper codes only, the host and the fixtures untouched, no secret logged.
 #[test]
 fn controller_volume_requests_under_random_and_hostile_input() {
     let p = prop_ground("propcv");
@@ -785,41 +785,6 @@ fn controller_volume_requests_under_random_and_hostile_input() {
             code_of(
                 &cl.c
                     .delete_volume(DeleteVolumeRequest { volume_id, secrets })
-                    .await,
-            )
-        },
-    );
-    r.run(
-        "ControllerPublishVolume",
-        (id(&w, true), any_string(), capability(), any::<bool>(), sec(), params(&w)),
-        |v| hostile_text(&v.0) || hostile_text(&v.1),
-        |mut cl, (volume_id, node_id, volume_capability, readonly, secrets, volume_context)| async move {
-            code_of(
-                &cl.c
-                    .controller_publish_volume(ControllerPublishVolumeRequest {
-                        volume_id,
-                        node_id,
-                        volume_capability,
-                        readonly,
-                        secrets,
-                        volume_context,
-                    })
-                    .await,
-            )
-        },
-    );
-    r.run(
-        "ControllerUnpublishVolume",
-        (id(&w, true), any_string(), sec()),
-        |v| hostile_text(&v.0) || hostile_text(&v.1),
-        |mut cl, (volume_id, node_id, secrets)| async move {
-            code_of(
-                &cl.c
-                    .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-                        volume_id,
-                        node_id,
-                        secrets,
-                    })
                     .await,
             )
         },

@@ -14,6 +14,10 @@
 //!   content's name.
 //! - external-resizer v2.2 with `--extra-modify-metadata`: the PVC's and
 //!   PV's names in ControllerModifyVolume's mutable parameters.
+//! - external-attacher v4.12.0: no call. The driver does not advertise
+//!   PUBLISH_UNPUBLISH_VOLUME, so the attacher's trivial handler marks
+//!   each VolumeAttachment attached by itself
+//!   (`conformance::controller::controller_publish_rules`).
 //! - kubelet: NodeGetVolumeStats of a raw block volume at
 //!   `plugins/kubernetes.io/csi/volumeDevices/<pv>/dev/<pod uid>`, its bind
 //!   mount of the device node NodePublishVolume placed at

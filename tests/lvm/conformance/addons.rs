@@ -23,7 +23,7 @@ use thinpool_csi::proto::reclaimspace::{ControllerReclaimSpaceRequest, NodeRecla
 use tonic::transport::Channel;
 use tonic::Code;
 
-use super::{raw_call, Rules};
+use super::{raw_call, Rules, NOT_IMPLEMENTED};
 use crate::fixtures::{block_cap, create, mount_cap, publish_req, s, stage_req, Kubelet};
 use crate::harness::{TestDriver, MIB};
 
@@ -31,7 +31,6 @@ use crate::harness::{TestDriver, MIB};
 const MISSING: &str = "\"Missing required field: 3 INVALID_ARGUMENT\"";
 const NO_VOLUME: &str = "\"Volume does not exist: 5 NOT_FOUND\"";
 const PENDING: &str = "\"Operation pending for volume: 10 ABORTED\"";
-const NOT_IMPLEMENTED: &str = "\"Call not implemented: 12 UNIMPLEMENTED\"";
 const KEY_AUTH: &str = "\"Not authenticated: 16 UNAUTHENTICATED\"";
 const AUTH: &str =
     "\"Not authenticated: 16 UNAUTHENTICATED\" (we take no secrets: any are ignored)";

@@ -47,16 +47,16 @@
 //! | S23 | Controller Service [Controller Server] ValidateVolumeCapabilities should fail when no volume capabilities are provided | runs | `conformance::sanity::sanity_validate_volume_capabilities` `a volume and no volume_capabilities` |
 //! | S24 | Controller Service [Controller Server] ValidateVolumeCapabilities should return appropriate values (no optional values added) | runs | `conformance::sanity::sanity_validate_volume_capabilities` `a set confirmed lists its capabilities` |
 //! | S25 | Controller Service [Controller Server] ValidateVolumeCapabilities should fail when the requested volume does not exist | runs | `conformance::sanity::sanity_validate_volume_capabilities` `ValidateVolumeCapabilities: a volume that does not exist` |
-//! | S26 | Controller Service [Controller Server] ControllerPublishVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_controller_publish_volume` `ControllerPublishVolume: an empty request` |
-//! | S27 | Controller Service [Controller Server] ControllerPublishVolume should fail when no node id is provided | runs | `conformance::sanity::sanity_controller_publish_volume` `ControllerPublishVolume: no node_id` |
-//! | S28 | Controller Service [Controller Server] ControllerPublishVolume should fail when no volume capability is provided | runs | `conformance::sanity::sanity_controller_publish_volume` `ControllerPublishVolume: no volume_capability` |
-//! | S29 | Controller Service [Controller Server] ControllerPublishVolume should fail when publishing more volumes than the node max attach limit | skipped: no -csi.testnodevolumeattachlimit, and max_volumes_per_node is 0 | `conformance::sanity::sanity_controller_publish_volume` `max_volumes_per_node is 0 (no limit` |
-//! | S30 | Controller Service [Controller Server] ControllerPublishVolume should fail when the volume does not exist | runs | `conformance::sanity::sanity_controller_publish_volume` `a volume and a node that do not exist` |
-//! | S31 | Controller Service [Controller Server] ControllerPublishVolume should fail when the node does not exist | runs | `conformance::sanity::sanity_controller_publish_volume` `ControllerPublishVolume: a node that does not exist` |
-//! | S32 | Controller Service [Controller Server] ControllerPublishVolume should fail when the volume is already published but is incompatible | skipped: PUBLISH_READONLY is not advertised | `conformance::sanity::sanity_controller_publish_volume` `readonly after a read-write publish` |
-//! | S33 | Controller Service [Controller Server] volume lifecycle should work | runs | `conformance::sanity::sanity_controller_publish_volume` `volume lifecycle: ControllerPublishVolume` |
-//! | S34 | Controller Service [Controller Server] volume lifecycle should be idempotent | runs | `conformance::sanity::sanity_controller_publish_volume` `the same call {REPEAT} times` |
-//! | S35 | Controller Service [Controller Server] ControllerUnpublishVolume should fail when no volume id is provided | runs | `conformance::sanity::sanity_controller_publish_volume` `ControllerUnpublishVolume: an empty request` |
+//! | S26 | Controller Service [Controller Server] ControllerPublishVolume should fail when no volume id is provided | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `ControllerPublishVolume: not served → UNIMPLEMENTED` |
+//! | S27 | Controller Service [Controller Server] ControllerPublishVolume should fail when no node id is provided | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `ControllerPublishVolume: not served → UNIMPLEMENTED` |
+//! | S28 | Controller Service [Controller Server] ControllerPublishVolume should fail when no volume capability is provided | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `ControllerPublishVolume: not served → UNIMPLEMENTED` |
+//! | S29 | Controller Service [Controller Server] ControllerPublishVolume should fail when publishing more volumes than the node max attach limit | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `ControllerPublishVolume: not served → UNIMPLEMENTED` |
+//! | S30 | Controller Service [Controller Server] ControllerPublishVolume should fail when the volume does not exist | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `ControllerPublishVolume: not served → UNIMPLEMENTED` |
+//! | S31 | Controller Service [Controller Server] ControllerPublishVolume should fail when the node does not exist | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `ControllerPublishVolume: not served → UNIMPLEMENTED` |
+//! | S32 | Controller Service [Controller Server] ControllerPublishVolume should fail when the volume is already published but is incompatible | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `ControllerPublishVolume: not served → UNIMPLEMENTED` |
+//! | S33 | Controller Service [Controller Server] volume lifecycle should work | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `PUBLISH_UNPUBLISH_VOLUME is not advertised` |
+//! | S34 | Controller Service [Controller Server] volume lifecycle should be idempotent | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `PUBLISH_UNPUBLISH_VOLUME is not advertised` |
+//! | S35 | Controller Service [Controller Server] ControllerUnpublishVolume should fail when no volume id is provided | skipped: PUBLISH_UNPUBLISH_VOLUME is not advertised | `conformance::controller::controller_publish_rules` `ControllerUnpublishVolume: not served → UNIMPLEMENTED` |
 //! | S36 | ListSnapshots [Controller Server] should return appropriate values (no optional values added) | runs | `conformance::sanity::sanity_list_snapshots` `every entry has snapshot_id, source_volume_id and creation_time` |
 //! | S37 | ListSnapshots [Controller Server] should return snapshots that match the specified snapshot id | runs | `conformance::sanity::sanity_list_snapshots` `ListSnapshots by snapshot_id` |
 //! | S38 | ListSnapshots [Controller Server] should return empty when the specified snapshot id does not exist | runs | `conformance::sanity::sanity_list_snapshots` `none-exist-id` |
@@ -204,6 +204,9 @@ fn remedied(message: &str) -> bool {
 /// The spec's Error Scheme, quoted by every required-field rule.
 pub const MISSING: &str =
     "Error Scheme: \"Missing required field: 3 INVALID_ARGUMENT\" (the whole request is checked before any look-up)";
+/// The Error Scheme's row for a call the plugin does not implement (the
+/// CSI-Addons error tables have it in the same words).
+pub const NOT_IMPLEMENTED: &str = "\"Call not implemented: 12 UNIMPLEMENTED\"";
 /// The spec's Size Limits table.
 pub const SIZE: &str = "Size Limits: \"128 bytes string\"";
 /// The path fields' override of the size limit.

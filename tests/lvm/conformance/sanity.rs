@@ -63,15 +63,6 @@ fn expand(id: &str, bytes: u64) -> ControllerExpandVolumeRequest {
     }
 }
 
-fn cpublish(id: &str, node: &str, cap: Option<VolumeCapability>) -> ControllerPublishVolumeRequest {
-    ControllerPublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: node.into(),
-        volume_capability: cap,
-        ..Default::default()
-    }
-}
-
 async fn volume_count(c: &mut ControllerClient<Channel>) -> usize {
     c.list_volumes(ListVolumesRequest::default())
         .await
@@ -446,126 +437,6 @@ async fn sanity_validate_volume_capabilities() {
         .await,
         Code::NotFound,
     );
-    r.finish();
-}
-
-/// Controller Service [Controller Server] ControllerPublishVolume, volume lifecycle, ControllerUnpublishVolume.
-#[tokio::test(flavor = "multi_thread")]
-async fn sanity_controller_publish_volume() {
-    let (_d, mut r, mut c, mut n, node_id) =
-        sanity_ground("cfsanpub", "csi-sanity controller publish volume").await;
-    let src = created(&mut r, &mut c, create_req("sanity-src", SIZE, block_cap())).await;
-    // -- ControllerPublishVolume ----------------------------------------------------
-    r.code(
-        "ControllerPublishVolume: an empty request → INVALID_ARGUMENT",
-        c.controller_publish_volume(ControllerPublishVolumeRequest::default())
-            .await,
-        Code::InvalidArgument,
-    );
-    r.code(
-        "ControllerPublishVolume: no node_id → INVALID_ARGUMENT",
-        c.controller_publish_volume(cpublish(&src, "", None)).await,
-        Code::InvalidArgument,
-    );
-    r.code(
-        "ControllerPublishVolume: no volume_capability → INVALID_ARGUMENT",
-        c.controller_publish_volume(cpublish(&src, &node_id, None))
-            .await,
-        Code::InvalidArgument,
-    );
-    r.code(
-        "ControllerPublishVolume: a volume and a node that do not exist → NOT_FOUND",
-        c.controller_publish_volume(cpublish("sanity-none", "sanity-no-node", Some(block_cap())))
-            .await,
-        Code::NotFound,
-    );
-    r.code(
-        "ControllerPublishVolume: a node that does not exist → NOT_FOUND",
-        c.controller_publish_volume(cpublish(&src, "sanity-no-node", Some(block_cap())))
-            .await,
-        Code::NotFound,
-    );
-    for i in 0..REPEAT {
-        r.ok(
-            &format!(
-                "ControllerPublishVolume: the same call {REPEAT} times → OK each time (call {i})"
-            ),
-            c.controller_publish_volume(cpublish(&src, &node_id, Some(block_cap())))
-                .await,
-        );
-    }
-    // PUBLISH_READONLY is not advertised: the controller keeps no publish
-    // state, so a read-only publish after a read-write one is no conflict.
-    let mut ro = cpublish(&src, &node_id, Some(block_cap()));
-    ro.readonly = true;
-    r.ok(
-        "ControllerPublishVolume: readonly after a read-write publish → OK (PUBLISH_READONLY is not advertised; read-only is NodePublishVolume's readonly)",
-        c.controller_publish_volume(ro).await,
-    );
-    let info = n
-        .node_get_info(NodeGetInfoRequest {})
-        .await
-        .expect("NodeGetInfo")
-        .into_inner();
-    r.check(
-        "NodeGetInfo: max_volumes_per_node is 0 (no limit: a thin LV takes no attach slot), so csi-sanity's attach-limit spec has no limit to test",
-        info.max_volumes_per_node == 0,
-        format!("{info:?}"),
-    );
-    for i in 0..3 {
-        let v = created(
-            &mut r,
-            &mut c,
-            create_req(&format!("sanity-attach-{i}"), SIZE, block_cap()),
-        )
-        .await;
-        r.ok(
-            "ControllerPublishVolume of one more volume to the node → OK (no attach limit)",
-            c.controller_publish_volume(cpublish(&v, &node_id, Some(block_cap())))
-                .await,
-        );
-    }
-    r.code(
-        "ControllerUnpublishVolume: an empty request → INVALID_ARGUMENT",
-        c.controller_unpublish_volume(ControllerUnpublishVolumeRequest::default())
-            .await,
-        Code::InvalidArgument,
-    );
-    // The volume lifecycle: created within the node's topology, published,
-    // unpublished, deleted twice (csi-sanity's clean-up).
-    let mut q = create_req("sanity-lifecycle", SIZE, block_cap());
-    q.accessibility_requirements = Some(TopologyRequirement {
-        requisite: info.accessible_topology.clone().into_iter().collect(),
-        preferred: info.accessible_topology.clone().into_iter().collect(),
-    });
-    let life = r
-        .ok(
-            "volume lifecycle: CreateVolume with the node's topology as requisite → OK",
-            c.create_volume(q).await,
-        )
-        .and_then(|v| v.volume)
-        .map(|v| v.volume_id)
-        .unwrap_or_default();
-    r.ok(
-        "volume lifecycle: ControllerPublishVolume → OK",
-        c.controller_publish_volume(cpublish(&life, &node_id, Some(block_cap())))
-            .await,
-    );
-    r.ok(
-        "volume lifecycle: ControllerUnpublishVolume → OK",
-        c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: life.clone(),
-            node_id: node_id.clone(),
-            ..Default::default()
-        })
-        .await,
-    );
-    for _ in 0..2 {
-        r.ok(
-            "volume lifecycle: DeleteVolume, and again on the deleted id → OK",
-            c.delete_volume(del(&life)).await,
-        );
-    }
     r.finish();
 }
 
@@ -1168,12 +1039,10 @@ async fn sanity_node_lifecycle() {
             requisite: topology.clone().into_iter().collect(),
             preferred: topology.clone().into_iter().collect(),
         });
+        // No ControllerPublishVolume, nor ControllerUnpublishVolume below:
+        // csi-sanity calls them only where PUBLISH_UNPUBLISH_VOLUME is
+        // advertised.
         let vol = created(&mut r, &mut c, q).await;
-        r.ok(
-            &format!("should work ({kind}): ControllerPublishVolume → OK"),
-            c.controller_publish_volume(cpublish(&vol, &info.node_id, Some(cap.clone())))
-                .await,
-        );
         let staging = k.staging(&format!("sanity-{kind}"));
         let target = k.target(&format!("sanity-{kind}"));
         for i in 0..REPEAT {
@@ -1251,15 +1120,6 @@ async fn sanity_node_lifecycle() {
         r.ok(
             &format!("should work ({kind}): NodeUnstageVolume → OK"),
             n.node_unstage_volume(unstage_req(&vol, &staging)).await,
-        );
-        r.ok(
-            &format!("should work ({kind}): ControllerUnpublishVolume → OK"),
-            c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-                volume_id: vol.clone(),
-                node_id: info.node_id.clone(),
-                ..Default::default()
-            })
-            .await,
         );
         for _ in 0..2 {
             r.ok(
