@@ -21,6 +21,7 @@ use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -130,4 +131,62 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// The request header that names the node a forwarded call is meant for.
+/// Every node's certificate carries one name (the nodes' CA signs node
+/// plugins only), so TLS alone does not say which node answered; the
+/// controller names the node it means in every call, and a node refuses a
+/// call meant for another before it touches anything. A node plugin pod
+/// replaced at an address the controller still has for another node (an
+/// IP reused before the controller's next list) thus never acts on it.
+pub const NODE_HEADER: &str = "x-thinpool-node";
+
+/// The controller's side: `NODE_HEADER` set to the node it means.
+#[derive(Clone)]
+pub struct MeantFor(pub tonic::metadata::AsciiMetadataValue);
+
+impl tonic::service::Interceptor for MeantFor {
+    fn call(
+        &mut self,
+        mut r: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, Status> {
+        r.metadata_mut().insert(NODE_HEADER, self.0.clone());
+        Ok(r)
+    }
+}
+
+/// The node's side: a call that names another node, or none, is refused
+/// with UNAVAILABLE (the controller's list is stale: it lists again, and
+/// the sidecar's retry reaches the right node), logged, and touches
+/// nothing.
+#[derive(Clone)]
+pub struct OnlyFor(pub Arc<str>);
+
+impl tonic::service::Interceptor for OnlyFor {
+    fn call(&mut self, r: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, Status> {
+        let meant = r.metadata().get(NODE_HEADER).and_then(|v| v.to_str().ok());
+        if meant == Some(&*self.0) {
+            return Ok(r);
+        }
+        tracing::warn!(node = %self.0, meant_for = ?meant, peer = ?r.remote_addr(),
+            "refused a forwarded call meant for another node");
+        let mut s = Status::unavailable(format!(
+            "this is node {:?}, and the call is meant for {}: the controller's address for that node is stale",
+            self.0,
+            meant.map_or_else(|| "no node".to_string(), |m| format!("{m:?}"))
+        ));
+        // The answering node's id, in the status: how the controller tells
+        // this refusal from any other UNAVAILABLE ([`answered_by_another`]).
+        if let Ok(v) = self.0.parse() {
+            s.metadata_mut().insert(NODE_HEADER, v);
+        }
+        Err(s)
+    }
+}
+
+/// Whether a forwarded call was refused by a node it was not meant for
+/// ([`OnlyFor`]): the controller's address for that node is stale.
+pub fn answered_by_another(s: &Status) -> bool {
+    s.metadata().contains_key(NODE_HEADER)
 }

@@ -121,9 +121,20 @@ impl Node {
     }
 }
 
+/// GetPluginInfo on the channel, meant for node-1 as the controller
+/// sends every call (`channel::NODE_HEADER`).
 async fn plugin_info(ch: Channel) -> Result<String, tonic::Status> {
+    plugin_info_for(ch, Some("node-1")).await
+}
+
+async fn plugin_info_for(ch: Channel, node: Option<&str>) -> Result<String, tonic::Status> {
+    let mut r = tonic::Request::new(GetPluginInfoRequest {});
+    if let Some(node) = node {
+        r.metadata_mut()
+            .insert(thinpool_csi::channel::NODE_HEADER, node.parse().unwrap());
+    }
     IdentityClient::new(ch)
-        .get_plugin_info(GetPluginInfoRequest {})
+        .get_plugin_info(r)
         .await
         .map(|r| r.into_inner().name)
 }
@@ -134,12 +145,21 @@ async fn the_controllers_certificate_gets_through_and_nothing_else_does() {
     let controller = leaf(&node.controller_ca, "controller", &[ClientAuth]);
     let ch = node.connect(Some(controller.clone())).await.unwrap();
     assert_eq!(plugin_info(ch.clone()).await.unwrap(), "tpcsi.test");
+    // A call that names another node, or none, is refused before any
+    // service sees it.
+    for other in [Some("node-2"), None] {
+        let e = plugin_info_for(ch.clone(), other).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert!(thinpool_csi::channel::answered_by_another(&e), "{e:?}");
+    }
     // The channel carries no Node service: that is the kubelet's, on the
     // node's socket.
-    let e = NodeClient::new(ch)
-        .node_get_info(NodeGetInfoRequest {})
-        .await
-        .unwrap_err();
+    let mut r = tonic::Request::new(NodeGetInfoRequest {});
+    r.metadata_mut().insert(
+        thinpool_csi::channel::NODE_HEADER,
+        "node-1".parse().unwrap(),
+    );
+    let e = NodeClient::new(ch).node_get_info(r).await.unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
     let n = node.refused();
     assert_eq!(n, 0);

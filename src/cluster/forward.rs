@@ -12,8 +12,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use super::nodes::NodeChannel;
 use futures_util::Stream;
-use tonic::transport::Channel;
 use tonic::{Response, Status, Streaming};
 
 use super::config::ControllerConfig;
@@ -113,7 +113,10 @@ impl Cluster {
         match r {
             Ok(r) => Ok(r.into_inner()),
             Err(s) => {
-                self.look_again(!super::nodes::unreached(&s)).await;
+                // Not reached, or reached at an address another node now
+                // holds: list the nodes again.
+                let stale = super::nodes::unreached(&s) || crate::channel::answered_by_another(&s);
+                self.look_again(!stale).await;
                 Err(node.failed(s))
             }
         }
@@ -122,7 +125,7 @@ impl Cluster {
     /// `call` on the Controller service of `node`.
     async fn on<T, F, Fut>(&self, node: &Node, call: F) -> Reply<T>
     where
-        F: FnOnce(ControllerClient<Channel>) -> Fut,
+        F: FnOnce(ControllerClient<NodeChannel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let r = call(ControllerClient::new(node.channel.clone())).await;
@@ -150,7 +153,7 @@ impl Cluster {
     /// `call` on the node that holds `id`.
     async fn to_owner<T, F, Fut>(&self, field: &str, id: &str, kind: Kind, call: F) -> Reply<T>
     where
-        F: FnOnce(ControllerClient<Channel>) -> Fut,
+        F: FnOnce(ControllerClient<NodeChannel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let node = self.node_of(field, id, kind).await?;
@@ -495,7 +498,7 @@ impl Cluster {
         call: F,
     ) -> Reply<T>
     where
-        F: FnOnce(GroupControllerClient<Channel>) -> Fut,
+        F: FnOnce(GroupControllerClient<NodeChannel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let node = self.node_of(field, id, kind).await?;

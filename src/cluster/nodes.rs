@@ -6,19 +6,33 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::Status;
 
 use super::config::ControllerConfig;
 use crate::naming;
 
+/// A node's channel: every call on it names the node it is meant for
+/// (`channel::NODE_HEADER`), which the node checks.
+pub type NodeChannel = InterceptedService<Channel, crate::channel::MeantFor>;
+
 /// One node plugin.
-#[derive(Debug)]
 pub struct Node {
     pub id: String,
     pub key: String,
     pub address: String,
-    pub channel: Channel,
+    pub channel: NodeChannel,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.id)
+            .field("key", &self.key)
+            .field("address", &self.address)
+            .finish()
+    }
 }
 
 impl Node {
@@ -161,11 +175,14 @@ impl Nodes {
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10))
             .connect_lazy();
+        let meant = id
+            .parse()
+            .map_err(|e| format!("node id {id:?} cannot be a header value: {e}"))?;
         Ok(Node {
+            channel: InterceptedService::new(channel, crate::channel::MeantFor(meant)),
             id,
             key,
             address,
-            channel,
         })
     }
 

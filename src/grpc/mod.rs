@@ -33,16 +33,14 @@ pub(crate) fn reply<T>(r: Result<T>) -> std::result::Result<tonic::Response<T>, 
     r.map(tonic::Response::new).map_err(tonic::Status::from)
 }
 
-/// A gRPC server (with the observe layer) serving CSI Identity,
-/// Controller, SnapshotMetadata and GroupController: what the node's
-/// socket and the internal channel both serve.
-fn csi_router(
+/// `server` serving CSI Identity, Controller, SnapshotMetadata and
+/// GroupController: what the node's socket and the internal channel both
+/// serve.
+fn csi_router<L: Clone>(
+    mut server: tonic::transport::Server<L>,
     classes: &Arc<Classes>,
-) -> tonic::transport::server::Router<
-    tower_layer::Stack<observe::ObserveLayer, tower_layer::Identity>,
-> {
-    tonic::transport::Server::builder()
-        .layer(observe::ObserveLayer::new(classes.metrics().clone()))
+) -> tonic::transport::server::Router<L> {
+    server
         .add_service(IdentityServer::new(identity::IdentityService {
             classes: classes.clone(),
         }))
@@ -57,13 +55,20 @@ fn csi_router(
         }))
 }
 
+/// A server with the observe layer (each call logged and counted).
+fn observed(
+    classes: &Arc<Classes>,
+) -> tonic::transport::Server<tower_layer::Stack<observe::ObserveLayer, tower_layer::Identity>> {
+    tonic::transport::Server::builder().layer(observe::ObserveLayer::new(classes.metrics().clone()))
+}
+
 /// Serves the CSI services on `listener` until `shutdown` resolves.
 pub async fn serve(
     classes: Arc<Classes>,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    csi_router(&classes)
+    csi_router(observed(&classes), &classes)
         .add_service(NodeServer::new(node::NodeService::new(classes.clone())))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
@@ -124,7 +129,12 @@ where
     let addons = || addons::AddonsService {
         classes: classes.clone(),
     };
-    csi_router(&classes)
+    // Each call must name this node (`channel::NODE_HEADER`): one meant
+    // for another is refused before any service sees it, and observed.
+    let only_here = tonic::service::InterceptorLayer::new(crate::channel::OnlyFor(
+        classes.base().node_id.as_str().into(),
+    ));
+    csi_router(observed(&classes).layer(only_here), &classes)
         .add_service(AddonsIdentityServer::new(addons()))
         .add_service(ReclaimSpaceControllerServer::new(addons()))
         .serve_with_incoming_shutdown(incoming, shutdown)
