@@ -207,6 +207,10 @@ pub struct CreateArgs {
     /// Clone this volume
     #[arg(long, value_name = "VOLUME_ID")]
     pub from_volume: Option<String>,
+    /// The node to make it on (its topology, as the provisioner sends the
+    /// pod's node): needed through the cluster's controller
+    #[arg(long, value_name = "NODE_ID")]
+    pub on_node: Option<String>,
 }
 
 #[derive(Debug, Args)]

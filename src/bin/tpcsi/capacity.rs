@@ -3,14 +3,14 @@
 //! names, each with both metadata stores of that class scraped from the
 //! driver's metrics (one scrape for all). A class that is down shows its
 //! error among the others; when every class is down the command fails
-//! with the first one's code. `probe` asks every class the same way
+//! with the first one's code. Through the cluster's controller: each
+//! node's capacity for one class (`crate::cluster::capacity`). `probe` asks every class the same way
 //! ([`every_class`]).
 
 use std::collections::BTreeMap;
 
 use thinpool_csi::naming::DEFAULT_CLASS;
 use thinpool_csi::proto::csi::v1 as csi;
-use thinpool_csi::proto::csi::v1::identity_client::IdentityClient;
 use tonic::Status;
 
 use crate::args;
@@ -28,6 +28,13 @@ pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
         parameters: a.params.into_iter().collect(),
         accessible_topology: None,
     };
+    // The cluster's controller: each node, with its topology.
+    let info = crate::cluster::plugin_info(c).await?;
+    if let Some(nodes) = crate::cluster::nodes(&info) {
+        let out = crate::cluster::capacity(c, &nodes, req).await?;
+        c.show(&out);
+        return Ok(());
+    }
     if let Some(class) = req.parameters.get(DEVICE_CLASS).cloned() {
         let r = c.controller().await?.get_capacity(req).await?.into_inner();
         let samples = samples(&c.ends).await;
@@ -81,11 +88,11 @@ pub struct EveryClass {
 /// The device classes the driver serves, from its GetPluginInfo manifest:
 /// (the default one, every one in its order).
 pub async fn served_classes(c: &mut Ctx) -> Result<(String, Vec<String>)> {
-    let mut manifest = IdentityClient::new(c.csi().await?)
-        .get_plugin_info(csi::GetPluginInfoRequest {})
-        .await?
-        .into_inner()
-        .manifest;
+    Ok(classes_of(crate::cluster::plugin_info(c).await?))
+}
+
+fn classes_of(info: csi::GetPluginInfoResponse) -> (String, Vec<String>) {
+    let mut manifest = info.manifest;
     let default = manifest
         .remove("default_device_class")
         .unwrap_or_else(|| DEFAULT_CLASS.to_string());
@@ -97,19 +104,28 @@ pub async fn served_classes(c: &mut Ctx) -> Result<(String, Vec<String>)> {
         .filter(|n| !n.is_empty())
         .map(String::from)
         .collect();
-    Ok((default, all))
+    (default, all)
 }
 
-/// `--class NAME` of a listing: a class the driver does not serve is bad
-/// input naming the ones it does (not an empty list, which would read as
-/// "that class has none").
-pub async fn check_served(c: &mut Ctx, class: Option<&str>) -> Result<()> {
+/// Before a listing: the cluster's nodes when the endpoint is its
+/// controller, to name each entry's node. Else `--class NAME` is checked:
+/// a class the driver does not serve is bad input naming the ones it does
+/// (not an empty list, which would read as "that class has none"). A
+/// controller's classes are each node's own, so it checks none.
+pub async fn before_listing(
+    c: &mut Ctx,
+    class: Option<&str>,
+) -> Result<Option<crate::cluster::Nodes>> {
+    let info = crate::cluster::plugin_info(c).await?;
+    if let Some(nodes) = crate::cluster::nodes(&info) {
+        return Ok(Some(nodes));
+    }
     let Some(class) = class else {
-        return Ok(());
+        return Ok(None);
     };
-    let (_, all) = served_classes(c).await?;
+    let (_, all) = classes_of(info);
     if all.iter().any(|n| n == class) {
-        return Ok(());
+        return Ok(None);
     }
     Err(Failure::Local(format!(
         "device class {class:?} is not served by this driver; it serves: {}",

@@ -8,6 +8,7 @@ mod addons;
 mod args;
 mod capability;
 mod capacity;
+mod cluster;
 mod connect;
 mod failure;
 mod info;

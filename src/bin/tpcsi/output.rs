@@ -143,6 +143,10 @@ pub struct VolumeOut {
     pub content_source: Option<BTreeMap<String, String>>,
     pub volume_context: BTreeMap<String, String>,
     pub condition: Option<Condition>,
+    /// The node that holds it, when listed through the cluster's
+    /// controller (from the id's node key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl VolumeOut {
@@ -167,6 +171,7 @@ impl VolumeOut {
             content_source,
             volume_context: v.volume_context.clone().into_iter().collect(),
             condition: condition.map(Condition::from),
+            node: None,
         }
     }
 }
@@ -184,6 +189,18 @@ impl Entry for VolumeOut {
 
     fn device_class(&self) -> &str {
         &self.device_class
+    }
+
+    fn id(&self) -> &str {
+        &self.volume_id
+    }
+
+    fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    fn set_node(&mut self, node: Option<String>) {
+        self.node = node;
     }
 
     fn row(&self) -> Vec<String> {
@@ -213,6 +230,10 @@ pub trait Entry: Serialize {
     const HEADERS: &'static [&'static str];
     /// The device class the entry's id names (`default` for none).
     fn device_class(&self) -> &str;
+    fn id(&self) -> &str;
+    /// The node that holds it (listed through the cluster's controller).
+    fn node(&self) -> Option<&str>;
+    fn set_node(&mut self, node: Option<String>);
     fn row(&self) -> Vec<String>;
 }
 
@@ -229,10 +250,20 @@ pub type VolumeList = Listing<VolumeOut>;
 pub type SnapshotList = Listing<SnapshotOut>;
 
 impl<T: Entry> Listing<T> {
-    pub fn new(all: Vec<T>, class: Option<String>) -> Listing<T> {
+    /// `all` of device class `class` (all: `None`), each with the node
+    /// that holds it when `nodes` are the cluster's controller's.
+    pub fn new(
+        all: Vec<T>,
+        class: Option<String>,
+        nodes: Option<&crate::cluster::Nodes>,
+    ) -> Listing<T> {
         let entries = all
             .into_iter()
             .filter(|e| class.as_deref().is_none_or(|c| e.device_class() == c))
+            .map(|mut e| {
+                e.set_node(nodes.map(|n| n.node_of(e.id())));
+                e
+            })
             .collect();
         Listing { entries, class }
     }
@@ -256,9 +287,17 @@ impl<T: Entry> Render for T {
 
 impl<T: Entry> Render for Listing<T> {
     fn table(&self) -> String {
-        let rows: Vec<_> = self.entries.iter().map(T::row).collect();
+        let mut rows: Vec<_> = self.entries.iter().map(T::row).collect();
+        let mut headers = T::HEADERS.to_vec();
+        // Through the cluster's controller: the node of each, first.
+        if self.entries.iter().any(|e| e.node().is_some()) {
+            headers.insert(0, "NODE");
+            for (row, e) in rows.iter_mut().zip(&self.entries) {
+                row.insert(0, e.node().unwrap_or_default().to_string());
+            }
+        }
         match &self.class {
-            _ if !rows.is_empty() => table(T::HEADERS, &rows),
+            _ if !rows.is_empty() => table(&headers, &rows),
             Some(c) => format!("no {} in device class {c}\n", T::PLURAL),
             None => format!("no {}\n", T::PLURAL),
         }
@@ -275,6 +314,10 @@ pub struct SnapshotOut {
     pub creation_time: Option<String>,
     pub ready_to_use: bool,
     pub group_snapshot_id: Option<String>,
+    /// The node that holds it, when listed through the cluster's
+    /// controller (from the id's node key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl SnapshotOut {
@@ -287,6 +330,7 @@ impl SnapshotOut {
             creation_time: s.creation_time.as_ref().map(|t| rfc3339(t.seconds)),
             ready_to_use: s.ready_to_use,
             group_snapshot_id: Some(s.group_snapshot_id.clone()).filter(|g| !g.is_empty()),
+            node: None,
         }
     }
 }
@@ -304,6 +348,18 @@ impl Entry for SnapshotOut {
 
     fn device_class(&self) -> &str {
         &self.device_class
+    }
+
+    fn id(&self) -> &str {
+        &self.snapshot_id
+    }
+
+    fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    fn set_node(&mut self, node: Option<String>) {
+        self.node = node;
     }
 
     fn row(&self) -> Vec<String> {
@@ -660,6 +716,56 @@ impl Render for CapacitiesOut {
     }
 }
 
+/// `capacity` through the cluster's controller: each node's answer for
+/// one device class. JSON: `{"nodes": [...]}`.
+#[derive(Debug, Serialize)]
+pub struct NodeCapacities {
+    pub nodes: Vec<NodeCapacity>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeCapacity {
+    pub node: String,
+    /// Named by the controller as missing: its pod is gone, its Node not.
+    pub missing: bool,
+    /// The `deviceClass` asked, or the node's default.
+    pub device_class: String,
+    /// 0 for a node the controller cannot reach.
+    pub available_capacity: Option<u64>,
+    pub maximum_volume_size: Option<u64>,
+    pub error: Option<String>,
+}
+
+impl Render for NodeCapacities {
+    fn table(&self) -> String {
+        if self.nodes.is_empty() {
+            return "no nodes\n".to_string();
+        }
+        let rows: Vec<Vec<String>> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let size = |b: Option<u64>| b.map(human).unwrap_or_else(|| "-".into());
+                vec![
+                    if n.missing {
+                        format!("{} (missing)", n.node)
+                    } else {
+                        n.node.clone()
+                    },
+                    n.device_class.clone(),
+                    size(n.available_capacity),
+                    size(n.maximum_volume_size),
+                    n.error.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        table(
+            &["NODE", "CLASS", "AVAILABLE", "MAX VOLUME", "ERROR"],
+            &rows,
+        )
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct ExpandOut {
     pub volume_id: String,
@@ -919,7 +1025,7 @@ mod tests {
             abnormal: true,
             message: "pool full".into(),
         };
-        let list = VolumeList::new(vec![VolumeOut::new(&volume(), Some(&bad))], None);
+        let list = VolumeList::new(vec![VolumeOut::new(&volume(), Some(&bad))], None, None);
         let t = list.table();
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 2, "{t}");
@@ -935,7 +1041,7 @@ mod tests {
                 "abnormal: pool full"
             ]
         );
-        assert_eq!(VolumeList::new(vec![], None).table(), "no volumes\n");
+        assert_eq!(VolumeList::new(vec![], None, None).table(), "no volumes\n");
     }
 
     #[test]
@@ -949,16 +1055,16 @@ mod tests {
                 .map(|v| v.volume_id.clone())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(ids(&VolumeList::new(all(), None)).len(), 2);
-        let only_fast = VolumeList::new(all(), Some("fast".into()));
+        assert_eq!(ids(&VolumeList::new(all(), None, None)).len(), 2);
+        let only_fast = VolumeList::new(all(), Some("fast".into()), None);
         assert_eq!(ids(&only_fast), vec![fast.volume_id.clone()]);
         assert_eq!(cells(only_fast.table().lines().nth(1).unwrap())[1], "fast");
         // `default`: the ids that carry no class.
         assert_eq!(
-            ids(&VolumeList::new(all(), Some("default".into()))),
+            ids(&VolumeList::new(all(), Some("default".into()), None)),
             vec![volume().volume_id]
         );
-        let none = VolumeList::new(all(), Some("slow".into()));
+        let none = VolumeList::new(all(), Some("slow".into()), None);
         assert_eq!(none.table(), "no volumes in device class slow\n");
         // JSON: the same field names, the class not among them.
         assert_eq!(
@@ -978,19 +1084,22 @@ mod tests {
                 snap("fast.snap-b-0011223344556677"),
             ]
         };
-        let fast_snaps = SnapshotList::new(snaps(), Some("fast".into()));
+        let fast_snaps = SnapshotList::new(snaps(), Some("fast".into()), None);
         assert_eq!(fast_snaps.entries.len(), 1);
         assert_eq!(fast_snaps.entries[0].device_class, "fast");
         assert_eq!(
-            SnapshotList::new(snaps(), Some("default".into())).entries[0].snapshot_id,
+            SnapshotList::new(snaps(), Some("default".into()), None).entries[0].snapshot_id,
             "snap-a-0011223344556677"
         );
-        assert_eq!(SnapshotList::new(snaps(), None).entries.len(), 2);
+        assert_eq!(SnapshotList::new(snaps(), None, None).entries.len(), 2);
         assert_eq!(
-            SnapshotList::new(snaps(), Some("slow".into())).table(),
+            SnapshotList::new(snaps(), Some("slow".into()), None).table(),
             "no snapshots in device class slow\n"
         );
-        assert_eq!(SnapshotList::new(vec![], None).table(), "no snapshots\n");
+        assert_eq!(
+            SnapshotList::new(vec![], None, None).table(),
+            "no snapshots\n"
+        );
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub async fn snapshot(c: &mut Ctx, s: SnapshotCommand) -> Result<()> {
             c.show(&SnapshotOut::new(&s));
         }
         SnapshotCommand::List { volume, id, filter } => {
-            crate::capacity::check_served(c, filter.class.as_deref()).await?;
+            let nodes = crate::capacity::before_listing(c, filter.class.as_deref()).await?;
             let (volume, id) = (volume.unwrap_or_default(), id.unwrap_or_default());
             let snapshots = all_pages(|starting_token| {
                 let mut ctl = ctl.clone();
@@ -56,7 +56,7 @@ pub async fn snapshot(c: &mut Ctx, s: SnapshotCommand) -> Result<()> {
                 }
             })
             .await?;
-            c.show(&SnapshotList::new(snapshots, filter.class));
+            c.show(&SnapshotList::new(snapshots, filter.class, nodes.as_ref()));
         }
         SnapshotCommand::Delete { snapshot_id } => {
             let req = csi::DeleteSnapshotRequest {

@@ -26,8 +26,24 @@ pub async fn create(c: &mut Ctx, a: args::CreateArgs) -> Result<()> {
         (None, Some(volume_id)) => Some(Type::Volume(VolumeSource { volume_id })),
         (None, None) => None,
     };
+    // A node named: its topology alone, as the provisioner's strict
+    // topology sends the pod's node.
+    let accessibility_requirements = match &a.on_node {
+        Some(node) => {
+            let driver = crate::cluster::plugin_info(c).await?.name;
+            let t = csi::Topology {
+                segments: [(thinpool_csi::config::topology_key(&driver), node.clone())].into(),
+            };
+            Some(csi::TopologyRequirement {
+                requisite: vec![t.clone()],
+                preferred: vec![t],
+            })
+        }
+        None => None,
+    };
     let req = csi::CreateVolumeRequest {
         name: a.name.clone(),
+        accessibility_requirements,
         capacity_range: capacity_range(a.size, a.limit),
         volume_capabilities: vec![capability(&a.access, &[])],
         parameters: a.params.into_iter().collect(),
@@ -51,7 +67,7 @@ pub async fn create(c: &mut Ctx, a: args::CreateArgs) -> Result<()> {
 /// Every volume, or those of device class `class` (ListVolumes takes
 /// no class: the id says it).
 pub async fn list_volumes(c: &mut Ctx, class: Option<String>) -> Result<()> {
-    crate::capacity::check_served(c, class.as_deref()).await?;
+    let nodes = crate::capacity::before_listing(c, class.as_deref()).await?;
     let ctl = c.controller().await?;
     let volumes = all_pages(|starting_token| {
         let mut ctl = ctl.clone();
@@ -75,7 +91,7 @@ pub async fn list_volumes(c: &mut Ctx, class: Option<String>) -> Result<()> {
         }
     })
     .await?;
-    c.show(&VolumeList::new(volumes, class));
+    c.show(&VolumeList::new(volumes, class, nodes.as_ref()));
     Ok(())
 }
 
