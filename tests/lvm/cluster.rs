@@ -213,6 +213,15 @@ async fn one_controller_reaches_the_node_of_every_object() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
+    // Callers other than the controller, from the root namespace over
+    // node 2's link: each refused and logged, and node 2 touched nothing.
+    bad_callers_are_refused(&rig, &b.volume_id).await;
+
+    // The CO cancels at its deadline and retries: through the controller,
+    // a create and a delete cut short at growing deadlines end as one LV,
+    // then none, on node 2.
+    cancelled_calls_finish_once_on_retry(&rig, &mut c).await;
+
     // A node plugin killed: UNAVAILABLE until it is back.
     rig.nodes[2].kill9_with_children();
     let e = get(&mut c, &far.volume_id).await.unwrap_err();
@@ -261,6 +270,132 @@ async fn one_controller_reaches_the_node_of_every_object() {
             lv_names(&n.vg)
         );
     }
+}
+
+/// A channel to node 2's internal port across its link, presenting
+/// `identity` (certificate and key files of the rig's directory), if any.
+async fn to_node_2(rig: &Rig, identity: Option<(&str, &str)>) -> Result<Channel, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let dir = rig._dir.path();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read("nodes-ca.crt")))
+        .domain_name(thinpool_csi::cluster::config::DEFAULT_NODE_SERVER_NAME);
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(read(cert), read(key)));
+    }
+    Channel::from_shared(format!(
+        "https://{}:{}",
+        rig.net.ip(2, 2),
+        crate::cluster_rig::PORT
+    ))
+    .unwrap()
+    .tls_config(tls)
+    .unwrap()
+    .connect_timeout(Duration::from_secs(5))
+    .connect()
+    .await
+    .map_err(|e| format!("{e:?}"))
+}
+
+/// DeleteVolume of `id` (node 2's) on node 2's channel, meant for `node`.
+async fn delete_on(ch: Channel, id: &str, node: Option<String>) -> Result<(), tonic::Status> {
+    let mut r = tonic::Request::new(del(id));
+    if let Some(n) = node {
+        r.metadata_mut()
+            .insert(thinpool_csi::channel::NODE_HEADER, n.parse().unwrap());
+    }
+    ControllerClient::new(ch).delete_volume(r).await.map(|_| ())
+}
+
+/// Node 2's channel refuses every caller but the controller, and a
+/// controller's call meant for another node: no certificate and a node's
+/// own certificate fail in the handshake (logged there), a call naming
+/// node 3 or none is UNAVAILABLE; `id` (a volume of node 2) is still
+/// there after all of them.
+async fn bad_callers_are_refused(rig: &Rig, id: &str) {
+    let node2 = &rig.nodes[1];
+    let lv = naming::split_node(id).1.to_string();
+    let before = node2.log().matches("refused").count();
+    for identity in [None, Some(("node.crt", "node.key"))] {
+        match to_node_2(rig, identity).await {
+            Err(_) => {}
+            Ok(ch) => {
+                let e = delete_on(ch, id, Some(node_id(2))).await.unwrap_err();
+                assert_ne!(e.code(), Code::Ok, "{identity:?}: {e:?}");
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node2.log().matches("refused").count() < before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "node 2 logged no refusal of the two handshakes:\n{}",
+            node2.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ch = to_node_2(rig, Some(("controller.crt", "controller.key")))
+        .await
+        .unwrap();
+    for meant in [Some(node_id(3)), None] {
+        let e = delete_on(ch.clone(), id, meant.clone()).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{meant:?}: {e:?}");
+        assert!(thinpool_csi::channel::answered_by_another(&e), "{e:?}");
+    }
+    assert!(
+        lv_names(&node2.vg).contains(&lv),
+        "{lv} went: {:?}",
+        lv_names(&node2.vg)
+    );
+}
+
+/// CreateVolume and DeleteVolume through the controller, each cut by the
+/// caller's deadline (the forwarded call is dropped with it; the node's
+/// mutation goes on detached), then retried as a sidecar retries: one LV
+/// on node 2 after the creates, none after the deletes.
+async fn cancelled_calls_finish_once_on_retry(rig: &Rig, c: &mut ControllerClient<Channel>) {
+    let vg = &rig.nodes[1].vg;
+    let lv = naming::lv_name_for("pvc-cancel");
+    let count = || lv_names(vg).iter().filter(|n| **n == lv).count();
+    let mut cut = 0;
+    for ms in [2u64, 10, 40, 160] {
+        let call = c.create_volume(on_node("pvc-cancel", 2));
+        if tokio::time::timeout(Duration::from_millis(ms), call)
+            .await
+            .is_err()
+        {
+            cut += 1;
+        }
+    }
+    let v = until_answered("CreateVolume pvc-cancel", || {
+        let mut c = c.clone();
+        async move { c.create_volume(on_node("pvc-cancel", 2)).await }
+    })
+    .await
+    .unwrap()
+    .volume
+    .unwrap();
+    assert_eq!(count(), 1, "one LV for the name: {:?}", lv_names(vg));
+    for ms in [2u64, 10, 40] {
+        let call = c.delete_volume(del(&v.volume_id));
+        if tokio::time::timeout(Duration::from_millis(ms), call)
+            .await
+            .is_err()
+        {
+            cut += 1;
+        }
+    }
+    until_answered("DeleteVolume pvc-cancel", || {
+        let mut c = c.clone();
+        let id = v.volume_id.clone();
+        async move { c.delete_volume(del(&id)).await }
+    })
+    .await
+    .unwrap();
+    assert_eq!(count(), 0, "the LV went: {:?}", lv_names(vg));
+    assert!(cut > 0, "no call was cut short: the deadlines test nothing");
+    println!("MEASURE cluster cancellations: {cut} of 7 calls cut by the caller's deadline");
 }
 
 /// Whether a failed call is one a sidecar retries: UNAVAILABLE and
