@@ -22,16 +22,19 @@ scripts/packaging-requirements.txt into a venv). Checks:
   fields are errors) against the oldest Kubernetes release the deploy
   README supports and the newest the package carries. Kinds that are
   CustomResourceDefinitions of other projects (VolumeSnapshotClass,
-  VolumeSnapshot, ReclaimSpaceCronJob, PodMonitor, PrometheusRule) have no
-  schema there: they are checked structurally below, against the fields
+  VolumeGroupSnapshotClass, VolumeSnapshot, ReclaimSpaceCronJob,
+  PodMonitor, PrometheusRule, and the SnapshotMetadataService that
+  scripts/cluster-tls.sh writes) have no schema there: they are checked structurally below, against the fields
   their projects define; a render without components has none of them (it
   installs on a cluster without those CRDs). The source files kustomize
   reads (Kustomizations, Components) and kind's Cluster are checked
   structurally. The number of objects each render holds is printed.
 - The kubelet directory is set in one place: with another value in
   base/settings.yaml, every render names only that one.
-- Every sidecar flag in every rendered DaemonSet exists in the release its
-  image pins (SIDECARS below, with where each list was read).
+- The Secrets and the SnapshotMetadataService scripts/cluster-tls.sh
+  writes (run into a temporary directory) pass the same schemas.
+- Every sidecar flag in every rendered DaemonSet and Deployment exists in
+  the release its image pins (SIDECARS below, with where each list was read).
 - vagrant/Vagrantfile: `ruby -c` accepts it, every scripts/, config/
   and .ci/ path it names exists (scripts executable), and it runs .ci/run,
   the command CI runs.
@@ -40,6 +43,7 @@ Prints one line per failed check and ends with `packaging: N passed, M
 failed`; the exit status is non-zero when any check failed.
 """
 
+import base64
 import fnmatch
 import itertools
 import json
@@ -90,9 +94,10 @@ SIDECARS = {
     "registry.k8s.io/sig-storage/csi-provisioner": (
         "v6.3.0",
         # kubernetes-csi/external-provisioner cmd/csi-provisioner/csi-provisioner.go
-        # and README.md "Command line options" (--node-deployment,
-        # --enable-capacity, --capacity-ownerref-level: "1 for a StatefulSet
-        # or DaemonSet"); CHANGELOG-6.0 .. 6.3 remove no flag.
+        # and README.md "Command line options" (--enable-capacity,
+        # --capacity-ownerref-level: 2 for a Deployment, whose pods a
+        # ReplicaSet owns; pkg/owner/owner.go); CHANGELOG-6.0 .. 6.3 remove
+        # no flag.
         {"v", "csi-address", "timeout", "worker-threads", "node-deployment",
          "node-deployment-immediate-binding", "strict-topology", "immediate-topology",
          "enable-capacity", "capacity-ownerref-level", "capacity-poll-interval",
@@ -121,12 +126,22 @@ SIDECARS = {
     "registry.k8s.io/sig-storage/csi-snapshotter": (
         "v8.6.0",
         # kubernetes-csi/external-snapshotter cmd/csi-snapshotter/main.go
-        # (--node-deployment: "snapshots for node-local volumes"; it refuses
-        # --leader-election with it).
+        # and the vendored csi-lib-utils standardflags (leader election);
+        # pkg/features/features.go: the CSIVolumeGroupSnapshot gate.
         {"v", "csi-address", "timeout", "worker-threads", "node-deployment",
          "extra-create-metadata", "snapshot-name-prefix", "snapshot-name-uuid-length",
+         "groupsnapshot-name-prefix", "groupsnapshot-name-uuid-length",
+         "leader-election", "leader-election-namespace",
          "http-endpoint", "metrics-path", "retry-interval-start", "retry-interval-max",
          "kube-api-qps", "kube-api-burst", "feature-gates", "version"},
+    ),
+    "registry.k8s.io/sig-storage/csi-snapshot-metadata": (
+        "v1.1.0",
+        # kubernetes-csi/external-snapshot-metadata pkg/sidecar/sidecar.go
+        # (flag definitions; no leader election: every replica serves).
+        {"v", "csi-address", "timeout", "port", "tls-cert", "tls-key", "audience",
+         "max-streaming-duration-min", "http-endpoint", "metrics-path", "disable-metrics",
+         "kube-api-qps", "kube-api-burst", "kubeconfig", "version"},
     ),
     "quay.io/csiaddons/k8s-sidecar": (
         "v0.14.0",
@@ -701,8 +716,31 @@ def kind_cluster(p, w, d):
                        "propagation must be None, HostToContainer or Bidirectional")
 
 
+def snapshot_metadata_service(p, w, d):
+    # external-snapshot-metadata v1.1.0
+    # client/config/crd/cbt.storage.k8s.io_snapshotmetadataservices.yaml:
+    # cluster-scoped; spec.address, spec.audience and spec.caCert (bytes)
+    # all required.
+    only_keys(p, w, d, {"apiVersion", "kind", "metadata", "spec"})
+    check_meta(p, w, d, namespaced=False)
+    spec = d.get("spec") or {}
+    only_keys(p, w + " spec", spec, {"address", "audience", "caCert"})
+    for k in ("address", "audience", "caCert"):
+        expect(p, w, isinstance(spec.get(k), str) and spec[k], f"spec.{k} is required")
+    try:
+        pem = base64.b64decode(spec.get("caCert", ""), validate=True).decode()
+        expect(p, w, pem.startswith("-----BEGIN CERTIFICATE-----"), "spec.caCert must be a base64 PEM certificate")
+    except Exception as e:
+        p.append(f"{w}: spec.caCert is not base64: {e}")
+
+
 STRUCTURAL = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): volume_snapshot_class,
+    # external-snapshotter v8.6.0 client/config/crd/
+    # groupsnapshot.storage.k8s.io_volumegroupsnapshotclasses.yaml: v1 has
+    # the same fields as a VolumeSnapshotClass.
+    ("groupsnapshot.storage.k8s.io/v1", "VolumeGroupSnapshotClass"): volume_snapshot_class,
+    ("cbt.storage.k8s.io/v1beta1", "SnapshotMetadataService"): snapshot_metadata_service,
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshot"): volume_snapshot,
     ("csiaddons.openshift.io/v1alpha1", "ReclaimSpaceCronJob"): reclaim_space_cron_job,
     ("kind.x-k8s.io/v1alpha4", "Cluster"): kind_cluster,
@@ -829,6 +867,24 @@ def _():
     return p
 
 
+@check("scripts/cluster-tls.sh: its Secrets and SnapshotMetadataService pass the schemas")
+def _():
+    p = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run([str(ROOT / "scripts" / "cluster-tls.sh"), tmp, "--days", "2"],
+                             capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            return [f"exit {out.returncode}: {out.stderr}"]
+        kinds = []
+        for f in ("secrets.yaml", "snapshot-metadata.yaml"):
+            for i, doc in enumerate(yaml.safe_load_all(pathlib.Path(tmp, f).read_text())):
+                kinds.append(doc.get("kind"))
+                check_document(p, f"{f}[{i}] {doc_name(doc)}", doc)
+        expect(p, "cluster-tls.sh", sorted(kinds) == ["Secret", "Secret", "Secret", "SnapshotMetadataService"],
+               f"writes {kinds}: three Secrets and a SnapshotMetadataService")
+    return p
+
+
 @check("kubelet directory: one value in base/settings.yaml, and every render names only it")
 def _():
     p = []
@@ -911,14 +967,17 @@ def _():
     p = []
     seen = set()
     for name, docs in renders().items():
-        ds = [d for d in docs if d.get("kind") == "DaemonSet"]
-        if len(ds) != 1:
-            p.append(f"[{name}]: expected one DaemonSet, found {len(ds)}")
-            continue
-        for c in ds[0]["spec"]["template"]["spec"]["containers"]:
-            w = f"[{name}] {c['name']}"
+        pods = []
+        for kind in ("DaemonSet", "Deployment"):
+            found = [d for d in docs if d.get("kind") == kind]
+            if len(found) != 1:
+                p.append(f"[{name}]: expected one {kind}, found {len(found)}")
+            pods.extend((kind, d) for d in found)
+        containers = [(kind, c) for kind, d in pods for c in d["spec"]["template"]["spec"]["containers"]]
+        for kind, c in containers:
+            w = f"[{name}] {kind} {c['name']}"
             if not c.get("image"):
-                p.append(f"{w}: no image (a patch that names a container the DaemonSet lacks makes half of one)")
+                p.append(f"{w}: no image (a patch that names a container the {kind} lacks makes half of one)")
                 continue
             repo, tag = split_image(c["image"])
             if repo == DRIVER_IMAGE:

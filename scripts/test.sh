@@ -51,8 +51,11 @@ native() {
     # (every overlay and component combination) and checked;
     # --test docs: docs/configuration.md's reference and the commands of README and docs/;
     # --test conformance_table: every rule the conformance tables name exists;
-    # --test scale_seed: the text benches/scale.rs seeds LVM with.
-    cargo test --lib --bins --test deploy --test docs --test conformance_table --test scale_seed
+    # --test scale_seed: the text benches/scale.rs seeds LVM with;
+    # --test channel, cluster, node_keys: the internal channel, the cluster's
+    # controller and node keys, with a fake `lvm`.
+    cargo test --lib --bins --test deploy --test docs --test conformance_table --test scale_seed \
+        --test channel --test cluster --test node_keys
     echo "== packaging checks (Dockerfile parser, rendered manifests against the Kubernetes schemas, Vagrantfile)"
     scripts/check-packaging.sh
 }

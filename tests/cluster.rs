@@ -120,13 +120,8 @@ async fn rig(down: bool) -> Rig {
             address: closed.local_addr().unwrap().to_string(),
         });
     }
-    let (cert, key) = leaf(&controller_ca, "thinpool-csi-controller", &[ClientAuth]);
     let cfg = controller_config(
-        [
-            write(dir.path(), "controller.crt", &cert),
-            write(dir.path(), "controller.key", &key),
-            write(dir.path(), "nodes-ca.crt", &nodes_ca.pem()),
-        ],
+        controller_files(dir.path(), &controller_ca, &nodes_ca),
         listed,
     );
     let cluster = Arc::new(Cluster::new(cfg, None).await.unwrap());
@@ -139,6 +134,21 @@ async fn rig(down: bool) -> Rig {
         cluster,
         nodes,
     }
+}
+
+/// A controller client certificate from `controller_ca`, its key and the
+/// nodes' CA, written in `dir`.
+fn controller_files(
+    dir: &std::path::Path,
+    controller_ca: &Ca,
+    nodes_ca: &Ca,
+) -> [std::path::PathBuf; 3] {
+    let (cert, key) = leaf(controller_ca, "thinpool-csi-controller", &[ClientAuth]);
+    [
+        write(dir, "controller.crt", &cert),
+        write(dir, "controller.key", &key),
+        write(dir, "nodes-ca.crt", &nodes_ca.pem()),
+    ]
 }
 
 /// The controller's configuration: `tls` is its certificate, its key and
@@ -304,6 +314,30 @@ async fn a_listing_spans_the_nodes_and_pages_across_them() {
             .all(|v| v["device_class"] == "default"),
         "{listed}"
     );
+    // ... each with the node that holds it, from its key.
+    for v in listed["volumes"].as_array().unwrap() {
+        let id = v["volume_id"].as_str().unwrap();
+        let holder = r
+            .nodes
+            .iter()
+            .find(|(n, _)| naming::split_node(id).0 == Some(naming::node_key(n).as_str()))
+            .map(|(n, _)| n.as_str());
+        assert_eq!(v["node"].as_str(), holder, "{v}");
+        assert!(holder.is_some(), "{v}");
+    }
+    // A class the controller cannot check (each node has its own) is not
+    // refused there: it filters.
+    let fast = tpcsi_json(&[r.uri.as_str(), "--json", "list", "--class", "fast"]).await;
+    assert_eq!(fast["volumes"].as_array().map(Vec::len), Some(0), "{fast}");
+    // The table names the node first.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tpcsi"))
+        .args(["--endpoint", r.uri.as_str(), "list"])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("NODE "), "{text}");
+    assert_eq!(text.matches("worker-1 ").count(), 3, "{text}");
     // A token no node issued: ABORTED, as on a node's socket.
     let e = r
         .controller
@@ -335,6 +369,84 @@ async fn capacity_is_the_named_nodes_and_0_for_a_node_that_cannot_answer() {
     assert_eq!(capacity(c, Some("worker-9")).await, 0, "not listed");
     // Without a node: every node that answers.
     assert_eq!(capacity(c, None).await, one + two);
+    // `tpcsi capacity` pointed at the controller: each node's, as the
+    // provisioner asks it.
+    let got = tpcsi_json(&[r.uri.as_str(), "--json", "capacity"]).await;
+    let rows: Vec<(String, u64)> = got["nodes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{got}"))
+        .iter()
+        .map(|n| {
+            assert!(n["error"].is_null(), "{n}");
+            (
+                n["node"].as_str().unwrap().to_string(),
+                n["available_capacity"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("worker-1".to_string(), one as u64),
+            ("worker-2".to_string(), two as u64),
+            ("worker-3".to_string(), 0),
+        ],
+        "{got}"
+    );
+}
+
+/// Every forwarded call names the node it is meant for, and a node
+/// refuses one meant for another: a controller whose address for
+/// worker-2 is worker-1's (a pod IP reused before the next list) gets
+/// UNAVAILABLE for worker-2's calls, never worker-1's answers, and
+/// worker-1 touches nothing.
+#[tokio::test]
+async fn a_call_reaching_another_node_is_refused_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
+    let (address, lvs) = node(
+        dir.path(),
+        "worker-1",
+        &["pvc-a".to_string()],
+        &nodes_ca,
+        &controller_ca,
+    )
+    .await;
+    let listed = ["worker-1", "worker-2"]
+        .map(|id| StaticNode {
+            id: id.into(),
+            address: address.clone(),
+        })
+        .to_vec();
+    let cfg = controller_config(
+        controller_files(dir.path(), &controller_ca, &nodes_ca),
+        listed,
+    );
+    let cluster = Arc::new(Cluster::new(cfg, None).await.unwrap());
+    let mut c = ControllerClient::connect(serve(&cluster, dir.path()))
+        .await
+        .unwrap();
+    // worker-1's own calls pass.
+    let mine = naming::with_node(&naming::node_key("worker-1"), &lvs[0]);
+    assert_eq!(get(&mut c, &mine).await.unwrap(), mine);
+    assert!(capacity(&mut c, Some("worker-1")).await > 0);
+    // worker-2's reach worker-1, which refuses them: no capacity of
+    // worker-1's passes for worker-2's, and a delete is not done.
+    assert_eq!(capacity(&mut c, Some("worker-2")).await, 0);
+    let theirs = naming::with_node(&naming::node_key("worker-2"), &lvs[0]);
+    let e = c
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: theirs,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(
+        e.message().contains("meant for \"worker-2\""),
+        "{}",
+        e.message()
+    );
 }
 
 /// `thinpool-csi controller --config FILE`: the binary serves the

@@ -18,6 +18,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use thinpool_csi::cluster::ControllerConfig;
 use thinpool_csi::config::{parse_endpoint, Config, UdevMode};
 use thinpool_csi::proto::csi::v1::controller_service_capability::rpc::Type as Ctrl;
 use thinpool_csi::proto::csi::v1::node_service_capability::rpc::Type as NodeCap;
@@ -27,14 +28,27 @@ use thinpool_csi::proto::identity::capability::Type as AddonsCap;
 // ---------------------------------------------------------------------------
 // What the packaging must contain.
 
-/// A sidecar container of the node DaemonSet.
+/// Where a sidecar runs: the node DaemonSet, the controller Deployment,
+/// or both (deploy/kubernetes/README.md, "Sidecars and the controller").
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Place {
+    Node,
+    Controller,
+    Both,
+}
+
+impl Place {
+    fn runs_on(self, side: Place) -> bool {
+        self == Place::Both || self == side
+    }
+}
+
+/// A sidecar container.
 struct Sidecar {
     repo: &'static str,
     /// The component that adds it; None: the base runs it.
     component: Option<&'static str>,
-    /// The flags (with their values) of its per-node mode, which also needs
-    /// env NODE_NAME from spec.nodeName; empty: the release it pins has none.
-    per_node: &'static [(&'static str, &'static str)],
+    place: Place,
 }
 
 const REGISTRAR: &str = "registry.k8s.io/sig-storage/csi-node-driver-registrar";
@@ -43,58 +57,66 @@ const PROVISIONER: &str = "registry.k8s.io/sig-storage/csi-provisioner";
 const ATTACHER: &str = "registry.k8s.io/sig-storage/csi-attacher";
 const RESIZER: &str = "registry.k8s.io/sig-storage/csi-resizer";
 const SNAPSHOTTER: &str = "registry.k8s.io/sig-storage/csi-snapshotter";
+const SNAPSHOT_METADATA: &str = "registry.k8s.io/sig-storage/csi-snapshot-metadata";
 const CSI_ADDONS: &str = "quay.io/csiaddons/k8s-sidecar";
-/// Sidecars no deployment here may run: the snapshot-metadata sidecar has
-/// one address per driver, so it cannot reach the node that holds a
-/// snapshot (SnapshotMetadata is socket-only, deploy/kubernetes/README.md).
-const NEVER: &[&str] = &["registry.k8s.io/sig-storage/csi-snapshot-metadata"];
 
-/// Every sidecar, with where it comes from and its per-node mode
-/// (read from each sidecar's source: deploy/kubernetes/README.md, "Sidecars").
+/// Every sidecar, with where it comes from and where it runs (read from
+/// each sidecar's source: deploy/kubernetes/README.md, "Sidecars").
 const SIDECARS: &[Sidecar] = &[
     // Per node by nature: it registers its own node's socket.
     Sidecar {
         repo: REGISTRAR,
         component: None,
-        per_node: &[],
+        place: Place::Node,
     },
+    // The node driver's liveness, and the controller's.
     Sidecar {
         repo: LIVENESS,
         component: None,
-        per_node: &[],
+        place: Place::Both,
     },
+    // The central sidecars: one elected instance calls the controller,
+    // which forwards to the node of the object.
     Sidecar {
         repo: PROVISIONER,
         component: None,
-        per_node: &[("--node-deployment", "true")],
+        place: Place::Controller,
     },
-    // external-attacher and external-resizer have no per-node mode.
     Sidecar {
         repo: ATTACHER,
         component: None,
-        per_node: &[],
+        place: Place::Controller,
     },
     Sidecar {
         repo: RESIZER,
         component: None,
-        per_node: &[],
+        place: Place::Controller,
     },
     Sidecar {
         repo: SNAPSHOTTER,
         component: Some("snapshots"),
-        per_node: &[("--node-deployment", "true")],
+        place: Place::Controller,
     },
-    // Per node through --node-id=$(NODE_NAME) (checked below).
+    Sidecar {
+        repo: SNAPSHOT_METADATA,
+        component: Some("snapshot-metadata"),
+        place: Place::Controller,
+    },
+    // Node calls on the node (by the VolumeAttachment's node), controller
+    // calls on the lease holder: the controller.
     Sidecar {
         repo: CSI_ADDONS,
         component: Some("csi-addons"),
-        per_node: &[],
+        place: Place::Both,
     },
 ];
-/// Images without a digest: no public manifest pinning this release was
-/// found where the deployment was written
-/// (deploy/kubernetes/components/csi-addons/kustomization.yaml).
-const UNPINNED: &[&str] = &[CSI_ADDONS];
+/// The central sidecars that elect one leader among the replicas.
+const ELECTING: &[&str] = &[PROVISIONER, ATTACHER, RESIZER, SNAPSHOTTER];
+/// Images without a digest: no digest of their release could be checked
+/// where the deployment was written (deploy/kubernetes/README.md,
+/// "Operator settings", names both; each component's kustomization.yaml
+/// says how to add one).
+const UNPINNED: &[&str] = &[CSI_ADDONS, SNAPSHOT_METADATA];
 /// The driver's own image (built from the Dockerfile), tagged with the
 /// crate version.
 const DRIVER_IMAGE: &str = "thinpool-csi";
@@ -110,10 +132,21 @@ const CRD_KINDS: &[&str] = &[
 ];
 /// What each component must render, besides its container.
 const COMPONENT_KINDS: &[(&str, &[&str])] = &[
-    ("snapshots", &["VolumeSnapshotClass"]),
+    (
+        "snapshots",
+        &["VolumeSnapshotClass", "VolumeGroupSnapshotClass"],
+    ),
     ("csi-addons", &[]),
+    ("snapshot-metadata", &["Service"]),
     ("monitoring", &["PodMonitor", "PrometheusRule"]),
 ];
+/// The names the channel's Secrets have (scripts/cluster-tls.sh).
+const NODE_TLS: &str = "thinpool-csi-node-tls";
+const CONTROLLER_TLS: &str = "thinpool-csi-controller-tls";
+const SNAPSHOT_METADATA_TLS: &str = "thinpool-csi-snapshot-metadata-tls";
+/// The ServiceAccounts of the two workloads.
+const NODE_SA: &str = "thinpool-csi-node";
+const CONTROLLER_SA: &str = "thinpool-csi-controller";
 /// The label that takes the plugin off a node for maintenance
 /// (deploy/kubernetes/README.md, "Maintenance").
 const MAINTENANCE_LABEL: &str = "thinpool.csi.storage.dev/maintenance";
@@ -1030,40 +1063,52 @@ fn crate_version() -> String {
 /// The driver configuration of the ConfigMap, through the driver's own
 /// parser, with the file name the DaemonSet passes to --config.
 fn configmap_config(r: &Render, ds: &Doc) -> (Config, String) {
-    let driver = driver_container(ds);
+    let (cm, key, text, path) = config_file(r, ds);
+    let cfg = Config::parse(text)
+        .unwrap_or_else(|e| panic!("{}: the driver refuses {key}: {e}", cm.at()));
+    (cfg, path)
+}
+
+/// The file the driver container of `pod` names with `--config`: the
+/// ConfigMap mounted at its directory, its key, its text, and the path.
+fn config_file<'a>(r: &'a Render, pod: &Doc) -> (&'a Doc, String, &'a str, String) {
+    let driver = driver_container(pod);
     let args = driver.strs(&["args"]);
     let path = args
         .iter()
         .position(|a| a == "--config")
         .and_then(|i| args.get(i + 1))
-        .unwrap_or_else(|| panic!("{}: the driver has no `--config FILE` args", ds.at()))
+        .unwrap_or_else(|| panic!("{}: the driver has no `--config FILE` args", pod.at()))
         .clone();
     let (dir, key) = path.rsplit_once('/').unwrap();
     let mount = driver
         .seq(&["volumeMounts"])
         .iter()
         .find(|m| m.s(&["mountPath"]) == Some(dir))
-        .unwrap_or_else(|| panic!("{}: nothing is mounted at {dir} (--config {path})", ds.at()));
-    let vol = pod_volume(ds, mount.s(&["name"]).unwrap());
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: nothing is mounted at {dir} (--config {path})",
+                pod.at()
+            )
+        });
+    let vol = pod_volume(pod, mount.s(&["name"]).unwrap());
     let cm_name = vol
         .s(&["configMap", "name"])
-        .unwrap_or_else(|| panic!("{}: {dir} is not a ConfigMap volume", ds.at()));
+        .unwrap_or_else(|| panic!("{}: {dir} is not a ConfigMap volume", pod.at()));
     let cm = r
         .all("ConfigMap")
-        .find(|d| d.name() == cm_name && d.ns() == ds.ns())
+        .find(|d| d.name() == cm_name && d.ns() == pod.ns())
         .unwrap_or_else(|| {
             panic!(
                 "[{}]: ConfigMap {}/{cm_name} is not rendered",
                 r.name,
-                ds.ns()
+                pod.ns()
             )
         });
     let text =
         cm.y.s(&["data", key])
             .unwrap_or_else(|| panic!("{}: no data key {key:?}", cm.at()));
-    let cfg = Config::parse(text)
-        .unwrap_or_else(|e| panic!("{}: the driver refuses {key}: {e}", cm.at()));
-    (cfg, path)
+    (cm, key.to_string(), text, path)
 }
 
 // ---------------------------------------------------------------------------
@@ -1196,9 +1241,10 @@ fn renders_hold_what_their_components_bring_and_nothing_needing_crds_else() {
                 });
             }
         }
-        p.check(kinds.get("DaemonSet") == Some(&1), || {
-            format!("[{}]: one DaemonSet expected", r.name)
-        });
+        p.check(
+            kinds.get("DaemonSet") == Some(&1) && kinds.get("Deployment") == Some(&1),
+            || format!("[{}]: one DaemonSet and one Deployment expected", r.name),
+        );
     }
     p.finish("renders");
 }
@@ -1388,7 +1434,7 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
     socket_dir_rules(&nds, p);
     registrar_rules(&nds, p);
     health_rules(&nds, p);
-    per_node_rules(&nds, p);
+    node_sidecar_rules(&nds, p);
     scheduling_rules(&nds, p);
 }
 
@@ -1396,15 +1442,28 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
 /// components, nothing else, all pinned; the driver's is the crate
 /// version, privileged, and the pod's default container.
 fn image_rules(nds: &NodeDs, version: &str, p: &mut Problems) {
-    let (r, ds, at) = (nds.r, nds.ds, &nds.at);
-    let images: Vec<&str> = containers(ds)
+    pinned_images(nds.r, nds.ds, Place::Node, version, p);
+    let at = &nds.at;
+    p.check(
+        nds.driver.s(&["securityContext", "privileged"]) == Some("true"),
+        || format!("{at}: the driver container must be privileged"),
+    );
+}
+
+/// The images of `pod` (the `side` workload): exactly the driver and the
+/// sidecars that run there in this render, each pinned to a release tag
+/// and by digest (but [`UNPINNED`] and the driver's own), the driver's the
+/// crate version; `kubectl logs/exec` default to the driver.
+fn pinned_images(r: &Render, pod: &Doc, side: Place, version: &str, p: &mut Problems) {
+    let at = pod.at();
+    let images: Vec<&str> = containers(pod)
         .iter()
         .map(|c| c.s(&["image"]).unwrap_or(""))
         .collect();
     let repos: BTreeSet<&str> = images.iter().map(|i| image_repo(i)).collect();
     let want: BTreeSet<&str> = SIDECARS
         .iter()
-        .filter(|s| s.component.is_none_or(|c| r.has(c)))
+        .filter(|s| s.place.runs_on(side) && s.component.is_none_or(|c| r.has(c)))
         .map(|s| s.repo)
         .chain([DRIVER_IMAGE])
         .collect();
@@ -1418,9 +1477,6 @@ fn image_rules(nds: &NodeDs, version: &str, p: &mut Problems) {
                 || tag.starts_with('v') && tag[1..].split('.').count() == 3,
             || format!("{at}: image {img:?} must be pinned to a vX.Y.Z release tag"),
         );
-        p.check(!NEVER.contains(&image_repo(img)), || {
-            format!("{at}: {img} cannot work per node (socket-only, README.md)")
-        });
     }
     // Pinned by digest: every image but the driver's own (its digest
     // exists only once an operator pushes it) and UNPINNED.
@@ -1439,11 +1495,7 @@ fn image_rules(nds: &NodeDs, version: &str, p: &mut Problems) {
         format!("{at}: the driver image must be {driver_image} (the crate version)")
     });
     p.check(
-        nds.driver.s(&["securityContext", "privileged"]) == Some("true"),
-        || format!("{at}: the driver container must be privileged"),
-    );
-    p.check(
-        ds.y.s(&[
+        pod.y.s(&[
             "spec",
             "template",
             "metadata",
@@ -1663,7 +1715,7 @@ fn socket_dir_rules(nds: &NodeDs, p: &mut Problems) {
                 },
             );
         }
-        container_rules(nds, c, p);
+        container_rules(ds, c, p);
     }
     p.check(addons_sock.parent() == csi_sock.parent(), || {
         format!(
@@ -1688,8 +1740,8 @@ fn socket_dir_rules(nds: &NodeDs, p: &mut Problems) {
 /// Each container on its own: every $(VAR) in its args is defined in its
 /// env, every mount has a volume, and it has its sizes
 /// (base/resources.yaml, or next to a component's container).
-fn container_rules(nds: &NodeDs, c: &Y, p: &mut Problems) {
-    let (ds, at) = (nds.ds, &nds.at);
+fn container_rules(ds: &Doc, c: &Y, p: &mut Problems) {
+    let at = &ds.at();
     for a in c.strs(&["args"]) {
         let mut rest = a.as_str();
         while let Some(start) = rest.find("$(") {
@@ -1804,46 +1856,21 @@ fn health_rules(nds: &NodeDs, p: &mut Problems) {
     });
 }
 
-/// Per-node mode: the flags and NODE_NAME on every sidecar that has one;
-/// distributed provisioning with capacity tracking; no per-node sidecar
-/// elects one leader for the cluster; csi-addons has the driver's node
-/// id and its staging path under the kubelet directory.
-fn per_node_rules(nds: &NodeDs, p: &mut Problems) {
+/// The node's sidecars serve their own node: none elects a leader;
+/// csi-addons has the driver's node id (the Kubernetes node name, which a
+/// VolumeAttachment names) and its staging path under the kubelet
+/// directory. The driver serves the controller's channel: `[cluster]` on
+/// its `cluster` port, its certificate and key from the nodes' Secret
+/// and, of the controller's, the CA alone; controller expansion on, as
+/// the controller's.
+fn node_sidecar_rules(nds: &NodeDs, p: &mut Problems) {
     let (ds, at, kubelet) = (nds.ds, &nds.at, nds.kubelet);
-    for s in SIDECARS.iter().filter(|s| !s.per_node.is_empty()) {
-        let Some(c) = find_container(ds, s.repo) else {
-            continue;
-        };
-        for (f, v) in s.per_node {
-            let got = flag(c, f);
-            p.check(got.as_deref() == Some(*v), || {
-                format!(
-                    "{at}: {} needs {f}={v} (per-node mode), has {got:?}",
-                    cname(c)
-                )
-            });
-        }
-        p.check(
-            env(c, "NODE_NAME") == Some("fieldRef:spec.nodeName".into()),
-            || {
-                format!(
-                    "{at}: {} needs env NODE_NAME from spec.nodeName (per-node mode)",
-                    cname(c)
-                )
-            },
-        );
-    }
-    provisioner_rules(nds, p);
     for c in containers(ds) {
         let repo = image_repo(c.s(&["image"]).unwrap_or(""));
         if repo == CSI_ADDONS || repo == DRIVER_IMAGE {
             continue;
         }
-        let elects = c
-            .strs(&["args"])
-            .iter()
-            .any(|a| a == "--leader-election" || a == "--leader-election=true");
-        p.check(!elects, || {
+        p.check(!elects(c), || {
             format!(
                 "{at}: {} must not use leader election: it serves its node only",
                 cname(c)
@@ -1854,7 +1881,7 @@ fn per_node_rules(nds: &NodeDs, p: &mut Problems) {
         p.check(
             addons.strs(&["args"]).iter().any(|a| a == "--node-id=$(NODE_NAME)")
                 && env(addons, "NODE_NAME") == Some("fieldRef:spec.nodeName".into()),
-            || format!("{at}: csi-addons needs --node-id=$(NODE_NAME) from spec.nodeName, the driver's node id"),
+            || format!("{at}: csi-addons needs --node-id=$(NODE_NAME) from spec.nodeName, the node a VolumeAttachment names"),
         );
         let staging = flag(addons, "--stagingpath").unwrap_or_default();
         p.check(
@@ -1867,38 +1894,121 @@ fn per_node_rules(nds: &NodeDs, p: &mut Problems) {
             });
         }
     }
+    let cluster = &nds.cfg.cluster;
+    let listen_port = cluster.listen.rsplit_once(':').map(|(_, p)| p.to_string());
+    let named = named_port(nds.driver, "cluster");
+    p.check(listen_port.is_some() && listen_port == named, || {
+        format!(
+            "{at}: [cluster] listen {:?} must be the driver's port named `cluster` ({named:?})",
+            cluster.listen
+        )
+    });
+    for (file, secret, key) in [
+        (&cluster.tls_cert, NODE_TLS, "tls.crt"),
+        (&cluster.tls_key, NODE_TLS, "tls.key"),
+        (&cluster.client_ca, CONTROLLER_TLS, "ca.crt"),
+    ] {
+        tls_file_rule(ds, nds.driver, file, secret, key, p);
+    }
+    no_foreign_key_rule(ds, nds.driver, NODE_TLS, p);
+    p.check(nds.cfg.controller_expansion, || {
+        format!("{at}: controller_expansion must be on (an unstaged volume grows through the controller)")
+    });
 }
 
-/// Distributed provisioning with capacity tracking: csi-provisioner's
-/// flags, and the env its capacity owner reference needs.
-fn provisioner_rules(nds: &NodeDs, p: &mut Problems) {
-    let at = &nds.at;
-    let prov = container_by_image(nds.ds, PROVISIONER);
-    for (f, v) in [
-        ("--enable-capacity", Some("true")),
-        // The pod owns its node's CSIStorageCapacity objects, so they go
-        // with it (base/node.yaml says why).
-        ("--capacity-ownerref-level", Some("0")),
-        ("--strict-topology", Some("true")),
-    ] {
-        let got = flag(prov, f);
-        p.check(
-            got.is_some() && (v.is_none() || got.as_deref() == v),
-            || {
-                format!(
-                    "{at}: csi-provisioner needs {f}{}",
-                    v.map(|v| format!("={v}")).unwrap_or_default()
-                )
-            },
-        );
+/// Whether container `c` elects a leader.
+fn elects(c: &Y) -> bool {
+    c.strs(&["args"])
+        .iter()
+        .any(|a| a == "--leader-election" || a == "--leader-election=true")
+}
+
+/// The containerPort of `c`'s port named `name`.
+fn named_port(c: &Y, name: &str) -> Option<String> {
+    c.seq(&["ports"])
+        .iter()
+        .find(|p| p.s(&["name"]) == Some(name))
+        .and_then(|p| p.s(&["containerPort"]))
+        .map(str::to_string)
+}
+
+/// The (Secret, key) that file `path` of container `c` comes from: a
+/// mount of its directory, whose volume is a Secret or projects Secrets.
+fn secret_file(pod: &Doc, c: &Y, path: &str) -> Option<(String, String)> {
+    let (dir, name) = path.rsplit_once('/')?;
+    let m = c
+        .seq(&["volumeMounts"])
+        .iter()
+        .find(|m| m.s(&["mountPath"]).map(|p| p.trim_end_matches('/')) == Some(dir))?;
+    let vol = pod_volume(pod, m.s(&["name"])?);
+    let sources: Vec<&Y> = match vol.s(&["secret", "secretName"]) {
+        Some(_) => vec![vol],
+        None => vol.seq(&["projected", "sources"]).iter().collect(),
+    };
+    for src in sources {
+        let (secret, items) = match src.s(&["secret", "secretName"]) {
+            Some(n) => (n, src.seq(&["secret", "items"])),
+            None => (src.s(&["secret", "name"])?, src.seq(&["secret", "items"])),
+        };
+        if items.is_empty() {
+            // A whole Secret: each key is a file of its name.
+            if ["tls.crt", "tls.key", "ca.crt"].contains(&name) {
+                return Some((secret.to_string(), name.to_string()));
+            }
+        }
+        for it in items {
+            if it.s(&["path"]) == Some(name) {
+                return Some((secret.to_string(), it.s(&["key"])?.to_string()));
+            }
+        }
     }
-    for (var, field) in [
-        ("NAMESPACE", "metadata.namespace"),
-        ("POD_NAME", "metadata.name"),
-    ] {
-        p.check(env(prov, var) == Some(format!("fieldRef:{field}")), || {
-            format!("{at}: csi-provisioner needs env {var} from {field}")
-        });
+    None
+}
+
+/// `path` (a TLS file a config names) is `key` of Secret `secret`.
+fn tls_file_rule(
+    pod: &Doc,
+    c: &Y,
+    path: &std::path::Path,
+    secret: &str,
+    key: &str,
+    p: &mut Problems,
+) {
+    let got = secret_file(pod, c, &path.display().to_string());
+    p.check(got == Some((secret.to_string(), key.to_string())), || {
+        format!(
+            "{}: {} must be {key} of Secret {secret}, is {got:?}",
+            pod.at(),
+            path.display()
+        )
+    });
+}
+
+/// Of the other side's Secret (not `own`), `c` may mount `ca.crt` alone:
+/// never its key or certificate.
+fn no_foreign_key_rule(pod: &Doc, c: &Y, own: &str, p: &mut Problems) {
+    for m in c.seq(&["volumeMounts"]) {
+        let vol = pod_volume(pod, m.s(&["name"]).unwrap_or(""));
+        for src in vol.seq(&["projected", "sources"]) {
+            let Some(secret) = src.s(&["secret", "name"]) else {
+                continue;
+            };
+            if secret == own {
+                continue;
+            }
+            let keys: Vec<&str> = src
+                .seq(&["secret", "items"])
+                .iter()
+                .filter_map(|i| i.s(&["key"]))
+                .collect();
+            p.check(keys == ["ca.crt"], || {
+                format!(
+                    "{}: {} may take ca.crt alone of Secret {secret}, takes {keys:?}",
+                    pod.at(),
+                    cname(c)
+                )
+            });
+        }
     }
 }
 
@@ -1935,6 +2045,338 @@ fn scheduling_rules(nds: &NodeDs, p: &mut Problems) {
             }),
         || format!("{at}: every node affinity term must exclude nodes labelled {MAINTENANCE_LABEL} (the maintenance recipe)"),
     );
+}
+
+#[test]
+fn controller_deployment_in_every_render() {
+    let version = crate_version();
+    let mut p = Problems::default();
+    for r in renders() {
+        controller_deployment(r, &version, &mut p);
+    }
+    p.finish("controller Deployment");
+}
+
+/// The controller's configuration of the ConfigMap its `--config` names,
+/// through the controller's own parser.
+fn controller_config(r: &Render, dep: &Doc) -> ControllerConfig {
+    let args = driver_container(dep).strs(&["args"]);
+    assert!(
+        args.first().map(String::as_str) == Some("controller"),
+        "{}: the driver container must run `controller`, runs {args:?}",
+        dep.at()
+    );
+    let (cm, key, text, _) = config_file(r, dep);
+    // One file per call: the tests run side by side.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("controller-{}-{n}-{key}", std::process::id()));
+    std::fs::write(&file, text).unwrap();
+    let cfg = ControllerConfig::load(&file)
+        .unwrap_or_else(|e| panic!("{}: the controller refuses {key}: {e}", cm.at()));
+    let _ = std::fs::remove_file(&file);
+    cfg
+}
+
+/// The labels of a workload's pods.
+fn pod_labels(d: &Doc) -> BTreeMap<String, String> {
+    string_map(d, &["spec", "template", "metadata", "labels"])
+}
+
+/// The string map at `path` of `d` (labels, a selector).
+fn string_map(d: &Doc, path: &[&str]) -> BTreeMap<String, String> {
+    match d.y.path(path) {
+        Some(Y::Map(m)) => m
+            .iter()
+            .filter_map(|(k, v)| match v {
+                Y::Str(v) => Some((k.clone(), v.clone())),
+                _ => None,
+            })
+            .collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+/// Whether `k=v,k2=v2` selects pods labelled `labels`.
+fn selects(selector: &str, labels: &BTreeMap<String, String>) -> bool {
+    !selector.is_empty()
+        && selector.split(',').all(|term| {
+            term.split_once('=')
+                .is_some_and(|(k, v)| labels.get(k.trim()).map(String::as_str) == Some(v.trim()))
+        })
+}
+
+/// Every rule of one render's controller Deployment.
+fn controller_deployment(r: &Render, version: &str, p: &mut Problems) {
+    let dep = r.one("Deployment");
+    let ds = r.one("DaemonSet");
+    let at = dep.at();
+    pinned_images(r, dep, Place::Controller, version, p);
+    let spec = pod_spec(dep);
+    p.check(dep.y.s(&["spec", "replicas"]) == Some("2"), || {
+        format!("{at}: two replicas (the sidecars elect the active one)")
+    });
+    p.check(
+        spec.s(&["serviceAccountName"]) == Some(CONTROLLER_SA),
+        || format!("{at}: serviceAccountName must be {CONTROLLER_SA}"),
+    );
+    // Unprivileged: no host path, no host network, no root, nothing
+    // writable but its emptyDir.
+    for v in spec.seq(&["volumes"]) {
+        p.check(v.get("hostPath").is_none(), || {
+            format!("{at}: volume {:?} is a host path", v.s(&["name"]))
+        });
+    }
+    p.check(spec.s(&["hostNetwork"]) != Some("true"), || {
+        format!("{at}: no host network")
+    });
+    p.check(
+        spec.s(&["securityContext", "runAsNonRoot"]) == Some("true"),
+        || format!("{at}: the pod must run as non-root"),
+    );
+    for c in containers(dep) {
+        let sc = |k: &str| c.s(&["securityContext", k]);
+        p.check(
+            sc("privileged") != Some("true")
+                && sc("allowPrivilegeEscalation") == Some("false")
+                && sc("readOnlyRootFilesystem") == Some("true")
+                && c.strs(&["securityContext", "capabilities", "drop"]) == ["ALL"],
+            || {
+                format!(
+                    "{at}: {} must be unprivileged (no escalation, read-only root, no capability)",
+                    cname(c)
+                )
+            },
+        );
+        container_rules(dep, c, p);
+    }
+    // The config, through the controller's parser, agrees with the node's.
+    let cfg = controller_config(r, dep);
+    let (node_cfg, _) = configmap_config(r, ds);
+    p.check(
+        cfg.driver_name == node_cfg.driver_name && r.one("CSIDriver").name() == cfg.driver_name,
+        || {
+            format!(
+                "{at}: driver_name {:?} must be the node's and the CSIDriver's",
+                cfg.driver_name
+            )
+        },
+    );
+    p.check(
+        cfg.controller_expansion == node_cfg.controller_expansion,
+        || format!("{at}: controller_expansion must be the node plugins'"),
+    );
+    let driver = driver_container(dep);
+    for (file, secret, key) in [
+        (&cfg.tls_cert, CONTROLLER_TLS, "tls.crt"),
+        (&cfg.tls_key, CONTROLLER_TLS, "tls.key"),
+        (&cfg.nodes_ca, NODE_TLS, "ca.crt"),
+    ] {
+        tls_file_rule(dep, driver, file, secret, key, p);
+    }
+    no_foreign_key_rule(dep, driver, CONTROLLER_TLS, p);
+    // The certificate every node presents names node_server_name.
+    let script = read("scripts/cluster-tls.sh");
+    p.check(
+        script.contains(&format!("subjectAltName=DNS:{}\\n", cfg.node_server_name)),
+        || format!("{at}: node_server_name {:?} is not the DNS name scripts/cluster-tls.sh gives the nodes", cfg.node_server_name),
+    );
+    // Discovery: the node plugin pods, on the port of their channel.
+    match &cfg.discovery {
+        None => p.push(format!(
+            "{at}: the controller must find the node plugins ([discovery])"
+        )),
+        Some(d) => {
+            p.check(selects(&d.label_selector, &pod_labels(ds)), || {
+                format!(
+                    "{at}: discovery.label_selector {:?} must select the node plugin pods",
+                    d.label_selector
+                )
+            });
+            p.check(!selects(&d.label_selector, &pod_labels(dep)), || {
+                format!(
+                    "{at}: discovery.label_selector {:?} also selects the controller's pods",
+                    d.label_selector
+                )
+            });
+            let listen = node_cfg
+                .cluster
+                .listen
+                .rsplit_once(':')
+                .map(|(_, p)| p.to_string());
+            p.check(listen == Some(d.port.to_string()), || {
+                format!(
+                    "{at}: discovery.port {} must be the nodes' [cluster] listen port {listen:?}",
+                    d.port
+                )
+            });
+        }
+    }
+    p.check(
+        env(driver, "POD_NAMESPACE") == Some("fieldRef:metadata.namespace".into()),
+        || format!("{at}: the controller needs POD_NAMESPACE (discovery lists its own namespace)"),
+    );
+    // Sockets: one emptyDir, every sidecar's address in it.
+    let csi_sock = parse_endpoint(&env(driver, "CSI_ENDPOINT").unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{at}: CSI_ENDPOINT: {e}"));
+    p.check(
+        parse_endpoint(&cfg.endpoint).ok() == Some(csi_sock.clone()),
+        || format!("{at}: CSI_ENDPOINT and the config's endpoint disagree"),
+    );
+    let sock_dir = csi_sock.parent().unwrap().to_str().unwrap().to_string();
+    for c in containers(dep) {
+        let m = c
+            .seq(&["volumeMounts"])
+            .iter()
+            .find(|m| m.s(&["mountPath"]) == Some(sock_dir.as_str()));
+        let empty = m.is_some_and(|m| {
+            pod_volume(dep, m.s(&["name"]).unwrap())
+                .get("emptyDir")
+                .is_some()
+        });
+        p.check(empty, || {
+            format!("{at}: {} must mount the emptyDir {sock_dir}", cname(c))
+        });
+        if std::ptr::eq(c, driver) {
+            continue;
+        }
+        let (flag_name, want) = if image_repo(c.s(&["image"]).unwrap_or("")) == CSI_ADDONS {
+            ("--csi-addons-address", cfg.csi_addons_endpoint.clone())
+        } else {
+            ("--csi-address", csi_sock.display().to_string())
+        };
+        let got = flag(c, flag_name);
+        p.check(
+            !want.is_empty() && got.as_deref().map(socket_path) == Some(socket_path(&want)),
+            || format!("{at}: {} needs {flag_name}={want}, has {got:?}", cname(c)),
+        );
+    }
+    // Leader election, each with its own health endpoint.
+    let mut ports = BTreeMap::new();
+    for c in containers(dep) {
+        for port in c.seq(&["ports"]) {
+            let n = port.s(&["containerPort"]).unwrap_or("").to_string();
+            if let Some(other) = ports.insert(n.clone(), cname(c).to_string()) {
+                p.push(format!(
+                    "{at}: port {n} is claimed by {other} and {}",
+                    cname(c)
+                ));
+            }
+        }
+        let repo = image_repo(c.s(&["image"]).unwrap_or(""));
+        if ELECTING.contains(&repo) {
+            p.check(
+                elects(c)
+                    && flag(c, "--leader-election-namespace").as_deref() == Some("$(NAMESPACE)")
+                    && env(c, "NAMESPACE") == Some("fieldRef:metadata.namespace".into()),
+                || format!("{at}: {} must elect a leader in its namespace (--leader-election, --leader-election-namespace=$(NAMESPACE) from metadata.namespace)", cname(c)),
+            );
+            let port = endpoint_port(c);
+            p.check(
+                port.is_some()
+                    && probe_port(c, "livenessProbe") == port
+                    && c.s(&["livenessProbe", "httpGet", "path"]) == Some("/healthz/leader-election"),
+                || format!("{at}: {} needs --http-endpoint and a livenessProbe on its /healthz/leader-election", cname(c)),
+            );
+        } else if repo != CSI_ADDONS {
+            p.check(!elects(c), || {
+                format!("{at}: {} elects no leader", cname(c))
+            });
+        }
+        p.check(flag(c, "--node-deployment").is_none(), || {
+            format!("{at}: {} is central: no --node-deployment", cname(c))
+        });
+    }
+    controller_sidecar_flags(r, dep, ds, p);
+}
+
+/// The central sidecars' own flags: strict topology and capacity owned by
+/// the Deployment; the resizer without a pod informer; group snapshots;
+/// csi-addons never named after a node; csi-snapshot-metadata behind its
+/// Service with its certificate.
+fn controller_sidecar_flags(r: &Render, dep: &Doc, ds: &Doc, p: &mut Problems) {
+    let at = dep.at();
+    let prov = container_by_image(dep, PROVISIONER);
+    for (f, v) in [
+        ("--enable-capacity", "true"),
+        // pod, ReplicaSet, Deployment: the objects outlive a replica.
+        ("--capacity-ownerref-level", "2"),
+        ("--strict-topology", "true"),
+    ] {
+        let got = flag(prov, f);
+        p.check(got.as_deref() == Some(v), || {
+            format!("{at}: csi-provisioner needs {f}={v}, has {got:?}")
+        });
+    }
+    for (var, field) in [
+        ("NAMESPACE", "metadata.namespace"),
+        ("POD_NAME", "metadata.name"),
+    ] {
+        p.check(env(prov, var) == Some(format!("fieldRef:{field}")), || {
+            format!("{at}: csi-provisioner needs env {var} from {field}")
+        });
+    }
+    let resizer = container_by_image(dep, RESIZER);
+    p.check(flag(resizer, "--handle-volume-inuse-error").as_deref() == Some("false"), || {
+        format!("{at}: csi-resizer needs --handle-volume-inuse-error=false (volumes grow in use; no pod informer)")
+    });
+    if let Some(snap) = find_container(dep, SNAPSHOTTER) {
+        let gates = flag(snap, "--feature-gates").unwrap_or_default();
+        p.check(gates.contains("CSIVolumeGroupSnapshot=true"), || {
+            format!("{at}: csi-snapshotter needs --feature-gates=CSIVolumeGroupSnapshot=true")
+        });
+    }
+    if let Some(addons) = find_container(dep, CSI_ADDONS) {
+        p.check(
+            flag(addons, "--node-id").as_deref() == Some("$(POD_NAME)")
+                && env(addons, "POD_NAME") == Some("fieldRef:metadata.name".into())
+                && flag(addons, "--stagingpath").is_none()
+                && flag(addons, "--leader-election-namespace").as_deref() == Some("$(POD_NAMESPACE)"),
+            || format!("{at}: the controller's csi-addons needs --node-id=$(POD_NAME) (never a node's name: no node call may reach it), --leader-election-namespace=$(POD_NAMESPACE), no --stagingpath"),
+        );
+    }
+    if let Some(meta) = find_container(dep, SNAPSHOT_METADATA) {
+        for (f, key) in [("--tls-cert", "tls.crt"), ("--tls-key", "tls.key")] {
+            let path = flag(meta, f).unwrap_or_default();
+            tls_file_rule(dep, meta, Path::new(&path), SNAPSHOT_METADATA_TLS, key, p);
+        }
+        let svc = r.all("Service").next();
+        match svc {
+            None => p.push(format!(
+                "[{}]: csi-snapshot-metadata runs, and no Service reaches it",
+                r.name
+            )),
+            Some(svc) => {
+                let sel = string_map(svc, &["spec", "selector"]);
+                let matches = |labels: &BTreeMap<String, String>| {
+                    !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+                };
+                p.check(
+                    matches(&pod_labels(dep)) && !matches(&pod_labels(ds)),
+                    || {
+                        format!(
+                            "{}: its selector must pick the controller's pods alone",
+                            svc.at()
+                        )
+                    },
+                );
+                let target = svc
+                    .y
+                    .seq(&["spec", "ports"])
+                    .first()
+                    .and_then(|p| p.s(&["targetPort"]))
+                    .unwrap_or("");
+                let target = named_port(meta, target).unwrap_or_else(|| target.to_string());
+                p.check(flag(meta, "--port") == Some(target.clone()), || {
+                    format!(
+                        "{}: targetPort {target} must be csi-snapshot-metadata's --port",
+                        svc.at()
+                    )
+                });
+            }
+        }
+    }
 }
 
 /// (namespace, name) of a ServiceAccount.
@@ -2010,239 +2452,324 @@ fn grants(r: &Render, p: &mut Problems) -> BTreeMap<ServiceAccountKey, BTreeSet<
     granted
 }
 
-/// One thing a sidecar needs granted: (who needs it, apiGroup, resource,
-/// verbs, whether a grant in the DaemonSet's own namespace will do).
+/// One thing a container needs granted: (apiGroup, resources, verbs,
+/// whether a grant in the workload's own namespace will do).
 type Need = (
     &'static str,
-    &'static str,
-    &'static str,
+    &'static [&'static str],
     &'static [&'static str],
     bool,
 );
 
-/// What each sidecar cannot work without, by its image.
-const SIDECAR_NEEDS: &[(&str, &[Need])] = &[
+const LEASES: Need = (
+    "coordination.k8s.io",
+    &["leases"],
+    &["get", "create", "update"],
+    true,
+);
+
+/// What each container needs, and nothing more, by its image and where it
+/// runs (read from each sidecar's source at its pinned release:
+/// deploy/kubernetes/base/rbac-*.yaml and the components' say where).
+/// The node's driver, registrar and livenessprobe need nothing.
+const NEEDS: &[(&str, Place, &[Need])] = &[
     (
-        PROVISIONER,
+        // The controller itself: the node plugin pods, and a Node's fate.
+        DRIVER_IMAGE,
+        Place::Controller,
         &[
-            (
-                "csi-provisioner",
-                "",
-                "persistentvolumes",
-                &["create", "delete", "watch", "patch"],
-                false,
-            ),
-            (
-                "csi-provisioner",
-                "",
-                "persistentvolumeclaims",
-                &["update", "watch"],
-                false,
-            ),
-            (
-                "csi-provisioner",
-                "storage.k8s.io",
-                "storageclasses",
-                &["list", "watch"],
-                false,
-            ),
-            (
-                "csi-provisioner",
-                "storage.k8s.io",
-                "volumeattachments",
-                &["list", "watch"],
-                false,
-            ),
-            (
-                "csi-provisioner (capacity)",
-                "storage.k8s.io",
-                "csistoragecapacities",
-                &["create", "update", "delete", "list", "watch"],
-                true,
-            ),
-            (
-                "csi-provisioner (capacity owner)",
-                "",
-                "pods",
-                &["get"],
-                true,
-            ),
-            (
-                "csi-provisioner (restore)",
-                "snapshot.storage.k8s.io",
-                "volumesnapshots",
-                &["get", "update"],
-                false,
-            ),
-            (
-                "csi-provisioner (VolumeAttributesClass)",
-                "storage.k8s.io",
-                "volumeattributesclasses",
-                &["get"],
-                false,
-            ),
-            (
-                "csi-provisioner (events)",
-                "",
-                "events",
-                &["create", "patch"],
-                false,
-            ),
+            ("", &["pods"], &["list"], true),
+            ("", &["nodes"], &["get"], false),
         ],
     ),
     (
-        ATTACHER,
+        PROVISIONER,
+        Place::Controller,
         &[
             (
-                "csi-attacher",
-                "storage.k8s.io",
-                "volumeattachments",
-                &["watch", "patch"],
-                false,
-            ),
-            (
-                "csi-attacher",
-                "storage.k8s.io",
-                "volumeattachments/status",
-                &["patch"],
-                false,
-            ),
-            (
-                "csi-attacher",
                 "",
-                "persistentvolumes",
-                &["watch", "patch"],
+                &["persistentvolumes"],
+                &["get", "list", "watch", "create", "patch", "delete"],
                 false,
             ),
             (
-                "csi-attacher",
+                "",
+                &["persistentvolumeclaims"],
+                &["get", "list", "watch", "update"],
+                false,
+            ),
+            (
                 "storage.k8s.io",
-                "csinodes",
+                &["storageclasses"],
                 &["get", "list", "watch"],
                 false,
             ),
+            ("", &["events"], &["create", "update", "patch"], false),
+            // Topology: each node's segment, from its CSINode.
+            ("", &["nodes"], &["get", "list", "watch"], false),
+            (
+                "storage.k8s.io",
+                &["csinodes"],
+                &["get", "list", "watch"],
+                false,
+            ),
+            (
+                "snapshot.storage.k8s.io",
+                &["volumesnapshots"],
+                &["get", "list", "watch", "update"],
+                false,
+            ),
+            (
+                "snapshot.storage.k8s.io",
+                &["volumesnapshotcontents"],
+                &["get", "list"],
+                false,
+            ),
+            (
+                "storage.k8s.io",
+                &["volumeattributesclasses"],
+                &["get"],
+                false,
+            ),
+            (
+                "storage.k8s.io",
+                &["csistoragecapacities"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+                true,
+            ),
+            // The capacity owner: pod, then its ReplicaSet.
+            ("", &["pods"], &["get"], true),
+            ("apps", &["replicasets"], &["get"], true),
+            LEASES,
+        ],
+    ),
+    (
+        // The trivial handler: no ControllerPublish, no finalizers.
+        ATTACHER,
+        Place::Controller,
+        &[
+            ("", &["persistentvolumes"], &["get", "list", "watch"], false),
+            (
+                "storage.k8s.io",
+                &["volumeattachments"],
+                &["get", "list", "watch"],
+                false,
+            ),
+            (
+                "storage.k8s.io",
+                &["volumeattachments/status"],
+                &["patch"],
+                false,
+            ),
+            LEASES,
         ],
     ),
     (
         RESIZER,
+        Place::Controller,
         &[
             (
-                "csi-resizer",
                 "",
-                "persistentvolumeclaims/status",
-                &["patch"],
+                &["persistentvolumes"],
+                &["get", "list", "watch", "patch"],
                 false,
             ),
             (
-                "csi-resizer",
                 "",
-                "persistentvolumes",
-                &["patch", "watch"],
+                &["persistentvolumeclaims"],
+                &["get", "list", "watch"],
                 false,
             ),
+            ("", &["persistentvolumeclaims/status"], &["patch"], false),
+            ("", &["events"], &["create", "update", "patch"], false),
             (
-                "csi-resizer (in use)",
-                "",
-                "pods",
-                &["list", "watch"],
-                false,
-            ),
-            (
-                "csi-resizer",
                 "storage.k8s.io",
-                "volumeattributesclasses",
-                &["list", "watch"],
+                &["volumeattributesclasses"],
+                &["get", "list", "watch"],
                 false,
             ),
+            LEASES,
         ],
     ),
     (
         SNAPSHOTTER,
+        Place::Controller,
         &[
+            ("", &["events"], &["create", "update", "patch"], false),
             (
-                "csi-snapshotter",
                 "snapshot.storage.k8s.io",
-                "volumesnapshotcontents",
-                &["watch", "update", "patch"],
+                &["volumesnapshotclasses"],
+                &["get", "list", "watch"],
                 false,
             ),
             (
-                "csi-snapshotter",
                 "snapshot.storage.k8s.io",
-                "volumesnapshotcontents/status",
+                &["volumesnapshotcontents"],
+                &["get", "list", "watch", "update", "patch"],
+                false,
+            ),
+            (
+                "snapshot.storage.k8s.io",
+                &["volumesnapshotcontents/status"],
                 &["update", "patch"],
                 false,
             ),
             (
-                "csi-snapshotter",
-                "snapshot.storage.k8s.io",
-                "volumesnapshotclasses",
+                "groupsnapshot.storage.k8s.io",
+                &["volumegroupsnapshotclasses"],
                 &["get", "list", "watch"],
+                false,
+            ),
+            (
+                "groupsnapshot.storage.k8s.io",
+                &["volumegroupsnapshotcontents"],
+                &["get", "list", "watch", "update", "patch"],
+                false,
+            ),
+            (
+                "groupsnapshot.storage.k8s.io",
+                &["volumegroupsnapshotcontents/status"],
+                &["update", "patch"],
+                false,
+            ),
+            LEASES,
+        ],
+    ),
+    (
+        SNAPSHOT_METADATA,
+        Place::Controller,
+        &[
+            (
+                "cbt.storage.k8s.io",
+                &["snapshotmetadataservices"],
+                &["get"],
+                false,
+            ),
+            (
+                "authentication.k8s.io",
+                &["tokenreviews"],
+                &["create"],
+                false,
+            ),
+            (
+                "authorization.k8s.io",
+                &["subjectaccessreviews"],
+                &["create"],
+                false,
+            ),
+            (
+                "snapshot.storage.k8s.io",
+                &[
+                    "volumesnapshots",
+                    "volumesnapshotcontents",
+                    "volumesnapshotclasses",
+                ],
+                &["get", "list"],
                 false,
             ),
         ],
     ),
     (
         CSI_ADDONS,
+        Place::Both,
         &[
             (
-                "csi-addons",
                 "csiaddons.openshift.io",
-                "csiaddonsnodes",
-                &["create", "get", "update", "watch", "delete"],
+                &["csiaddonsnodes"],
+                &["get", "create", "update", "watch"],
                 true,
             ),
+            ("", &["pods"], &["get"], true),
             (
-                "csi-addons (leader election)",
-                "coordination.k8s.io",
-                "leases",
-                &["get", "create", "update"],
-                true,
-            ),
-            (
-                "csi-addons (auth)",
                 "authentication.k8s.io",
-                "tokenreviews",
+                &["tokenreviews"],
                 &["create"],
                 false,
             ),
-            (
-                "csi-addons (key rotation: the PV's node-stage Secret)",
-                "",
-                "secrets",
-                &["get"],
-                true,
-            ),
-            (
-                "csi-addons (reclaim)",
-                "",
-                "persistentvolumes",
-                &["get"],
-                false,
-            ),
+            ("", &["persistentvolumes"], &["get"], false),
+            // The node-stage Secret (key rotation; passed on by
+            // ControllerReclaimSpace), by name.
+            ("", &["secrets"], &["get"], true),
         ],
+    ),
+    (
+        // The controller's own: its ReplicaSet (the CSIAddonsNode's name)
+        // and the lease among the replicas.
+        CSI_ADDONS,
+        Place::Controller,
+        &[("apps", &["replicasets"], &["get"], true), LEASES],
     ),
 ];
 
 /// Every rule of one render's ServiceAccounts and RBAC, in turn.
 fn rbac(r: &Render, p: &mut Problems) {
     namespace_rules(r, p);
-    let ds = r.one("DaemonSet");
-    let sa = pod_spec(ds).s(&["serviceAccountName"]).unwrap_or("default");
-    p.check(
-        r.all("ServiceAccount")
-            .any(|d| d.ns() == ds.ns() && d.name() == sa),
-        || {
-            format!(
-                "{}: ServiceAccount {}/{sa} is not rendered",
-                ds.at(),
-                ds.ns()
-            )
-        },
-    );
     let granted = grants(r, p);
-    sidecar_needs_rules(r, ds, sa, &granted, p);
-    least_privilege_rules(r, ds, &granted, p);
+    for (pod, side, want_sa) in [
+        (r.one("DaemonSet"), Place::Node, NODE_SA),
+        (r.one("Deployment"), Place::Controller, CONTROLLER_SA),
+    ] {
+        let sa = pod_spec(pod)
+            .s(&["serviceAccountName"])
+            .unwrap_or("default");
+        p.check(sa == want_sa, || {
+            format!(
+                "{}: serviceAccountName must be {want_sa}, is {sa}",
+                pod.at()
+            )
+        });
+        p.check(
+            r.all("ServiceAccount")
+                .any(|d| d.ns() == pod.ns() && d.name() == sa),
+            || {
+                format!(
+                    "{}: ServiceAccount {}/{sa} is not rendered",
+                    pod.at(),
+                    pod.ns()
+                )
+            },
+        );
+        let rules = granted
+            .get(&(pod.ns().to_string(), sa.to_string()))
+            .cloned()
+            .unwrap_or_default();
+        exactly_what_is_needed(r, pod, side, sa, &rules, p);
+    }
+    // No account but these two is granted anything; the backup tool's
+    // ClusterRole (bound by its operator) writes nothing but its token.
+    for sa_key in granted.keys() {
+        p.check(
+            [NODE_SA, CONTROLLER_SA].contains(&sa_key.1.as_str()),
+            || {
+                format!(
+                    "[{}]: ServiceAccount {}/{} is granted rules",
+                    r.name, sa_key.0, sa_key.1
+                )
+            },
+        );
+    }
+    for role in r
+        .all("ClusterRole")
+        .filter(|d| d.name().ends_with("-client"))
+    {
+        for rule in role.y.seq(&["rules"]) {
+            let res = rule.strs(&["resources"]);
+            for v in rule.strs(&["verbs"]) {
+                p.check(
+                    ["get", "list", "watch"].contains(&v.as_str())
+                        || (v == "create" && res == ["serviceaccounts/token"]),
+                    || {
+                        format!(
+                            "{}: a client role may only read, and mint its token ({v} on {res:?})",
+                            role.at()
+                        )
+                    },
+                );
+            }
+        }
+    }
 }
 
 /// Cluster-scoped kinds have no namespace; every other object is in a
@@ -2257,6 +2784,7 @@ fn namespace_rules(r: &Render, p: &mut Problems) {
         "ClusterRoleBinding",
         "StorageClass",
         "VolumeSnapshotClass",
+        "VolumeGroupSnapshotClass",
         "PriorityClass",
     ];
     for d in docs {
@@ -2272,98 +2800,80 @@ fn namespace_rules(r: &Render, p: &mut Problems) {
     }
 }
 
-/// What each sidecar this render runs cannot work without
-/// ([`SIDECAR_NEEDS`]) is granted to the DaemonSet's ServiceAccount `sa`,
-/// cluster-wide or (where a namespaced grant will do) in its namespace.
-fn sidecar_needs_rules(
+/// Least privilege, both ways: what each container of `pod` needs
+/// ([`NEEDS`]) is granted to its ServiceAccount `sa` (cluster-wide, or in
+/// its namespace where that will do), and nothing else is: no grant that
+/// no container of that pod needs, none cluster-wide where the namespace
+/// would do, no wildcard; a Secret only by name.
+fn exactly_what_is_needed(
     r: &Render,
-    ds: &Doc,
+    pod: &Doc,
+    side: Place,
     sa: &str,
-    granted: &BTreeMap<ServiceAccountKey, BTreeSet<Grant>>,
+    rules: &BTreeSet<Grant>,
     p: &mut Problems,
 ) {
-    let rules = granted
-        .get(&(ds.ns().to_string(), sa.to_string()))
-        .cloned()
-        .unwrap_or_default();
-    let has = |group: &str, resource: &str, verb: &str, namespaced: bool| {
-        rules.iter().any(|(g, res, v, scope)| {
-            g == group
-                && res == resource
-                && v == verb
-                && (scope.is_empty() || (namespaced && scope == ds.ns()))
-        })
-    };
-    for (repo, list) in SIDECAR_NEEDS {
-        if find_container(ds, repo).is_none() {
-            continue;
-        }
-        for (who, group, resource, verbs, namespaced) in *list {
+    let ns = pod.ns();
+    let needs: Vec<&Need> = NEEDS
+        .iter()
+        .filter(|(repo, place, _)| place.runs_on(side) && find_container(pod, repo).is_some())
+        .flat_map(|(_, _, list)| list.iter())
+        .collect();
+    for (group, resources, verbs, namespaced) in &needs {
+        for res in *resources {
             for v in *verbs {
-                p.check(has(group, resource, v, *namespaced), || {
+                let ok = rules.iter().any(|(g, rr, vv, scope)| {
+                    g == group
+                        && rr == res
+                        && vv == v
+                        && (scope.is_empty() || (*namespaced && scope == ns))
+                });
+                p.check(ok, || {
                     format!(
-                        "[{}] ServiceAccount {}/{sa}: {who} needs `{v}` on {resource} ({})",
+                        "[{}] ServiceAccount {ns}/{sa}: needs `{v}` on {res} ({})",
                         r.name,
-                        ds.ns(),
                         if group.is_empty() { "core" } else { group }
                     )
                 });
             }
         }
     }
-}
-
-/// Least privilege: what no sidecar here uses is granted to nobody.
-fn least_privilege_rules(
-    r: &Render,
-    ds: &Doc,
-    granted: &BTreeMap<ServiceAccountKey, BTreeSet<Grant>>,
-    p: &mut Problems,
-) {
-    for (sa_key, set) in granted {
-        for (g, res, v, ns) in set {
-            let what = format!(
-                "[{}] {}/{}: `{v}` on {res} ({g})",
-                r.name, sa_key.0, sa_key.1
-            );
-            p.check(g != "*" && res != "*" && v != "*", || {
-                format!("{what}: no wildcards")
-            });
-            // Only csi-addons reads a Secret (the encrypted class's
-            // node-stage Secret, for key rotation): `get`, in the driver's
-            // namespace, where the example keeps it; nothing lists them.
-            p.check(
-                res != "secrets"
-                    || (v == "get"
-                        && sa_key.0 == ds.ns()
-                        && ns == ds.ns()
-                        && find_container(ds, CSI_ADDONS).is_some()),
-                || {
-                    format!(
-                        "{what}: secrets only for csi-addons' key rotation: `get` in {}",
-                        ds.ns()
-                    )
-                },
-            );
-            p.check(!(g == "apps" && res == "daemonsets"), || {
-                format!("{what}: the provisioner's capacity owner is its pod, read by name; no DaemonSet")
-            });
-            p.check(res != "nodes", || {
-                format!("{what}: per-node sidecars read no Node (the provisioner builds its own from NodeGetInfo)")
-            });
-            p.check(!(res == "events" && (v == "list" || v == "watch")), || {
-                format!("{what}: events are only written")
-            });
-            p.check(g != "groupsnapshot.storage.k8s.io", || {
-                format!("{what}: group snapshots are socket-only")
-            });
-            p.check(res != "leases" || find_container(ds, CSI_ADDONS).is_some(), || {
-                format!("{what}: no leases without the csi-addons sidecar (the others elect no leader)")
-            });
-            p.check(
-                res != "csinodes" || find_container(ds, ATTACHER).is_some(),
-                || format!("{what}: only the attacher reads CSINodes"),
-            );
+    for (g, res, v, scope) in rules {
+        let what = format!(
+            "[{}] {ns}/{sa}: `{v}` on {res} ({g}) {}",
+            r.name,
+            if scope.is_empty() {
+                "cluster-wide"
+            } else {
+                "in its namespace"
+            }
+        );
+        p.check(g != "*" && res != "*" && v != "*", || {
+            format!("{what}: no wildcards")
+        });
+        let covering: Vec<&&Need> = needs
+            .iter()
+            .filter(|(gg, rr, vv, _)| {
+                gg == g && rr.contains(&res.as_str()) && vv.contains(&v.as_str())
+            })
+            .collect();
+        p.check(!covering.is_empty(), || {
+            format!("{what}: no container of {} needs it", pod.at())
+        });
+        p.check(
+            !scope.is_empty() || covering.iter().any(|n| !n.3) || covering.is_empty(),
+            || format!("{what}: a grant in the namespace would do"),
+        );
+    }
+    // Secrets: by name, in the namespace (rbac-csi-addons.yaml).
+    for role in r.all("Role") {
+        for rule in role.y.seq(&["rules"]) {
+            if rule.strs(&["resources"]).iter().any(|x| x == "secrets") {
+                p.check(
+                    !rule.strs(&["resourceNames"]).is_empty() && rule.strs(&["verbs"]) == ["get"],
+                    || format!("{}: Secrets only `get`, by name", role.at()),
+                );
+            }
         }
     }
 }
@@ -2401,10 +2911,11 @@ fn plugin_capabilities() -> BTreeSet<String> {
 struct RenderCaps<'a> {
     r: &'a Render,
     ds: &'a Doc,
-    /// `[render] DaemonSet/name`: where a problem is.
+    dep: &'a Doc,
+    /// `[render] Deployment/name`: where a problem is.
     at: String,
-    /// The controller capabilities the driver advertises with the
-    /// rendered config.
+    /// The controller capabilities the driver (and the controller, which
+    /// advertises the same) advertises with the rendered config.
     ctrl: Vec<Ctrl>,
     /// The plugin capabilities ([`plugin_capabilities`]).
     plugin: &'a BTreeSet<String>,
@@ -2412,9 +2923,9 @@ struct RenderCaps<'a> {
 }
 
 impl RenderCaps<'_> {
-    /// Whether the DaemonSet runs the image `repo`.
+    /// Whether either workload runs the image `repo`.
     fn runs(&self, repo: &str) -> bool {
-        find_container(self.ds, repo).is_some()
+        find_container(self.dep, repo).is_some() || find_container(self.ds, repo).is_some()
     }
     /// Whether the CSIDriver's spec.`k` is true.
     fn spec(&self, k: &str) -> bool {
@@ -2422,28 +2933,34 @@ impl RenderCaps<'_> {
     }
 }
 
+/// Whether the CSI-Addons identity of `sides` names CONTROLLER_SERVICE.
+fn addons_controller(sides: thinpool_csi::grpc::addons::Sides) -> bool {
+    thinpool_csi::grpc::addons::capabilities(sides)
+        .iter()
+        .any(|c| {
+            matches!(&c.r#type, Some(AddonsCap::Service(s))
+                if s.r#type == AddonsService::ControllerService as i32)
+        })
+}
+
 #[test]
 fn capabilities_agree_with_the_sidecars() {
+    use thinpool_csi::grpc::addons::Sides;
     let plugin = plugin_capabilities();
-    // The driver's CSI-Addons identity: CONTROLLER_SERVICE makes the
-    // csi-addons sidecar take part in a leader election.
-    let addons_controller =
-        thinpool_csi::grpc::addons::capabilities(thinpool_csi::grpc::addons::Sides::Both)
-            .iter()
-            .any(|c| {
-                matches!(&c.r#type, Some(AddonsCap::Service(s))
-                if s.r#type == AddonsService::ControllerService as i32)
-            });
+    // The controller's CSI-Addons identity names CONTROLLER_SERVICE (the
+    // csi-addons lease is its); a node of a cluster's does not.
+    assert!(addons_controller(Sides::Controller) && !addons_controller(Sides::Node));
     let readme = read(&format!("{DEPLOY}/README.md"));
     let mut p = Problems::default();
     let mut snapshotter_somewhere = false;
     for r in renders() {
-        let ds = r.one("DaemonSet");
+        let (ds, dep) = (r.one("DaemonSet"), r.one("Deployment"));
         let (cfg, _) = configmap_config(r, ds);
         let rc = RenderCaps {
             r,
             ds,
-            at: ds.at(),
+            dep,
+            at: dep.at(),
             ctrl: thinpool_csi::grpc::controller::capabilities(cfg.controller_expansion),
             plugin: &plugin,
             csidriver: r.one("CSIDriver"),
@@ -2452,52 +2969,45 @@ fn capabilities_agree_with_the_sidecars() {
         expansion_rules(&rc, &mut p);
         snapshotter_somewhere |= rc.runs(SNAPSHOTTER);
         snapshot_rules(&rc, &mut p);
-        csi_addons_rules(&rc, addons_controller, &mut p);
+        csi_addons_rules(&rc, &cfg, &mut p);
     }
     p.check(
         !thinpool_csi::grpc::controller::CAPABILITIES.contains(&Ctrl::CreateDeleteSnapshot)
             || snapshotter_somewhere,
         || "CREATE_DELETE_SNAPSHOT is advertised, and no render runs csi-snapshotter".to_string(),
     );
-    if plugin.contains("GroupControllerService") {
-        p.check(
-            readme.contains("Group snapshots") && readme.contains("socket-only"),
-            || {
-                "deploy/kubernetes/README.md must say that group snapshots are socket-only, and why"
-                    .to_string()
-            },
-        );
+    // The per-node design's limits are gone from the README, and the
+    // images without a digest are named there.
+    for gone in ["## Known limits", "Socket-only", "socket-only"] {
+        p.check(!readme.contains(gone), || {
+            format!("deploy/kubernetes/README.md still says {gone:?}")
+        });
     }
-    if plugin.contains("SnapshotMetadataService") {
-        p.check(
-            readme.contains("SnapshotMetadata") && readme.contains("socket-only"),
-            || {
-                "deploy/kubernetes/README.md must say that SnapshotMetadata is socket-only, and why"
-                    .to_string()
-            },
-        );
+    for repo in UNPINNED {
+        p.check(readme.contains(repo), || {
+            format!(
+                "deploy/kubernetes/README.md must name {repo} among the images pinned by tag only"
+            )
+        });
     }
     p.finish("capabilities against the sidecars");
 }
 
 /// The controller sidecars against the controller capabilities: every
 /// one needs CONTROLLER_SERVICE; the provisioner runs exactly when
-/// CREATE_DELETE_VOLUME is advertised, and per node it needs topology;
-/// the attacher exactly with PUBLISH_UNPUBLISH_VOLUME and attachRequired,
-/// and never with LIST_VOLUMES_PUBLISHED_NODES; GET_CAPACITY exactly with
-/// --enable-capacity and storageCapacity.
+/// CREATE_DELETE_VOLUME is advertised, with topology (strict: the pod's
+/// node); the attacher always, with attachRequired (CSI-Addons finds a
+/// volume's node in the VolumeAttachment), and never with
+/// LIST_VOLUMES_PUBLISHED_NODES without ControllerPublish; GET_CAPACITY
+/// exactly with --enable-capacity and storageCapacity.
 fn controller_sidecar_rules(rc: &RenderCaps, p: &mut Problems) {
     let (ctrl, plugin, at) = (&rc.ctrl, rc.plugin, &rc.at);
-    // Every controller sidecar needs CONTROLLER_SERVICE (the resizer and
-    // the provisioner exit without it).
     for repo in [PROVISIONER, ATTACHER, RESIZER, SNAPSHOTTER] {
         p.check(
             !rc.runs(repo) || plugin.contains("ControllerService"),
             || format!("{at}: {repo} runs, the driver advertises no CONTROLLER_SERVICE"),
         );
     }
-    // CreateVolume/DeleteVolume: the provisioner, per node, which needs
-    // topology to find its own volumes.
     p.check(
         ctrl.contains(&Ctrl::CreateDeleteVolume) == rc.runs(PROVISIONER),
         || {
@@ -2509,46 +3019,36 @@ fn controller_sidecar_rules(rc: &RenderCaps, p: &mut Problems) {
         },
     );
     p.check(plugin.contains("VolumeAccessibilityConstraints"), || {
-        format!("{at}: --node-deployment needs VOLUME_ACCESSIBILITY_CONSTRAINTS (each node deletes only what its topology holds)")
+        format!("{at}: strict topology needs VOLUME_ACCESSIBILITY_CONSTRAINTS (the controller forwards CreateVolume to the node its topology names)")
     });
-    // ControllerPublish: the attacher, and attachRequired.
+    p.check(rc.runs(ATTACHER) && rc.spec("attachRequired"), || {
+        format!("{at}: csi-attacher must run and CSIDriver attachRequired be true: CSI-Addons finds a volume's node in its VolumeAttachment")
+    });
     let publish = ctrl.contains(&Ctrl::PublishUnpublishVolume);
-    p.check(publish == rc.runs(ATTACHER) && publish == rc.spec("attachRequired"), || {
-        format!(
-            "{at}: PUBLISH_UNPUBLISH_VOLUME advertised {publish}, csi-attacher runs {}, CSIDriver attachRequired {}",
-            rc.runs(ATTACHER),
-            rc.spec("attachRequired")
-        )
-    });
-    // The attacher has no per-node mode: with LIST_VOLUMES_PUBLISHED_NODES
-    // every node's instance would reconcile every VolumeAttachment
-    // against its own volumes.
-    p.check(!ctrl.contains(&Ctrl::ListVolumesPublishedNodes) || !rc.runs(ATTACHER), || {
-        format!("{at}: LIST_VOLUMES_PUBLISHED_NODES with a per-node attacher would detach other nodes' volumes in its reconciler")
-    });
-    // GetCapacity: capacity tracking on, storageCapacity on.
+    p.check(
+        publish || !ctrl.contains(&Ctrl::ListVolumesPublishedNodes),
+        || format!("{at}: LIST_VOLUMES_PUBLISHED_NODES without PUBLISH_UNPUBLISH_VOLUME"),
+    );
     let capacity = ctrl.contains(&Ctrl::GetCapacity);
-    let enabled = flag(container_by_image(rc.ds, PROVISIONER), "--enable-capacity").as_deref()
+    let enabled = find_container(rc.dep, PROVISIONER)
+        .and_then(|c| flag(c, "--enable-capacity"))
+        .as_deref()
         == Some("true");
     p.check(capacity == enabled && capacity == rc.spec("storageCapacity"), || {
         format!("{at}: GET_CAPACITY advertised {capacity}, --enable-capacity {enabled}, CSIDriver storageCapacity {}", rc.spec("storageCapacity"))
     });
 }
 
-/// Expansion: the resizer (the trivial resizer when only the node
-/// expands) runs exactly when something expands or modifies, never with
-/// controller expansion (it has no per-node mode); controller expansion
-/// needs the plugin's VolumeExpansion; the class allows expansion exactly
-/// when the driver expands.
+/// Expansion: the resizer runs exactly when something expands or
+/// modifies; controller expansion is on (an unstaged volume grows through
+/// the controller) and needs the plugin's VolumeExpansion; the class
+/// allows expansion exactly when the driver expands.
 fn expansion_rules(rc: &RenderCaps, p: &mut Problems) {
     let (ctrl, plugin, at) = (&rc.ctrl, rc.plugin, &rc.at);
     let node = thinpool_csi::grpc::node::CAPABILITIES;
     let ctrl_expand = ctrl.contains(&Ctrl::ExpandVolume);
-    // external-resizer has no per-node mode: with one on every node,
-    // controller expansion must be off (the others' NOT_FOUND would
-    // mark the claim infeasible), and the node grows the LV.
-    p.check(!(rc.runs(RESIZER) && ctrl_expand), || {
-        format!("{at}: csi-resizer runs on every node, so controller_expansion must be false in the config (deploy/kubernetes/README.md, \"Sidecars in a per-node deployment\")")
+    p.check(ctrl_expand, || {
+        format!("{at}: controller EXPAND_VOLUME must be advertised: the central resizer grows unstaged volumes through the controller")
     });
     let node_expand = node.contains(&NodeCap::ExpandVolume);
     let modify = ctrl.contains(&Ctrl::ModifyVolume);
@@ -2570,11 +3070,12 @@ fn expansion_rules(rc: &RenderCaps, p: &mut Problems) {
     });
 }
 
-/// Snapshots: the snapshotter only where the driver cuts them, and a
-/// VolumeSnapshotClass only where a snapshotter runs. Group snapshots and
-/// SnapshotMetadata are socket-only: nothing wires them (a per-node
-/// snapshotter never sees a group's contents, and the snapshot-metadata
-/// sidecar has one address per driver).
+/// Snapshots: the snapshotter only where the driver cuts them; a
+/// VolumeSnapshotClass exactly with a snapshotter; a
+/// VolumeGroupSnapshotClass exactly with one that has the group gate, for
+/// a driver with the GroupController; csi-snapshot-metadata only for a
+/// driver and controller that serve SnapshotMetadata. The
+/// SnapshotMetadataService is scripts/cluster-tls.sh's, never rendered.
 fn snapshot_rules(rc: &RenderCaps, p: &mut Problems) {
     let (r, at) = (rc.r, &rc.at);
     let snaps = rc.ctrl.contains(&Ctrl::CreateDeleteSnapshot);
@@ -2582,51 +3083,153 @@ fn snapshot_rules(rc: &RenderCaps, p: &mut Problems) {
         format!("{at}: csi-snapshotter runs, the driver advertises no CREATE_DELETE_SNAPSHOT")
     });
     p.check(
-        r.all("VolumeSnapshotClass").next().is_none() || rc.runs(SNAPSHOTTER),
+        r.all("VolumeSnapshotClass").next().is_some() == rc.runs(SNAPSHOTTER),
         || {
             format!(
-                "[{}]: a VolumeSnapshotClass without a csi-snapshotter",
+                "[{}]: a VolumeSnapshotClass exactly where csi-snapshotter runs",
                 r.name
             )
         },
     );
-    if let Some(c) = find_container(rc.ds, SNAPSHOTTER) {
-        let gates = flag(c, "--feature-gates").unwrap_or_default();
-        p.check(!gates.contains("CSIVolumeGroupSnapshot=true"), || {
-            format!("{at}: group snapshots are socket-only; the per-node csi-snapshotter cannot serve them")
-        });
-    }
-    p.check(r.all("VolumeGroupSnapshotClass").next().is_none(), || {
-        format!(
-            "[{}]: a VolumeGroupSnapshotClass, but group snapshots are socket-only",
-            r.name
-        )
-    });
+    let groups = find_container(rc.dep, SNAPSHOTTER)
+        .and_then(|c| flag(c, "--feature-gates"))
+        .is_some_and(|g| g.contains("CSIVolumeGroupSnapshot=true"));
     p.check(
-        r.all("SnapshotMetadataService").next().is_none() && NEVER.iter().all(|n| !rc.runs(n)),
-        || format!("[{}]: SnapshotMetadata is socket-only", r.name),
+        r.all("VolumeGroupSnapshotClass").next().is_some() == groups
+            && (!groups || rc.plugin.contains("GroupControllerService")),
+        || format!("[{}]: a VolumeGroupSnapshotClass exactly where csi-snapshotter has the group gate, for a driver with GROUP_CONTROLLER_SERVICE", r.name),
     );
+    if rc.runs(SNAPSHOT_METADATA) {
+        let cfg = controller_config(r, rc.dep);
+        p.check(
+            rc.plugin.contains("SnapshotMetadataService") && cfg.snapshot_metadata,
+            || format!("{at}: csi-snapshot-metadata runs, and the driver or the controller does not serve SnapshotMetadata"),
+        );
+    }
+    p.check(r.all("SnapshotMetadataService").next().is_none(), || {
+        format!("[{}]: the SnapshotMetadataService carries a CA made at install time: scripts/cluster-tls.sh writes it", r.name)
+    });
 }
 
-/// CSI-Addons: the sidecar talks to the driver's CSI-Addons socket; a
-/// driver that is its own controller there (`addons_controller`) elects a
-/// leader on a lease, which the render must grant.
-fn csi_addons_rules(rc: &RenderCaps, addons_controller: bool, p: &mut Problems) {
-    let (r, at) = (rc.r, &rc.at);
-    if rc.runs(CSI_ADDONS) {
-        let (cfg, _) = configmap_config(r, rc.ds);
-        p.check(!cfg.csi_addons_endpoint.is_empty(), || {
-            format!("{at}: csi-addons runs, the driver serves no CSI-Addons socket")
-        });
-        let leases = grants(r, &mut Problems::default())
-            .values()
-            .flatten()
-            .any(|(g, res, v, _)| g == "coordination.k8s.io" && res == "leases" && v == "update");
-        p.check(!addons_controller || leases, || {
-            format!(
-                "[{}]: the driver's CSI-Addons identity is a controller: csi-addons needs leases",
-                r.name
-            )
+/// CSI-Addons: each csi-addons sidecar talks to a CSI-Addons socket its
+/// workload serves.
+fn csi_addons_rules(rc: &RenderCaps, node_cfg: &Config, p: &mut Problems) {
+    let at = &rc.at;
+    if find_container(rc.ds, CSI_ADDONS).is_some() {
+        p.check(!node_cfg.csi_addons_endpoint.is_empty(), || {
+            format!("{at}: csi-addons runs on the node, which serves no CSI-Addons socket")
         });
     }
+    if find_container(rc.dep, CSI_ADDONS).is_some() {
+        let cfg = controller_config(rc.r, rc.dep);
+        p.check(!cfg.csi_addons_endpoint.is_empty(), || {
+            format!("{at}: csi-addons runs in the controller, which serves no CSI-Addons socket")
+        });
+    }
+}
+
+/// scripts/cluster-tls.sh makes what the renders mount: the two channel
+/// Secrets with the keys the pods take, the snapshot-metadata sidecar's,
+/// and the SnapshotMetadataService named after the driver, whose address
+/// is the rendered Service's.
+#[test]
+fn the_certificate_script_makes_what_the_pods_mount() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(root().join("scripts/cluster-tls.sh"))
+        .arg(&dir)
+        .args(["--days", "2"])
+        .output()
+        .expect("scripts/cluster-tls.sh runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secrets = parse_yaml(
+        "secrets.yaml",
+        &std::fs::read_to_string(dir.join("secrets.yaml")).unwrap(),
+    )
+    .unwrap();
+    let meta = parse_yaml(
+        "snapshot-metadata.yaml",
+        &std::fs::read_to_string(dir.join("snapshot-metadata.yaml")).unwrap(),
+    )
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut p = Problems::default();
+    // (Secret, keys) the script writes.
+    let made: BTreeMap<String, BTreeSet<String>> = secrets
+        .iter()
+        .chain(&meta)
+        .filter(|y| y.s(&["kind"]) == Some("Secret"))
+        .map(|y| {
+            let keys = match y.get("data") {
+                Some(Y::Map(m)) => m.iter().map(|(k, _)| k.clone()).collect(),
+                _ => BTreeSet::new(),
+            };
+            (y.s(&["metadata", "name"]).unwrap_or("").to_string(), keys)
+        })
+        .collect();
+    for r in renders() {
+        let ns = r.one("Namespace").name();
+        for pod in [r.one("DaemonSet"), r.one("Deployment")] {
+            for v in pod_spec(pod).seq(&["volumes"]) {
+                let mut used: Vec<(&str, Vec<String>)> = Vec::new();
+                if let Some(n) = v.s(&["secret", "secretName"]) {
+                    used.push((n, vec!["tls.crt".into(), "tls.key".into()]));
+                }
+                for src in v.seq(&["projected", "sources"]) {
+                    if let Some(n) = src.s(&["secret", "name"]) {
+                        let keys = src
+                            .seq(&["secret", "items"])
+                            .iter()
+                            .filter_map(|i| i.s(&["key"]).map(str::to_string))
+                            .collect();
+                        used.push((n, keys));
+                    }
+                }
+                for (name, keys) in used {
+                    let got = made.get(name);
+                    p.check(got.is_some_and(|k| keys.iter().all(|x| k.contains(x))), || {
+                        format!("{}: mounts {keys:?} of Secret {name}, which scripts/cluster-tls.sh makes as {got:?}", pod.at())
+                    });
+                }
+            }
+        }
+        let svc = r.all("Service").next();
+        let sms = meta
+            .iter()
+            .find(|y| y.s(&["kind"]) == Some("SnapshotMetadataService"));
+        match (svc, sms) {
+            (Some(svc), Some(sms)) => {
+                let port = svc
+                    .y
+                    .seq(&["spec", "ports"])
+                    .first()
+                    .and_then(|p| p.s(&["port"]))
+                    .unwrap_or("");
+                let want = format!("{}.{ns}:{port}", svc.name());
+                p.check(sms.s(&["spec", "address"]) == Some(want.as_str()), || {
+                    format!(
+                        "the script's SnapshotMetadataService address {:?} must be {want}",
+                        sms.s(&["spec", "address"])
+                    )
+                });
+                p.check(
+                    sms.s(&["metadata", "name"]) == Some(r.one("CSIDriver").name()),
+                    || "the SnapshotMetadataService must be named after the driver".to_string(),
+                );
+                p.check(
+                    sms.s(&["spec", "audience"]).is_some_and(|a| !a.is_empty()),
+                    || "the SnapshotMetadataService needs an audience".to_string(),
+                );
+            }
+            (None, _) => {}
+            (Some(_), None) => {
+                p.push("scripts/cluster-tls.sh writes no SnapshotMetadataService".into())
+            }
+        }
+    }
+    p.finish("scripts/cluster-tls.sh against the renders");
 }
