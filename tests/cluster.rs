@@ -61,19 +61,20 @@ async fn node_at(
         write(&files, "tls.key", &key),
         write(&files, "controller-ca.crt", &controller_ca.pem()),
     ];
-    node_with(dir, id, names, &tls, &format!("{ip}:{port}")).await
+    let (address, lvs, _) = node_with(dir, id, names, &tls, &format!("{ip}:{port}")).await;
+    (address, lvs)
 }
 
 /// A node plugin `id` with `names` volumes, serving its channel on
 /// `address` with `tls`: its certificate, its key and the CA it takes
-/// clients of. Its address and LV names.
+/// clients of. Its address, LV names and driver state (its metrics).
 async fn node_with(
     dir: &std::path::Path,
     id: &str,
     names: &[String],
     tls: &[std::path::PathBuf; 3],
     address: &str,
-) -> (String, Vec<String>) {
+) -> (String, Vec<String>, Arc<Classes>) {
     let dir = dir.join(id);
     std::fs::create_dir_all(&dir).unwrap();
     let (mut cfg, lvs) = common::fake_lvm(&dir, names);
@@ -89,11 +90,11 @@ async fn node_with(
         Duration::from_secs(2),
     );
     tokio::spawn(thinpool_csi::grpc::serve_channel(
-        classes,
+        classes.clone(),
         incoming,
         std::future::pending(),
     ));
-    (address, lvs)
+    (address, lvs, classes)
 }
 
 /// worker-1 and worker-2, and when `down`, worker-3 listed but never
@@ -430,10 +431,16 @@ async fn a_call_reaching_another_node_is_refused_there() {
     let mine = naming::with_node(&naming::node_key("worker-1"), &lvs[0]);
     assert_eq!(get(&mut c, &mine).await.unwrap(), mine);
     assert!(capacity(&mut c, Some("worker-1")).await > 0);
-    // worker-2's reach worker-1, which refuses them: no capacity of
-    // worker-1's passes for worker-2's, and a delete is not done.
-    assert_eq!(capacity(&mut c, Some("worker-2")).await, 0);
+    // worker-2's reach worker-1, which refuses them before any service:
+    // a lookup that worker-1 itself would answer NOT_FOUND (another
+    // node's key) is UNAVAILABLE with the refusal's mark, so the sidecar
+    // retries once the controller has listed the nodes again; capacity
+    // is 0, and a delete is not done.
     let theirs = naming::with_node(&naming::node_key("worker-2"), &lvs[0]);
+    let e = get(&mut c, &theirs).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(thinpool_csi::channel::answered_by_another(&e), "{e:?}");
+    assert_eq!(capacity(&mut c, Some("worker-2")).await, 0);
     let e = c
         .delete_volume(DeleteVolumeRequest {
             volume_id: theirs,
@@ -442,6 +449,7 @@ async fn a_call_reaching_another_node_is_refused_there() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(thinpool_csi::channel::answered_by_another(&e), "{e:?}");
     assert!(
         e.message().contains("meant for \"worker-2\""),
         "{}",
@@ -1032,7 +1040,7 @@ async fn the_deployments_certificates_open_the_channel_to_the_controller_only() 
         assert!(secrets.contains(needle), "{needle} not in {secrets}");
     }
     assert_eq!(secrets.matches("ca.crt: ").count(), 2, "{secrets}");
-    let (address, lvs) = node_with(
+    let (address, lvs, node1) = node_with(
         dir.path(),
         "worker-1",
         &["pvc-a".to_string()],
@@ -1074,10 +1082,20 @@ async fn the_deployments_certificates_open_the_channel_to_the_controller_only() 
     let sub = dir.path().join("bad");
     std::fs::create_dir_all(&sub).unwrap();
     let mut c = ControllerClient::connect(serve(&bad, &sub)).await.unwrap();
+    let before = refused(&node1);
     let e = get(&mut c, &id).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    // ... refused by worker-1 in the handshake (counted there).
+    let t = std::time::Instant::now();
+    while refused(&node1) == before {
+        assert!(t.elapsed() < Duration::from_secs(10), "no refusal counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Run again: the CAs are kept, so the first controller's certificate
-    // still opens a node with the renewed ones.
+    // opens a node that has the renewed ones.
+    for f in ["controller.crt", "controller.key"] {
+        std::fs::copy(tls.join(f), dir.path().join(format!("old-{f}"))).unwrap();
+    }
     let out = tokio::process::Command::new(&script)
         .arg(&tls)
         .output()
@@ -1085,4 +1103,45 @@ async fn the_deployments_certificates_open_the_channel_to_the_controller_only() 
         .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("keeping"));
+    let (address, lvs, _) = node_with(
+        dir.path(),
+        "worker-2",
+        &["pvc-b".to_string()],
+        &[f("node.crt"), f("node.key"), f("controller-ca.crt")],
+        "127.0.0.1:0",
+    )
+    .await;
+    let old = Arc::new(
+        Cluster::new(
+            controller_config(
+                [
+                    dir.path().join("old-controller.crt"),
+                    dir.path().join("old-controller.key"),
+                    f("nodes-ca.crt"),
+                ],
+                vec![StaticNode {
+                    id: "worker-2".into(),
+                    address,
+                }],
+            ),
+            None,
+        )
+        .await
+        .unwrap(),
+    );
+    let sub = dir.path().join("old");
+    std::fs::create_dir_all(&sub).unwrap();
+    let mut c = ControllerClient::connect(serve(&old, &sub)).await.unwrap();
+    let id = naming::with_node(&naming::node_key("worker-2"), &lvs[0]);
+    assert_eq!(get(&mut c, &id).await.unwrap(), id);
+}
+
+/// thinpool_csi_channel_refused_total of a node.
+fn refused(classes: &Classes) -> u64 {
+    let text = thinpool_csi::metrics::render(&[], classes.metrics());
+    text.lines()
+        .find(|l| l.starts_with(thinpool_csi::metrics::CHANNEL_REFUSED))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no refusal count in\n{text}"))
 }

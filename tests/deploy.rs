@@ -1435,6 +1435,7 @@ fn node_daemonset(r: &Render, kubelet: &str, version: &str, p: &mut Problems) {
     registrar_rules(&nds, p);
     health_rules(&nds, p);
     node_sidecar_rules(&nds, p);
+    port_name_rules(ds, p);
     scheduling_rules(&nds, p);
 }
 
@@ -2289,6 +2290,68 @@ fn controller_deployment(r: &Render, version: &str, p: &mut Problems) {
         });
     }
     controller_sidecar_flags(r, dep, ds, p);
+    port_name_rules(dep, p);
+    // One user for every container: the sidecars write to the sockets the
+    // controller makes, which only their owner may write to.
+    let uid = spec.s(&["securityContext", "runAsUser"]);
+    p.check(uid.is_some_and(|u| u != "0"), || {
+        format!("{at}: the pod needs one non-root runAsUser for every container")
+    });
+    for c in containers(dep) {
+        let own = c.s(&["securityContext", "runAsUser"]);
+        p.check(own.is_none() || own == uid, || {
+            format!("{at}: {} runs as {own:?}, not the pod's {uid:?}: it could not use the controller's sockets", cname(c))
+        });
+    }
+    // The controller's liveness: the pod's own livenessprobe.
+    let live = container_by_image(dep, LIVENESS);
+    let live_port = endpoint_port(live);
+    p.check(
+        live_port.is_some() && probe_port(driver, "livenessProbe") == live_port,
+        || format!("{at}: the controller's livenessProbe must GET its livenessprobe's /healthz ({live_port:?})"),
+    );
+}
+
+/// Container port names are IANA service names (the API server refuses a
+/// pod with another): at most 15 of `[a-z0-9-]`, a letter among them, no
+/// `-` at either end or twice in a row; every probe's named port is one
+/// of its container's.
+fn port_name_rules(pod: &Doc, p: &mut Problems) {
+    let at = pod.at();
+    for c in containers(pod) {
+        for port in c.seq(&["ports"]) {
+            let n = port.s(&["name"]).unwrap_or("");
+            p.check(is_port_name(n), || {
+                format!(
+                    "{at}: {} port name {n:?} is no IANA service name (at most 15 of a-z, 0-9, -)",
+                    cname(c)
+                )
+            });
+        }
+        for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+            if let Some(named) = c
+                .s(&[probe, "httpGet", "port"])
+                .filter(|n| n.parse::<u16>().is_err())
+            {
+                p.check(named_port(c, named).is_some(), || {
+                    format!(
+                        "{at}: {}'s {probe} names port {named:?}, which it does not have",
+                        cname(c)
+                    )
+                });
+            }
+        }
+    }
+}
+
+fn is_port_name(n: &str) -> bool {
+    (1..=15).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && n.bytes().any(|b| b.is_ascii_lowercase())
+        && !n.starts_with('-')
+        && !n.ends_with('-')
+        && !n.contains("--")
 }
 
 /// The central sidecars' own flags: strict topology and capacity owned by

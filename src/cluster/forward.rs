@@ -94,7 +94,17 @@ impl Cluster {
         if let (Some(key), _) = naming::split_node(id) {
             self.look_again(self.nodes.by_key(key).is_some()).await;
         }
-        self.found.owner(&self.nodes, id, kind).await
+        let found = self.found.owner(&self.nodes, id, kind).await;
+        // A lookup some node did not answer (not reached, or reached at an
+        // address another node now holds): list the nodes again, so the
+        // sidecar's retry asks the right ones.
+        if found
+            .as_ref()
+            .is_err_and(|s| s.code() == tonic::Code::Unavailable)
+        {
+            self.look_again(false).await;
+        }
+        found
     }
 
     /// The node of node id `id`, the node list read again first when it

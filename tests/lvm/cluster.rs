@@ -316,7 +316,9 @@ async fn delete_on(ch: Channel, id: &str, node: Option<String>) -> Result<(), to
 async fn bad_callers_are_refused(rig: &Rig, id: &str) {
     let node2 = &rig.nodes[1];
     let lv = naming::split_node(id).1.to_string();
-    let before = node2.log().matches("refused").count();
+    // The channel's handshake refusal (src/channel.rs), not the header's.
+    const HANDSHAKE: &str = "refused a connection (mutual TLS)";
+    let before = node2.log().matches(HANDSHAKE).count();
     for identity in [None, Some(("node.crt", "node.key"))] {
         match to_node_2(rig, identity).await {
             Err(_) => {}
@@ -327,7 +329,7 @@ async fn bad_callers_are_refused(rig: &Rig, id: &str) {
         }
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while node2.log().matches("refused").count() < before + 2 {
+    while node2.log().matches(HANDSHAKE).count() < before + 2 {
         assert!(
             Instant::now() < deadline,
             "node 2 logged no refusal of the two handshakes:\n{}",
@@ -358,6 +360,15 @@ async fn cancelled_calls_finish_once_on_retry(rig: &Rig, c: &mut ControllerClien
     let vg = &rig.nodes[1].vg;
     let lv = naming::lv_name_for("pvc-cancel");
     let count = || lv_names(vg).iter().filter(|n| **n == lv).count();
+    // Node 2's log line for each CreateVolume and DeleteVolume it served
+    // (the observe layer's, written when the call ends there).
+    let served = |m: &str| {
+        rig.nodes[1]
+            .log()
+            .matches(&format!("method=\"{m}\""))
+            .count()
+    };
+    let (creates, deletes) = (served("CreateVolume"), served("DeleteVolume"));
     let mut cut = 0;
     for ms in [2u64, 10, 40, 160] {
         let call = c.create_volume(on_node("pvc-cancel", 2));
@@ -377,6 +388,11 @@ async fn cancelled_calls_finish_once_on_retry(rig: &Rig, c: &mut ControllerClien
     .volume
     .unwrap();
     assert_eq!(count(), 1, "one LV for the name: {:?}", lv_names(vg));
+    // More than the one retry that answered reached node 2: a call the
+    // caller cut had arrived there (or a retry met one still running,
+    // ABORTED), so the deadlines cut forwarded calls, not only local ones.
+    let reached = served("CreateVolume") - creates;
+    assert!(reached >= 2, "only {reached} CreateVolume reached node 2");
     for ms in [2u64, 10, 40] {
         let call = c.delete_volume(del(&v.volume_id));
         if tokio::time::timeout(Duration::from_millis(ms), call)
@@ -394,8 +410,12 @@ async fn cancelled_calls_finish_once_on_retry(rig: &Rig, c: &mut ControllerClien
     .await
     .unwrap();
     assert_eq!(count(), 0, "the LV went: {:?}", lv_names(vg));
+    let reached_deletes = served("DeleteVolume") - deletes;
     assert!(cut > 0, "no call was cut short: the deadlines test nothing");
-    println!("MEASURE cluster cancellations: {cut} of 7 calls cut by the caller's deadline");
+    println!(
+        "MEASURE cluster cancellations: {cut} of 7 calls cut by the caller's deadline; \
+         node 2 served {reached} CreateVolume and {reached_deletes} DeleteVolume for them and their retries"
+    );
 }
 
 /// Whether a failed call is one a sidecar retries: UNAVAILABLE and
