@@ -2567,7 +2567,7 @@ const NEEDS: &[(&str, Place, &[Need])] = &[
                 &["get", "list", "watch"],
                 false,
             ),
-            ("", &["events"], &["create", "update", "patch"], false),
+            ("", &["events"], &["create", "patch"], false),
             // Topology: each node's segment, from its CSINode.
             ("", &["nodes"], &["get", "list", "watch"], false),
             (
@@ -2597,9 +2597,7 @@ const NEEDS: &[(&str, Place, &[Need])] = &[
             (
                 "storage.k8s.io",
                 &["csistoragecapacities"],
-                &[
-                    "get", "list", "watch", "create", "update", "patch", "delete",
-                ],
+                &["list", "watch", "create", "update", "delete"],
                 true,
             ),
             // The capacity owner: pod, then its ReplicaSet.
@@ -2646,7 +2644,7 @@ const NEEDS: &[(&str, Place, &[Need])] = &[
                 false,
             ),
             ("", &["persistentvolumeclaims/status"], &["patch"], false),
-            ("", &["events"], &["create", "update", "patch"], false),
+            ("", &["events"], &["create", "patch"], false),
             (
                 "storage.k8s.io",
                 &["volumeattributesclasses"],
@@ -2660,7 +2658,7 @@ const NEEDS: &[(&str, Place, &[Need])] = &[
         SNAPSHOTTER,
         Place::Controller,
         &[
-            ("", &["events"], &["create", "update", "patch"], false),
+            ("", &["events"], &["create", "patch"], false),
             (
                 "snapshot.storage.k8s.io",
                 &["volumesnapshotclasses"],
