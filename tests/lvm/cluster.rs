@@ -435,8 +435,17 @@ where
 {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        match call().await {
-            Err(s) if retried(&s) => {
+        // Each call has the sidecars' deadline (their --timeout), and one
+        // that passes it is retried as they retry it.
+        let answer = match tokio::time::timeout(Duration::from_secs(30), call()).await {
+            Ok(a) => a,
+            Err(_) => {
+                println!("MEASURE cluster: {what} passed its 30 s deadline; retried");
+                Err(tonic::Status::deadline_exceeded(format!("{what}: 30 s")))
+            }
+        };
+        match answer {
+            Err(s) if retried(&s) || s.code() == Code::DeadlineExceeded => {
                 assert!(Instant::now() < deadline, "{what}: still {s:?}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
