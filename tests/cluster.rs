@@ -1055,33 +1055,20 @@ async fn the_deployments_certificates_open_the_channel_to_the_controller_only() 
         }]
     };
     let id = naming::with_node(&naming::node_key("worker-1"), &lvs[0]);
-    let good = Arc::new(
-        Cluster::new(
-            controller_config(
-                [f("controller.crt"), f("controller.key"), f("nodes-ca.crt")],
-                listed(),
-            ),
-            None,
-        )
-        .await
-        .unwrap(),
-    );
-    let sub = dir.path().join("good");
-    std::fs::create_dir_all(&sub).unwrap();
-    let mut c = ControllerClient::connect(serve(&good, &sub)).await.unwrap();
+    let mut c = controller_in(
+        &dir.path().join("good"),
+        [f("controller.crt"), f("controller.key"), f("nodes-ca.crt")],
+        listed(),
+    )
+    .await;
     assert_eq!(get(&mut c, &id).await.unwrap(), id);
     // A node's certificate is no key to another node.
-    let bad = Arc::new(
-        Cluster::new(
-            controller_config([f("node.crt"), f("node.key"), f("nodes-ca.crt")], listed()),
-            None,
-        )
-        .await
-        .unwrap(),
-    );
-    let sub = dir.path().join("bad");
-    std::fs::create_dir_all(&sub).unwrap();
-    let mut c = ControllerClient::connect(serve(&bad, &sub)).await.unwrap();
+    let mut c = controller_in(
+        &dir.path().join("bad"),
+        [f("node.crt"), f("node.key"), f("nodes-ca.crt")],
+        listed(),
+    )
+    .await;
     let before = refused(&node1);
     let e = get(&mut c, &id).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
@@ -1111,29 +1098,39 @@ async fn the_deployments_certificates_open_the_channel_to_the_controller_only() 
         "127.0.0.1:0",
     )
     .await;
-    let old = Arc::new(
-        Cluster::new(
-            controller_config(
-                [
-                    dir.path().join("old-controller.crt"),
-                    dir.path().join("old-controller.key"),
-                    f("nodes-ca.crt"),
-                ],
-                vec![StaticNode {
-                    id: "worker-2".into(),
-                    address,
-                }],
-            ),
-            None,
-        )
-        .await
-        .unwrap(),
-    );
-    let sub = dir.path().join("old");
-    std::fs::create_dir_all(&sub).unwrap();
-    let mut c = ControllerClient::connect(serve(&old, &sub)).await.unwrap();
+    let mut c = controller_in(
+        &dir.path().join("old"),
+        [
+            dir.path().join("old-controller.crt"),
+            dir.path().join("old-controller.key"),
+            f("nodes-ca.crt"),
+        ],
+        vec![StaticNode {
+            id: "worker-2".into(),
+            address,
+        }],
+    )
+    .await;
     let id = naming::with_node(&naming::node_key("worker-2"), &lvs[0]);
     assert_eq!(get(&mut c, &id).await.unwrap(), id);
+}
+
+/// A controller with `tls` (certificate, key, nodes' CA) in front of
+/// `nodes`, served in `dir`; a client of it.
+async fn controller_in(
+    dir: &std::path::Path,
+    tls: [std::path::PathBuf; 3],
+    nodes: Vec<StaticNode>,
+) -> ControllerClient<Channel> {
+    std::fs::create_dir_all(dir).unwrap();
+    let cluster = Arc::new(
+        Cluster::new(controller_config(tls, nodes), None)
+            .await
+            .unwrap(),
+    );
+    ControllerClient::connect(serve(&cluster, dir))
+        .await
+        .unwrap()
 }
 
 /// thinpool_csi_channel_refused_total of a node.

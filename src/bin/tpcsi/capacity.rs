@@ -41,7 +41,7 @@ pub async fn capacity(c: &mut Ctx, a: args::CapacityArgs) -> Result<()> {
         c.show(&answered(&r, &class, samples.as_ref()));
         return Ok(());
     }
-    let every = every_class(c, &req, None).await?;
+    let every = ask_every_class(c, &req, None, classes_of(info)).await?;
     let samples = samples(&c.ends).await;
     let mut first_error = None;
     let classes: Vec<_> = every
@@ -146,7 +146,17 @@ pub async fn every_class(
     req: &csi::GetCapacityRequest,
     others_within: Option<std::time::Duration>,
 ) -> Result<EveryClass> {
-    let (default, names) = served_classes(c).await?;
+    let classes = served_classes(c).await?;
+    ask_every_class(c, req, others_within, classes).await
+}
+
+/// [`every_class`], of the classes (default, all) already read.
+async fn ask_every_class(
+    c: &mut Ctx,
+    req: &csi::GetCapacityRequest,
+    others_within: Option<std::time::Duration>,
+    (default, names): (String, Vec<String>),
+) -> Result<EveryClass> {
     let mut answers = Vec::new();
     for class in &names {
         let mut one = req.clone();
