@@ -8,6 +8,7 @@ const FILES: &[&str] = &[
     "reclaimspace/reclaimspace.proto",
     "healer/healer.proto",
     "encryptionkeyrotation/encryptionkeyrotation.proto",
+    "thinpool/cluster/v1/cluster.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -190,3 +190,101 @@ impl tonic::service::Interceptor for OnlyFor {
 pub fn answered_by_another(s: &Status) -> bool {
     s.metadata().contains_key(NODE_HEADER)
 }
+
+/// The response header with the node's change counter (`lvm::Changes`)
+/// as the answer left: the controller never answers GetCapacity from a
+/// capacity state older than a change it has seen (docs/cluster.md).
+pub const GENERATION_HEADER: &str = "x-thinpool-generation";
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// The node's side: [`GENERATION_HEADER`] on every answer, read when
+/// the answer's headers are made (for a unary call, after its work).
+#[derive(Clone)]
+pub struct GenerationLayer(pub crate::lvm::Changes);
+
+impl<S> tower_layer::Layer<S> for GenerationLayer {
+    type Service = Generation<S>;
+    fn layer(&self, inner: S) -> Generation<S> {
+        Generation {
+            inner,
+            changes: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Generation<S> {
+    inner: S,
+    changes: crate::lvm::Changes,
+}
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for Generation<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<R>;
+    type Error = S::Error;
+    type Future = BoxFuture<std::result::Result<http::Response<R>, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let fut = self.inner.call(req);
+        let changes = self.changes.clone();
+        Box::pin(async move {
+            let mut resp = fut.await?;
+            resp.headers_mut()
+                .insert(GENERATION_HEADER, http::HeaderValue::from(changes.now()));
+            Ok(resp)
+        })
+    }
+}
+
+/// The controller's side: the highest [`GENERATION_HEADER`] any answer
+/// of one node carried, kept in `seen`.
+#[derive(Clone)]
+pub struct Seen<S> {
+    pub inner: S,
+    pub seen: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for Seen<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<R>;
+    type Error = S::Error;
+    type Future = BoxFuture<std::result::Result<http::Response<R>, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let fut = self.inner.call(req);
+        let seen = self.seen.clone();
+        Box::pin(async move {
+            let resp = fut.await?;
+            let generation = resp
+                .headers()
+                .get(GENERATION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if let Some(g) = generation {
+                seen.fetch_max(g, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(resp)
+        })
+    }
+}

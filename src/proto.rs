@@ -23,3 +23,11 @@ pub mod healer {
 pub mod encryptionkeyrotation {
     tonic::include_proto!("encryptionkeyrotation");
 }
+#[allow(clippy::all, clippy::pedantic)]
+pub mod thinpool {
+    pub mod cluster {
+        pub mod v1 {
+            tonic::include_proto!("thinpool.cluster.v1");
+        }
+    }
+}

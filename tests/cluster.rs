@@ -1142,3 +1142,141 @@ fn refused(classes: &Classes) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no refusal count in\n{text}"))
 }
+
+/// How many `method` calls of the Controller service `classes` served.
+async fn served(classes: &Classes, method: &str) -> u64 {
+    let line = format!(
+        "thinpool_csi_rpc_requests_total{{service=\"csi.v1.Controller\",method=\"{method}\"}} "
+    );
+    classes
+        .exposition()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(&line).map(|n| n.parse().unwrap()))
+        .unwrap_or(0)
+}
+
+/// GetCapacity through the controller is answered from the capacity the
+/// node's `Capacity.Watch` stream keeps (docs/cluster.md): after the first
+/// call the node serves no more of them, the controller refuses what the
+/// node would refuse, never answers from a state older than a change it
+/// saw (it asks the node then), and after a delete through it answers
+/// the node's new figure.
+#[tokio::test]
+async fn capacity_is_kept_from_the_nodes_stream_as_the_node_would_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
+    let files = dir.path().join("worker-1-tls");
+    std::fs::create_dir_all(&files).unwrap();
+    let (cert, key) = leaf(&nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
+    let tls = [
+        write(&files, "tls.crt", &cert),
+        write(&files, "tls.key", &key),
+        write(&files, "controller-ca.crt", &controller_ca.pem()),
+    ];
+    let names: Vec<String> = (0..3).map(|i| format!("pvc-{i}")).collect();
+    let (address, lvs, node) = node_with(dir.path(), "worker-1", &names, &tls, "127.0.0.1:0").await;
+    let cfg = controller_config(
+        controller_files(dir.path(), &controller_ca, &nodes_ca),
+        vec![StaticNode {
+            id: "worker-1".into(),
+            address,
+        }],
+    );
+    let cluster = Arc::new(Cluster::new(cfg, None).await.unwrap());
+    let mut c = ControllerClient::connect(serve(&cluster, dir.path()))
+        .await
+        .unwrap();
+    let here = Some("worker-1");
+
+    // The first call goes to the node, which is watched from then on.
+    let first = capacity(&mut c, here).await;
+    assert_eq!(served(&node, "GetCapacity").await, 1);
+    let key = naming::node_key("worker-1");
+    for _ in 0..500 {
+        if cluster.kept().holds(&key) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(cluster.kept().holds(&key), "no state kept in 5 s");
+    for _ in 0..5 {
+        assert_eq!(capacity(&mut c, here).await, first);
+        assert_eq!(capacity(&mut c, None).await, first);
+    }
+    assert_eq!(
+        served(&node, "GetCapacity").await,
+        1,
+        "answered by the node"
+    );
+
+    // What the node refuses, the kept state refuses, in the node's words.
+    let ask = |params: &[(&str, &str)]| GetCapacityRequest {
+        parameters: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let e = c
+        .get_capacity(ask(&[("deviceClass", "nvme")]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message()
+            .contains("device class \"nvme\" is not one of this node's: [\"default\"]"),
+        "{e:?}"
+    );
+    let e = c
+        .get_capacity(ask(&[("no-such-key", "1")]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("no-such-key"), "{e:?}");
+    assert_eq!(served(&node, "GetCapacity").await, 1);
+
+    // A state older than a change the controller saw is not answered
+    // from: the node is asked.
+    let worker = cluster.nodes.by_id("worker-1").unwrap();
+    let seen = worker.seen.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(seen > 0, "the node's answers carry its change counter");
+    worker
+        .seen
+        .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(capacity(&mut c, here).await, first);
+    assert_eq!(served(&node, "GetCapacity").await, 2, "asked the node");
+    worker.seen.store(seen, std::sync::atomic::Ordering::SeqCst);
+
+    // A delete through the controller: the next answer is the node's new
+    // figure (the fake lvm's lvremove succeeds; the report drops the LV).
+    let before = node.all()[0].capacity_now().await.unwrap();
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: naming::with_node(&key, &lvs[0]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let after = node.all()[0].capacity_now().await.unwrap();
+    let want = thinpool_csi::grpc::controller::capacity_response(&after.0, after.1);
+    assert_ne!(
+        thinpool_csi::grpc::controller::capacity_response(&before.0, before.1),
+        want,
+        "a delete that changes nothing proves nothing"
+    );
+    let got = c
+        .get_capacity(GetCapacityRequest {
+            accessible_topology: Some(Topology {
+                segments: [(
+                    format!("topology.{}/node", common::OWNER),
+                    "worker-1".into(),
+                )]
+                .into(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got, want);
+}

@@ -381,7 +381,9 @@ fn names(text: &str, word: &str) -> bool {
 /// Every RPC the driver serves is named in docs/behaviour.md ("what each
 /// CSI and CSI-Addons call does"), every CSI-Addons proto in its CSI-Addons
 /// section, and every CSI-Addons service in docs/configuration.md's
-/// `csi_addons_endpoint` row. The RPCs come from the protos `build.rs`
+/// `csi_addons_endpoint` row; the services of the driver's own protos
+/// (`proto/thinpool/`, the internal channel's) are named with their RPCs
+/// in docs/cluster.md instead. The RPCs come from the protos `build.rs`
 /// compiles, each of whose services `src/grpc/mod.rs` serves.
 #[test]
 fn docs_name_every_served_rpc() {
@@ -398,13 +400,24 @@ fn docs_name_every_served_rpc() {
         .lines()
         .find(|l| l.starts_with("| `csi_addons_endpoint` |"))
         .expect("docs/configuration.md has a csi_addons_endpoint row");
+    let cluster = read("docs/cluster.md");
     let mut missing = Vec::new();
     let mut rpcs = 0;
+    let mut internal = 0;
     for (file, service, calls) in &services {
         if !names(&serve, &format!("{service}Server")) {
             missing.push(format!(
                 "{file}: service {service} is not served in src/grpc/mod.rs"
             ));
+        }
+        if file.starts_with("thinpool/") {
+            internal += 1;
+            for rpc in calls {
+                if !cluster.contains(&format!("`{service}.{rpc}`")) {
+                    missing.push(format!("docs/cluster.md: `{service}.{rpc}`"));
+                }
+            }
+            continue;
         }
         for rpc in calls {
             rpcs += 1;
@@ -438,5 +451,6 @@ fn docs_name_every_served_rpc() {
         rpcs >= 35,
         "only {rpcs} RPCs read from the protos: {services:?}"
     );
+    assert!(internal >= 1, "no internal service read: {services:?}");
     assert!(missing.is_empty(), "not named:\n{}", missing.join("\n"));
 }

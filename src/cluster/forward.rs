@@ -16,6 +16,7 @@ use super::nodes::NodeChannel;
 use futures_util::Stream;
 use tonic::{Response, Status, Streaming};
 
+use super::capacity::Kept;
 use super::config::ControllerConfig;
 use super::discovery::Finder;
 use super::nodes::{Node, Nodes};
@@ -34,6 +35,8 @@ pub struct Cluster {
     found: Found,
     /// Lists the node plugins from the cluster (`[discovery]`).
     finder: Option<Arc<Finder>>,
+    /// The nodes' capacity, kept from their streams.
+    kept: Arc<Kept>,
 }
 
 type Reply<T> = Result<T, Status>;
@@ -62,6 +65,7 @@ impl Cluster {
             cfg,
             found: Found::default(),
             finder,
+            kept: Arc::default(),
         };
         if let Some(f) = &cluster.finder {
             // A controller that cannot list the nodes at start says so;
@@ -72,6 +76,11 @@ impl Cluster {
             }
         }
         Ok(cluster)
+    }
+
+    /// The nodes' capacity states the controller keeps.
+    pub fn kept(&self) -> &Kept {
+        &self.kept
     }
 
     /// The loop that keeps the node list current, when the nodes are
@@ -126,6 +135,9 @@ impl Cluster {
                 // Not reached, or reached at an address another node now
                 // holds: list the nodes again.
                 let stale = super::nodes::unreached(&s) || crate::channel::answered_by_another(&s);
+                if stale {
+                    self.kept.forget(node);
+                }
                 self.look_again(!stale).await;
                 Err(node.failed(s))
             }
@@ -477,11 +489,19 @@ impl Cluster {
         };
         let mut sum = GetCapacityResponse::default();
         for node in nodes {
-            let r = req.clone();
-            match self
-                .on(&node, |mut c| async move { c.get_capacity(r).await })
-                .await
-            {
+            // The node's kept state answers as the node would; what it
+            // cannot answer goes to the node, which is watched from then
+            // on.
+            let answer = match self.kept.answer(&node, &req).await {
+                Some(r) => r,
+                None => {
+                    self.kept.watch(&node);
+                    let r = req.clone();
+                    self.on(&node, |mut c| async move { c.get_capacity(r).await })
+                        .await
+                }
+            };
+            match answer {
                 Ok(r) => {
                     sum.available_capacity += r.available_capacity;
                     sum.maximum_volume_size = sum.maximum_volume_size.max(r.maximum_volume_size);

@@ -13,6 +13,7 @@
 //! - [`forward`]: each controller call, sent to its node; the listings and
 //!   GetCapacity, which span nodes.
 
+pub mod capacity;
 pub mod config;
 pub mod discovery;
 pub mod forward;

@@ -14,8 +14,9 @@ use super::config::ControllerConfig;
 use crate::naming;
 
 /// A node's channel: every call on it names the node it is meant for
-/// (`channel::NODE_HEADER`), which the node checks.
-pub type NodeChannel = InterceptedService<Channel, crate::channel::MeantFor>;
+/// (`channel::NODE_HEADER`), which the node checks, and every answer's
+/// change counter is kept (`channel::Seen`).
+pub type NodeChannel = crate::channel::Seen<InterceptedService<Channel, crate::channel::MeantFor>>;
 
 /// One node plugin.
 pub struct Node {
@@ -23,6 +24,9 @@ pub struct Node {
     pub key: String,
     pub address: String,
     pub channel: NodeChannel,
+    /// The highest change counter an answer of this node carried
+    /// (`channel::GENERATION_HEADER`).
+    pub seen: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Node {
@@ -178,8 +182,13 @@ impl Nodes {
         let meant = id
             .parse()
             .map_err(|e| format!("node id {id:?} cannot be a header value: {e}"))?;
+        let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
         Ok(Node {
-            channel: InterceptedService::new(channel, crate::channel::MeantFor(meant)),
+            channel: crate::channel::Seen {
+                inner: InterceptedService::new(channel, crate::channel::MeantFor(meant)),
+                seen: seen.clone(),
+            },
+            seen,
             id,
             key,
             address,

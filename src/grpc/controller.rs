@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::validate::Carrier;
+use super::validate::{CapacityAsk, Carrier};
 use super::{reply, validate};
 use crate::error::{Error, Result};
 use crate::naming::{self, Access, ContentSource, NodeIds};
@@ -236,39 +236,20 @@ impl ControllerService {
     }
 
     async fn get_capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
-        // external-provisioner's capacity controller sends no capability
-        // and the StorageClass's parameters as they are, reserved
-        // `csi.storage.k8s.io/` keys included (`validate::SIDECAR_KEYS`),
-        // once per StorageClass: so each class gets its own
-        // CSIStorageCapacity objects.
-        let d = self
-            .classes
-            .named(validate::device_class(&req.parameters)?)?;
-        for cap in &req.volume_capabilities {
-            validate::capability(cap, &d.cfg.default_fs_type)?;
-        }
-        validate::class_parameters(
-            Carrier::GetCapacity,
-            &req.parameters,
-            d.class_name(),
-            &d.lvm.vg,
-            &d.lvm.pool,
+        let base = self.classes.base();
+        let ask = validate::capacity_ask(
+            &req,
+            &class_shapes(&self.classes),
+            self.classes.default_index(),
+            &base.topology_key(),
+            &base.node_id,
         )?;
-        if let Some(t) = &req.accessible_topology {
-            if !validate::segment_is_ours(&t.segments, &d.topology_key(), &d.node_id) {
-                return Ok(GetCapacityResponse {
-                    available_capacity: 0,
-                    maximum_volume_size: Some(0),
-                    minimum_volume_size: None,
-                });
+        Ok(match ask {
+            CapacityAsk::Elsewhere => capacity_elsewhere(),
+            CapacityAsk::Class(i) => {
+                let (cap, extent) = self.classes.all()[i].capacity_now().await?;
+                capacity_response(&cap, extent)
             }
-        }
-        let (cap, extent) = d.capacity_now().await?;
-        let floor = |b: u64| (b / extent.max(1) * extent.max(1)) as i64;
-        Ok(GetCapacityResponse {
-            available_capacity: floor(cap.available()),
-            maximum_volume_size: Some(floor(cap.virtual_headroom)),
-            minimum_volume_size: Some(extent as i64),
         })
     }
 
@@ -464,6 +445,41 @@ fn volume_without_topology(v: VolumeInfo, ids: &NodeIds) -> Volume {
         volume_context: ctx,
         content_source: v.from.as_ref().map(|f| content_source(f, ids)),
         accessible_topology: vec![],
+    }
+}
+
+/// What GetCapacity's validation reads of each of `classes`, in their
+/// order.
+pub fn class_shapes(classes: &Classes) -> Vec<validate::ClassShape<'_>> {
+    classes
+        .all()
+        .iter()
+        .map(|d| validate::ClassShape {
+            name: d.class_name(),
+            vg: &d.lvm.vg,
+            pool: &d.lvm.pool,
+            default_fs_type: &d.cfg.default_fs_type,
+        })
+        .collect()
+}
+
+/// GetCapacity's answer for a topology of another node: nothing fits.
+pub fn capacity_elsewhere() -> GetCapacityResponse {
+    GetCapacityResponse {
+        available_capacity: 0,
+        maximum_volume_size: Some(0),
+        minimum_volume_size: None,
+    }
+}
+
+/// GetCapacity's answer for `cap` in a pool of `extent`-byte extents:
+/// whole extents only (a volume is made of them).
+pub fn capacity_response(cap: &crate::lvm::report::Capacity, extent: u64) -> GetCapacityResponse {
+    let floor = |b: u64| (b / extent.max(1) * extent.max(1)) as i64;
+    GetCapacityResponse {
+        available_capacity: floor(cap.available()),
+        maximum_volume_size: Some(floor(cap.virtual_headroom)),
+        minimum_volume_size: Some(extent as i64),
     }
 }
 

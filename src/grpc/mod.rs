@@ -4,6 +4,7 @@
 //! counted by `observe`.
 
 pub mod addons;
+pub mod cluster;
 pub mod controller;
 pub mod forward;
 pub mod group;
@@ -126,17 +127,24 @@ where
 {
     use crate::proto::identity::identity_server::IdentityServer as AddonsIdentityServer;
     use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceControllerServer;
+    use crate::proto::thinpool::cluster::v1::capacity_server::CapacityServer;
     let addons = || addons::AddonsService {
         classes: classes.clone(),
     };
     // Each call must name this node (`channel::NODE_HEADER`): one meant
     // for another is refused before any service sees it, and observed.
+    // Every answer carries the node's change counter
+    // (`channel::GENERATION_HEADER`).
     let only_here = tonic::service::InterceptorLayer::new(crate::channel::OnlyFor(
         classes.base().node_id.as_str().into(),
     ));
-    csi_router(observed(&classes).layer(only_here), &classes)
+    let counted = crate::channel::GenerationLayer(classes.changes().clone());
+    csi_router(observed(&classes).layer(counted).layer(only_here), &classes)
         .add_service(AddonsIdentityServer::new(addons()))
         .add_service(ReclaimSpaceControllerServer::new(addons()))
+        .add_service(CapacityServer::new(cluster::CapacityService {
+            classes: classes.clone(),
+        }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| Error::Internal(format!("channel gRPC server: {e}")))

@@ -657,6 +657,71 @@ pub fn device_class(params: &HashMap<String, String>) -> Result<Option<&str>> {
     }
 }
 
+/// What GetCapacity's validation reads of one device class of a node.
+#[derive(Debug, Clone, Copy)]
+pub struct ClassShape<'a> {
+    pub name: &'a str,
+    pub vg: &'a str,
+    pub pool: &'a str,
+    pub default_fs_type: &'a str,
+}
+
+/// What a valid GetCapacity asks of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacityAsk {
+    /// The topology names another node: 0, and no volume fits.
+    Elsewhere,
+    /// The figures of the class at this index.
+    Class(usize),
+}
+
+/// GetCapacity's request against a node's `classes` (`default`: the index
+/// of default_device_class), whose segments are `topology_key` =
+/// `node_id`. The node plugin and the cluster's controller (answering
+/// from a node's capacity it keeps) both decide here, so both refuse the
+/// same requests with the same words.
+///
+/// external-provisioner's capacity controller sends no capability and
+/// the StorageClass's parameters as they are, reserved
+/// `csi.storage.k8s.io/` keys included (`SIDECAR_KEYS`), once per
+/// StorageClass: so each class gets its own CSIStorageCapacity objects.
+pub fn capacity_ask(
+    req: &crate::proto::csi::v1::GetCapacityRequest,
+    classes: &[ClassShape],
+    default: usize,
+    topology_key: &str,
+    node_id: &str,
+) -> Result<CapacityAsk> {
+    let index = match device_class(&req.parameters)? {
+        None => default,
+        Some(name) => classes.iter().position(|c| c.name == name).ok_or_else(|| {
+            crate::volume::classes::unknown_class(
+                name,
+                &classes.iter().map(|c| c.name).collect::<Vec<_>>(),
+            )
+        })?,
+    };
+    let class = classes
+        .get(index)
+        .ok_or_else(|| Error::Internal(format!("no device class at index {index}")))?;
+    for cap in &req.volume_capabilities {
+        capability(cap, class.default_fs_type)?;
+    }
+    class_parameters(
+        Carrier::GetCapacity,
+        &req.parameters,
+        class.name,
+        class.vg,
+        class.pool,
+    )?;
+    match &req.accessible_topology {
+        Some(t) if !segment_is_ours(&t.segments, topology_key, node_id) => {
+            Ok(CapacityAsk::Elsewhere)
+        }
+        _ => Ok(CapacityAsk::Class(index)),
+    }
+}
+
 /// An I/O limit (`node::cgroup::KEYS`), when `key` is one: its value,
 /// checked and canonical.
 fn io_limit(key: &str, value: &str) -> Option<Result<String>> {

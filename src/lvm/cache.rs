@@ -115,6 +115,8 @@ impl Lvm {
         c.generation += 1;
         c.report = None;
         c.unknown_since = c.generation;
+        drop(c);
+        self.changes.bump();
     }
 
     /// The report of our VG from the cache. A report older than
@@ -158,6 +160,19 @@ impl Lvm {
             Some((_, r)) => Ok(r),
             None => self.read_since(None).await,
         }
+    }
+
+    /// The cached report, our writes applied, without asking LVM, and for
+    /// how much longer [`Lvm::report`] serves it without starting a
+    /// refresh; `None` with no report, or no cache (`report_max_age` 0).
+    pub fn cached_report(&self) -> Option<(Arc<Report>, std::time::Duration)> {
+        if self.max_age.is_zero() {
+            return None;
+        }
+        let mut c = self.cache.lock().unwrap();
+        let fresh = c.refresh_after(self.max_age);
+        c.cached()
+            .map(|(at, r)| (r, fresh.saturating_sub(at.elapsed())))
     }
 
     /// Starts one `lvs` for the cache unless one runs already. A failure
@@ -247,6 +262,7 @@ impl Lvm {
                     let replaced = c.report.replace((started, current.clone()));
                     // Every write that ended is in it now.
                     c.applied = c.generation;
+                    self.changes.bump();
                     (current, replaced)
                 }
                 Err(read) => (Arc::new(read), None),

@@ -62,13 +62,60 @@ pub struct Lvm {
     writers: tokio::sync::Semaphore,
     /// A pool holds one metadata snapshot at a time (`thin`).
     metadata_lock: tokio::sync::Mutex<()>,
+    /// Bumped when the cached report changes.
+    pub changes: Changes,
 }
 
 /// How many LVM commands that change something run at once.
 const WRITERS: usize = 2;
 
+/// A node's change counter: bumped whenever what GetCapacity answers from
+/// may have changed (a report kept or dropped, a write of ours ended, a
+/// reservation taken or released), shared by every device class of the
+/// node. The cluster's controller keeps the node's capacity from a stream
+/// of these (`grpc::cluster`) and reads the counter in the header of every
+/// answer (`channel::GENERATION_HEADER`), so it never answers from a
+/// state older than a change it has seen.
+///
+/// It starts at the process's start time in microseconds since the
+/// epoch, so a restarted node counts on from above what it counted
+/// before (unless it changed more than a million times a second).
+#[derive(Clone, Debug)]
+pub struct Changes(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Default for Changes {
+    fn default() -> Changes {
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64);
+        Changes(Arc::new(tokio::sync::watch::Sender::new(start)))
+    }
+}
+
+impl Changes {
+    /// Counts one change and wakes the watchers.
+    pub fn bump(&self) {
+        self.0.send_modify(|g| *g += 1);
+    }
+
+    /// The counter now.
+    pub fn now(&self) -> u64 {
+        *self.0.borrow()
+    }
+
+    /// A receiver that wakes at the next change.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
 impl Lvm {
     pub fn new(cfg: &Config) -> Lvm {
+        Lvm::counting(cfg, Changes::default())
+    }
+
+    /// An `Lvm` whose report changes count in `changes` (the node's).
+    pub fn counting(cfg: &Config, changes: Changes) -> Lvm {
         Lvm {
             binary: cfg.lvm_binary.clone(),
             vg: cfg.volume_group.clone(),
@@ -86,6 +133,7 @@ impl Lvm {
             refresh: tokio::sync::Mutex::new(()),
             writers: tokio::sync::Semaphore::new(WRITERS),
             metadata_lock: tokio::sync::Mutex::new(()),
+            changes,
         }
     }
 
@@ -196,6 +244,7 @@ impl Lvm {
             }
         }
         drop(c);
+        self.changes.bump();
         match res {
             Ok(()) => tracing::info!(subcommand, ?args, elapsed = ?started.elapsed(), "lvm: done"),
             Err(e) => tracing::warn!(subcommand, ?args, error = %e, "lvm: failed"),

@@ -21,6 +21,15 @@ use crate::naming;
 /// One page of a listing and the token of the next ("" after the last).
 type Page<T> = (Vec<T>, String);
 
+/// A device class `name` that is not among a node's `names`:
+/// INVALID_ARGUMENT naming those it has.
+pub fn unknown_class(name: &str, names: &[&str]) -> Error {
+    Error::InvalidArgument(format!(
+        "device class {name:?} is not one of this node's: {names:?}"
+    ))
+    .advise("set the StorageClass parameter deviceClass to one of the classes listed, or add the class to the driver's config (device_classes)")
+}
+
 pub struct Classes {
     /// The default class's `Volumes` first, then the others by name.
     all: Vec<Arc<Volumes>>,
@@ -35,6 +44,7 @@ pub struct Classes {
 impl Classes {
     pub fn new(cfg: &Config, node_id: &str) -> Classes {
         let metrics: Arc<Metrics> = Default::default();
+        let changes = crate::lvm::Changes::default();
         let all: Vec<Arc<Volumes>> = cfg
             .classes()
             .into_iter()
@@ -44,6 +54,7 @@ impl Classes {
                     node_id.to_string(),
                     class,
                     metrics.clone(),
+                    changes.clone(),
                 ))
             })
             .collect();
@@ -57,6 +68,16 @@ impl Classes {
             down: Mutex::default(),
             ids: naming::NodeIds::new(node_id, cfg.cluster_listen_addr().ok().flatten().is_some()),
         }
+    }
+
+    /// The index in [`Classes::all`] of `default_device_class`.
+    pub fn default_index(&self) -> usize {
+        self.default
+    }
+
+    /// The node's change counter, which every class counts into.
+    pub fn changes(&self) -> &crate::lvm::Changes {
+        &self.base().lvm.changes
     }
 
     /// How this node reads and writes node keys in ids.
@@ -93,13 +114,7 @@ impl Classes {
         self.all
             .iter()
             .find(|v| v.class_name() == name)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "device class {name:?} is not one of this node's: {:?}",
-                    self.names()
-                ))
-                .advise("set the StorageClass parameter deviceClass to one of the classes listed, or add the class to the driver's config (device_classes)")
-            })
+            .ok_or_else(|| unknown_class(name, &self.names()))
     }
 
     /// The class that holds volume or snapshot `id`, if this node serves

@@ -601,12 +601,33 @@ impl Volumes {
     /// GetCapacity: what the pool can still hand out, and its extent size.
     pub async fn capacity_now(&self) -> Result<(Capacity, u64)> {
         let report = self.lvm.report().await?;
-        let (cap, extent) = self.capacity(&report)?;
+        self.capacity_in(&report)
+    }
+
+    /// What GetCapacity answers from the cached report, without asking
+    /// LVM, and for how long that report stays fresh (`Lvm::cached_report`);
+    /// `None` with no cached report, or when the figures rest on more than
+    /// the report: the autopilot's room in a loop file that may grow,
+    /// which the host's free space bounds. The cluster's controller keeps
+    /// these (docs/cluster.md).
+    pub fn cached_capacity(&self) -> Option<(Capacity, u64, std::time::Duration)> {
+        let a = &self.cfg.autopilot;
+        if a.enabled && a.backing_file_limit > 0 && self.cfg.loop_pool.is_some() {
+            return None;
+        }
+        let (report, fresh_for) = self.lvm.cached_report()?;
+        let (cap, extent) = self.capacity_in(&report).ok()?;
+        Some((cap, extent, fresh_for))
+    }
+
+    /// GetCapacity's figures from `report`.
+    fn capacity_in(&self, report: &Report) -> Result<(Capacity, u64)> {
+        let (cap, extent) = self.capacity(report)?;
         // While the pool refuses allocation (full, failed, read-only
         // metadata) no volume fits: Kubernetes' scheduler reads
         // maximum_volume_size before capacity, and must stop placing
         // claims here.
-        if self.check_pool_usable(&report).is_err() {
+        if self.check_pool_usable(report).is_err() {
             return Ok((
                 Capacity {
                     virtual_headroom: 0,

@@ -95,19 +95,21 @@ pub struct Volumes {
 impl Volumes {
     /// The volumes of a config's top-level pool (the default class).
     pub fn new(cfg: Config, node_id: String) -> Volumes {
-        Volumes::in_class(cfg, node_id, None, Default::default())
+        Volumes::in_class(cfg, node_id, None, Default::default(), Default::default())
     }
 
     /// The volumes of device class `class` (`None`: the default class),
-    /// served with `cfg` ([`Config::classes`]), counting into `metrics`.
+    /// served with `cfg` ([`Config::classes`]), counting into `metrics`
+    /// and its changes into the node's `changes`.
     pub fn in_class(
         cfg: Config,
         node_id: String,
         class: Option<String>,
         metrics: Arc<Metrics>,
+        changes: crate::lvm::Changes,
     ) -> Volumes {
         Volumes {
-            lvm: std::sync::Arc::new(Lvm::new(&cfg)),
+            lvm: std::sync::Arc::new(Lvm::counting(&cfg, changes.clone())),
             tools: Tools::new(&cfg),
             records: Records::new(&cfg.state_dir),
             cfg,
@@ -115,7 +117,10 @@ impl Volumes {
             class,
             inflight: InFlight::default(),
             alloc: tokio::sync::Mutex::new(()),
-            reserved: Default::default(),
+            reserved: Reservations {
+                held: Default::default(),
+                changes,
+            },
             thin_tools: std::sync::atomic::AtomicBool::new(false),
             metrics,
             autopilot: Default::default(),
@@ -177,20 +182,25 @@ pub struct Owned<'a> {
 /// name. A reservation counts only while the report does not show its LV,
 /// so a create is never counted twice, whichever of the report and the
 /// reservation changes first.
-#[derive(Default)]
-pub struct Reservations(std::sync::Mutex<std::collections::BTreeMap<String, u64>>);
+/// The sizes of creates in flight, by LV name; each change counts in
+/// the node's `changes` (GetCapacity counts them).
+pub struct Reservations {
+    held: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    changes: crate::lvm::Changes,
+}
 
 impl Reservations {
     /// Reserves `size` for LV `name` until the returned guard is dropped.
     pub fn hold(&self, name: &str, size: u64) -> Reserved<'_> {
-        self.0.lock().unwrap().insert(name.to_string(), size);
+        self.held.lock().unwrap().insert(name.to_string(), size);
+        self.changes.bump();
         Reserved(self, name.to_string())
     }
 
     /// What the reservations add to `report`: the LVs it does not show
     /// yet, and their virtual sizes.
     pub fn pending(&self, report: &Report) -> Pending {
-        self.0
+        self.held
             .lock()
             .unwrap()
             .iter()
@@ -214,7 +224,8 @@ pub struct Reserved<'a>(&'a Reservations, String);
 
 impl Drop for Reserved<'_> {
     fn drop(&mut self) {
-        self.0 .0.lock().unwrap().remove(&self.1);
+        self.0.held.lock().unwrap().remove(&self.1);
+        self.0.changes.bump();
     }
 }
 
