@@ -276,9 +276,12 @@ where
         let seen = self.seen.clone();
         Box::pin(async move {
             let resp = fut.await?;
+            // A refusal by another node (`OnlyFor`'s mark) carries that
+            // node's counter, not this one's.
             let generation = resp
                 .headers()
                 .get(GENERATION_HEADER)
+                .filter(|_| !resp.headers().contains_key(NODE_HEADER))
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<u64>().ok());
             if let Some(g) = generation {

@@ -1280,3 +1280,65 @@ async fn capacity_is_kept_from_the_nodes_stream_as_the_node_would_answer() {
         .into_inner();
     assert_eq!(got, want);
 }
+
+/// A node plugin whose capacity the controller watches still stops at
+/// once: its server waits for every connection to close, and the watch
+/// stream ends when the server stops (it used to hold the stop until the
+/// kubelet's grace period ran out).
+#[tokio::test]
+async fn a_watched_node_stops_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
+    let files = dir.path().join("tls");
+    std::fs::create_dir_all(&files).unwrap();
+    let (cert, key) = leaf(&nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
+    let tls = [
+        write(&files, "tls.crt", &cert),
+        write(&files, "tls.key", &key),
+        write(&files, "controller-ca.crt", &controller_ca.pem()),
+    ];
+    let (cfg, _) = common::fake_lvm(dir.path(), &["pvc-0".to_string()]);
+    let classes = Arc::new(Classes::new(&cfg, "worker-1"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let incoming = thinpool_csi::channel::incoming(
+        listener,
+        thinpool_csi::channel::server_config(&tls[0], &tls[1], &tls[2]).unwrap(),
+        classes.metrics().clone(),
+        Duration::from_secs(2),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(thinpool_csi::grpc::serve_channel(
+        classes.clone(),
+        incoming,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let cfg = controller_config(
+        controller_files(dir.path(), &controller_ca, &nodes_ca),
+        vec![StaticNode {
+            id: "worker-1".into(),
+            address,
+        }],
+    );
+    let cluster = Arc::new(Cluster::new(cfg, None).await.unwrap());
+    let mut c = ControllerClient::connect(serve(&cluster, dir.path()))
+        .await
+        .unwrap();
+    assert!(capacity(&mut c, Some("worker-1")).await > 0);
+    let key = naming::node_key("worker-1");
+    for _ in 0..500 {
+        if cluster.kept().holds(&key) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(cluster.kept().holds(&key), "not watched in 5 s");
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("the node's channel server did not stop within 5 s while watched")
+        .unwrap()
+        .unwrap();
+}

@@ -130,13 +130,15 @@ impl Kept {
         );
     }
 
-    /// Whether a state of the node of key `key` is kept.
+    /// Whether the node of key `key` has a state kept that holds every
+    /// change seen and knows every class.
     pub fn holds(&self, key: &str) -> bool {
-        self.entries
-            .lock()
-            .unwrap()
-            .get(key)
-            .is_some_and(|e| e.state.is_some())
+        self.entries.lock().unwrap().get(key).is_some_and(|e| {
+            e.state.as_ref().is_some_and(|(s, _)| {
+                s.generation >= e.node.seen.load(Ordering::SeqCst)
+                    && s.classes.iter().all(|c| c.known)
+            })
+        })
     }
 
     /// Forgets `node`'s state (it did not answer a call).
@@ -181,6 +183,7 @@ impl Kept {
             .filter(|e| Arc::ptr_eq(&e.node, node))
         {
             e.state = Some((state, Instant::now()));
+            e.failed = None;
         }
         drop(entries);
         self.updated.send_modify(|n| *n += 1);
@@ -200,6 +203,9 @@ fn answer_from(
     at: Instant,
     req: &GetCapacityRequest,
 ) -> Option<Result<GetCapacityResponse, Status>> {
+    if state.driver_version != env!("CARGO_PKG_VERSION") {
+        return None;
+    }
     let shapes: Vec<ClassShape> = state
         .classes
         .iter()

@@ -13,9 +13,12 @@ use super::controller::{capacity_response, class_shapes};
 use crate::proto::thinpool::cluster::v1::capacity_server::Capacity;
 use crate::proto::thinpool::cluster::v1::{CapacityState, ClassCapacity, WatchCapacityRequest};
 use crate::volume::classes::Classes;
+use crate::volume::controller::CachedCapacity;
 
 pub struct CapacityService {
     pub classes: Arc<Classes>,
+    /// Turns true when the channel's server stops: every stream ends.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 type StateStream = Pin<Box<dyn Stream<Item = Result<CapacityState, Status>> + Send>>;
@@ -33,20 +36,33 @@ impl Capacity for CapacityService {
         _r: Request<WatchCapacityRequest>,
     ) -> Result<Response<StateStream>, Status> {
         let classes = self.classes.clone();
+        let mut stopping = self.stopping.clone();
         let mut changes = classes.changes().subscribe();
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         tokio::spawn(async move {
             loop {
                 changes.borrow_and_update();
                 // Read before the figures: they hold at least every change
-                // counted up to it.
-                let state = capacity_state(&classes, classes.changes().now());
+                // counted up to it. A report a caller still holds, with
+                // writes not yet in it, is not copied for this: asked
+                // again shortly (the caller lets it go as its call ends),
+                // else sent as unknown.
+                let mut state = capacity_state(&classes, classes.changes().now());
+                for _ in 0..HELD_RETRIES {
+                    if !state.1 {
+                        break;
+                    }
+                    tokio::time::sleep(HELD_WAIT).await;
+                    state = capacity_state(&classes, classes.changes().now());
+                }
+                let state = state.0;
                 if tx.send(Ok(state)).await.is_err() {
                     return;
                 }
                 tokio::select! {
                     r = changes.changed() => if r.is_err() { return },
                     _ = tx.closed() => return,
+                    _ = stopping.wait_for(|s| *s) => return,
                 }
             }
         });
@@ -56,13 +72,21 @@ impl Capacity for CapacityService {
     }
 }
 
+/// How often, and how long apart, a state with a held report is taken
+/// again before it is sent with that class unknown.
+const HELD_RETRIES: usize = 40;
+const HELD_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// What GetCapacity would answer for each class from the cached reports,
-/// at change counter `generation`.
-fn capacity_state(classes: &Classes, generation: u64) -> CapacityState {
+/// at change counter `generation`; and whether a class's report was held
+/// with writes not in it (that class is unknown).
+fn capacity_state(classes: &Classes, generation: u64) -> (CapacityState, bool) {
+    let mut held = false;
     let base = classes.base();
     let shapes = class_shapes(classes);
-    CapacityState {
+    let state = CapacityState {
         generation,
+        driver_version: env!("CARGO_PKG_VERSION").to_string(),
         node_id: base.node_id.clone(),
         topology_key: base.topology_key(),
         default_class: classes.default_index() as u32,
@@ -78,16 +102,21 @@ fn capacity_state(classes: &Classes, generation: u64) -> CapacityState {
                     default_fs_type: shape.default_fs_type.to_string(),
                     ..Default::default()
                 };
-                if let Some((cap, extent, fresh_for)) = d.cached_capacity() {
-                    let r = capacity_response(&cap, extent);
-                    c.known = true;
-                    c.fresh_for_ms = fresh_for.as_millis() as u64;
-                    c.available_capacity = r.available_capacity;
-                    c.maximum_volume_size = r.maximum_volume_size.unwrap_or(0);
-                    c.minimum_volume_size = r.minimum_volume_size.unwrap_or(0);
+                match d.cached_capacity() {
+                    CachedCapacity::Known(cap, extent, fresh_for) => {
+                        let r = capacity_response(&cap, extent);
+                        c.known = true;
+                        c.fresh_for_ms = fresh_for.as_millis() as u64;
+                        c.available_capacity = r.available_capacity;
+                        c.maximum_volume_size = r.maximum_volume_size.unwrap_or(0);
+                        c.minimum_volume_size = r.minimum_volume_size.unwrap_or(0);
+                    }
+                    CachedCapacity::Held => held = true,
+                    CachedCapacity::Unknown => {}
                 }
                 c
             })
             .collect(),
-    }
+    };
+    (state, held)
 }

@@ -139,11 +139,19 @@ where
         classes.base().node_id.as_str().into(),
     ));
     let counted = crate::channel::GenerationLayer(classes.changes().clone());
+    // The capacity streams end when the server stops: it waits for every
+    // connection to close, and the controller keeps a watched one open.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
     csi_router(observed(&classes).layer(counted).layer(only_here), &classes)
         .add_service(AddonsIdentityServer::new(addons()))
         .add_service(ReclaimSpaceControllerServer::new(addons()))
         .add_service(CapacityServer::new(cluster::CapacityService {
             classes: classes.clone(),
+            stopping,
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

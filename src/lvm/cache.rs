@@ -37,6 +37,17 @@ pub(super) struct Cache {
     pub(super) last_read: std::time::Duration,
 }
 
+/// What [`Lvm::cached_report`] finds.
+pub enum Cached {
+    /// The report with every ended write in it, and for how much longer
+    /// it is fresh.
+    Report(Arc<Report>, std::time::Duration),
+    /// A caller holds the report and ended writes wait to be applied.
+    Held,
+    /// No report (or no cache).
+    Missing,
+}
+
 /// A background refresh waits at least this many times as long as the
 /// last `lvs` took: catching up with outside changes takes at most a
 /// tenth of the time, however many LVs the VG holds.
@@ -164,15 +175,24 @@ impl Lvm {
 
     /// The cached report, our writes applied, without asking LVM, and for
     /// how much longer [`Lvm::report`] serves it without starting a
-    /// refresh; `None` with no report, or no cache (`report_max_age` 0).
-    pub fn cached_report(&self) -> Option<(Arc<Report>, std::time::Duration)> {
+    /// refresh. Never copies the report: while a caller holds it with
+    /// writes not yet applied, [`Cached::Held`] (ask again once it is let
+    /// go); with no report, or no cache (`report_max_age` 0),
+    /// [`Cached::Missing`].
+    pub fn cached_report(&self) -> Cached {
         if self.max_age.is_zero() {
-            return None;
+            return Cached::Missing;
         }
         let mut c = self.cache.lock().unwrap();
         let fresh = c.refresh_after(self.max_age);
-        c.cached()
-            .map(|(at, r)| (r, fresh.saturating_sub(at.elapsed())))
+        c.apply_pending(false);
+        if c.recent.back().is_some_and(|(g, _)| *g > c.applied) && c.report.is_some() {
+            return Cached::Held;
+        }
+        match &c.report {
+            Some((at, r)) => Cached::Report(r.clone(), fresh.saturating_sub(at.elapsed())),
+            None => Cached::Missing,
+        }
     }
 
     /// Starts one `lvs` for the cache unless one runs already. A failure

@@ -8,6 +8,7 @@
 //! seen, and readers that miss it share one `lvs` (single flight).
 
 mod cache;
+pub use cache::Cached;
 mod commands;
 pub mod explain;
 pub mod report;

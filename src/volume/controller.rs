@@ -9,6 +9,7 @@ use super::size::{fs_minimum, size, size_fits};
 use super::{Owned, PoolWide, SizeRange, VolumeId};
 use crate::error::{Error, Result};
 use crate::lvm::report::{Capacity, Lv, Report};
+use crate::lvm::Cached;
 use crate::naming::{self, Access, ContentSource, VolumeTags};
 use crate::volume::Volumes;
 
@@ -606,18 +607,23 @@ impl Volumes {
 
     /// What GetCapacity answers from the cached report, without asking
     /// LVM, and for how long that report stays fresh (`Lvm::cached_report`);
-    /// `None` with no cached report, or when the figures rest on more than
-    /// the report: the autopilot's room in a loop file that may grow,
+    /// unknown with no cached report, or when the figures rest on more
+    /// than the report: the autopilot's room in a loop file that may grow,
     /// which the host's free space bounds. The cluster's controller keeps
     /// these (docs/cluster.md).
-    pub fn cached_capacity(&self) -> Option<(Capacity, u64, std::time::Duration)> {
+    pub fn cached_capacity(&self) -> CachedCapacity {
         let a = &self.cfg.autopilot;
         if a.enabled && a.backing_file_limit > 0 && self.cfg.loop_pool.is_some() {
-            return None;
+            return CachedCapacity::Unknown;
         }
-        let (report, fresh_for) = self.lvm.cached_report()?;
-        let (cap, extent) = self.capacity_in(&report).ok()?;
-        Some((cap, extent, fresh_for))
+        match self.lvm.cached_report() {
+            Cached::Report(report, fresh_for) => match self.capacity_in(&report) {
+                Ok((cap, extent)) => CachedCapacity::Known(cap, extent, fresh_for),
+                Err(_) => CachedCapacity::Unknown,
+            },
+            Cached::Held => CachedCapacity::Held,
+            Cached::Missing => CachedCapacity::Unknown,
+        }
     }
 
     /// GetCapacity's figures from `report`.
@@ -655,6 +661,17 @@ impl AsRef<str> for Owned<'_> {
     fn as_ref(&self) -> &str {
         &self.lv.name
     }
+}
+
+/// What [`Volumes::cached_capacity`] finds.
+pub enum CachedCapacity {
+    /// GetCapacity's figures, the extent size, and for how much longer
+    /// the report they come from is fresh.
+    Known(Capacity, u64, std::time::Duration),
+    /// The report is held with writes not yet in it: ask again soon.
+    Held,
+    /// Only LVM (or more than the report) can say.
+    Unknown,
 }
 
 /// One page of `items` (sorted by name) after `token`. The token is the
