@@ -1,7 +1,9 @@
 //! The node's side of the cluster's own services
 //! (`proto/thinpool/cluster/v1/cluster.proto`), served on the internal
 //! channel only: `Capacity.Watch`, the node's capacity for the
-//! controller to keep (docs/cluster.md, "GetCapacity").
+//! controller to keep (docs/cluster.md, "GetCapacity"), and
+//! `Transfer.Read`, a snapshot's mapped data for a copy on another node
+//! (docs/moving.md).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,9 +13,15 @@ use tonic::{Request, Response, Status};
 
 use super::controller::{capacity_response, class_shapes};
 use crate::proto::thinpool::cluster::v1::capacity_server::Capacity;
-use crate::proto::thinpool::cluster::v1::{CapacityState, ClassCapacity, WatchCapacityRequest};
+use crate::proto::thinpool::cluster::v1::transfer_server::Transfer;
+use crate::proto::thinpool::cluster::v1::{
+    read_item, CapacityState, ClassCapacity, DataRange, ReadHeader, ReadItem, ReadRequest,
+    ReadSummary, WatchCapacityRequest,
+};
 use crate::volume::classes::Classes;
 use crate::volume::controller::CachedCapacity;
+use crate::volume::transfer::Piece;
+use tokio_stream::StreamExt;
 
 pub struct CapacityService {
     pub classes: Arc<Classes>,
@@ -119,4 +127,59 @@ fn capacity_state(classes: &Classes, generation: u64) -> (CapacityState, bool) {
             .collect(),
     };
     (state, held)
+}
+
+/// `Transfer.Read`: a snapshot's mapped data for a copy on another node
+/// (`volume::transfer`).
+pub struct TransferService {
+    pub classes: Arc<Classes>,
+}
+
+type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadItem, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Transfer for TransferService {
+    type ReadStream = ReadStream;
+
+    async fn read(&self, r: Request<ReadRequest>) -> Result<Response<ReadStream>, Status> {
+        let req = r.into_inner();
+        let run = async {
+            let id =
+                super::validate::snapshot_id("snapshot_id", &req.snapshot_id, self.classes.ids())?
+                    .ok_or_else(|| {
+                        crate::error::Error::NotFound(format!(
+                            "snapshot {:?} does not exist",
+                            req.snapshot_id
+                        ))
+                    })?;
+            self.classes.of(&id)?.read_snapshot(id, req.start).await
+        };
+        let pieces = run.await.map_err(Status::from)?;
+        let items = tokio_stream::wrappers::ReceiverStream::new(pieces).map(|p| {
+            p.map(|p| ReadItem {
+                item: Some(match p {
+                    Piece::Header { capacity, chunk } => read_item::Item::Header(ReadHeader {
+                        capacity_bytes: capacity,
+                        chunk_bytes: chunk,
+                    }),
+                    Piece::Range { offset, data, hash } => read_item::Item::Range(DataRange {
+                        offset,
+                        data,
+                        blake3: hash.to_vec(),
+                    }),
+                    Piece::Summary {
+                        ranges,
+                        bytes,
+                        digest,
+                    } => read_item::Item::Summary(ReadSummary {
+                        ranges,
+                        bytes,
+                        digest: digest.to_vec(),
+                    }),
+                }),
+            })
+            .map_err(Status::from)
+        });
+        Ok(Response::new(Box::pin(items)))
+    }
 }

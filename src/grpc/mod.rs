@@ -128,6 +128,7 @@ where
     use crate::proto::identity::identity_server::IdentityServer as AddonsIdentityServer;
     use crate::proto::reclaimspace::reclaim_space_controller_server::ReclaimSpaceControllerServer;
     use crate::proto::thinpool::cluster::v1::capacity_server::CapacityServer;
+    use crate::proto::thinpool::cluster::v1::transfer_server::TransferServer;
     let addons = || addons::AddonsService {
         classes: classes.clone(),
     };
@@ -152,6 +153,9 @@ where
         .add_service(CapacityServer::new(cluster::CapacityService {
             classes: classes.clone(),
             stopping,
+        }))
+        .add_service(TransferServer::new(cluster::TransferService {
+            classes: classes.clone(),
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

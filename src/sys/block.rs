@@ -131,20 +131,55 @@ impl ExclusiveDevice {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read
     /// (fewer only at the end of the device).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let mut done = 0;
-        while done < buf.len() {
-            let n = nix::sys::uio::pread(
-                self.fd.as_fd(),
-                &mut buf[done..],
-                (offset + done as u64) as i64,
-            )
-            .map_err(|e| SysError::new("pread", &self.path, e))?;
-            if n == 0 {
-                break;
-            }
-            done += n;
+        pread_full(self.fd.as_fd(), &self.path, offset, buf)
+    }
+}
+
+/// `buf.len()` bytes of `fd` at `offset`, or fewer at its end.
+fn pread_full(fd: BorrowedFd<'_>, path: &Path, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = nix::sys::uio::pread(fd, &mut buf[done..], (offset + done as u64) as i64)
+            .map_err(|e| SysError::new("pread", path, e))?;
+        if n == 0 {
+            break;
         }
-        Ok(done)
+        done += n;
+    }
+    Ok(done)
+}
+
+/// A block device opened read-only, shared with whoever else reads it
+/// (a snapshot read for a copy on another node).
+pub struct ReadOnlyDevice {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+/// Opens block device `dev` read-only (`O_RDONLY`, no claim).
+pub fn open_read_only(dev: &Path) -> Result<ReadOnlyDevice> {
+    require_block_device("open(O_RDONLY)", dev)?;
+    let fd = open("open(O_RDONLY)", dev, OFlag::O_RDONLY)?;
+    Ok(ReadOnlyDevice {
+        fd,
+        path: dev.to_path_buf(),
+    })
+}
+
+impl ReadOnlyDevice {
+    /// Exactly `buf.len()` bytes at `offset`; a read that ends early (past
+    /// the device's end) is an error.
+    pub fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let n = pread_full(self.fd.as_fd(), &self.path, offset, buf)?;
+        if n < buf.len() {
+            return Err(
+                SysError::new("pread", &self.path, Errno::EIO).with_detail(format!(
+                    "{n} of {} bytes at offset {offset}: the device ends there",
+                    buf.len()
+                )),
+            );
+        }
+        Ok(())
     }
 }
 

@@ -29,6 +29,7 @@ pub mod reclaim;
 pub mod request;
 pub mod size;
 pub mod snapshot;
+pub mod transfer;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
