@@ -119,6 +119,9 @@ pub struct Cluster {
     /// The CA (PEM) whose client certificates are let through: the
     /// controller's.
     pub client_ca: PathBuf,
+    /// The most `Transfer.Read` reads per second on this node, in MiB,
+    /// all transfers together (docs/moving.md); 0: no cap.
+    pub transfer_mib_per_sec: u64,
 }
 
 /// One more thin pool: the top-level per-pool keys, each defaulting to the

@@ -133,6 +133,8 @@ fn capacity_state(classes: &Classes, generation: u64) -> (CapacityState, bool) {
 /// (`volume::transfer`).
 pub struct TransferService {
     pub classes: Arc<Classes>,
+    /// The node's cap on transfer reads, shared by every transfer.
+    pub pace: Arc<crate::volume::transfer::Pace>,
 }
 
 type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadItem, Status>> + Send>>;
@@ -152,7 +154,10 @@ impl Transfer for TransferService {
                             req.snapshot_id
                         ))
                     })?;
-            self.classes.of(&id)?.read_snapshot(id, req.start).await
+            self.classes
+                .of(&id)?
+                .read_snapshot(id, req.start, self.pace.clone())
+                .await
         };
         let pieces = run.await.map_err(Status::from)?;
         let items = tokio_stream::wrappers::ReceiverStream::new(pieces).map(|p| {

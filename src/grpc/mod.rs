@@ -156,6 +156,9 @@ where
         }))
         .add_service(TransferServer::new(cluster::TransferService {
             classes: classes.clone(),
+            pace: Arc::new(crate::volume::transfer::Pace::new(
+                classes.base().cfg.cluster.transfer_mib_per_sec,
+            )),
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
