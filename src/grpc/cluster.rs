@@ -133,8 +133,8 @@ fn capacity_state(classes: &Classes, generation: u64) -> (CapacityState, bool) {
 /// (`volume::transfer`).
 pub struct TransferService {
     pub classes: Arc<Classes>,
-    /// The node's cap on transfer reads, shared by every transfer.
-    pub pace: Arc<crate::volume::transfer::Pace>,
+    /// Turns true when the channel's server stops: every read ends.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadItem, Status>> + Send>>;
@@ -155,12 +155,15 @@ impl Transfer for TransferService {
                         ))
                     })?;
             self.classes
-                .of(&id)?
-                .read_snapshot(id, req.start, self.pace.clone())
+                .read_snapshot(id, req.start, self.stopping.clone())
                 .await
         };
         let pieces = run.await.map_err(Status::from)?;
-        let items = tokio_stream::wrappers::ReceiverStream::new(pieces).map(|p| {
+        let items = UntilSummary {
+            rx: pieces,
+            over: false,
+        }
+        .map(|p| {
             p.map(|p| ReadItem {
                 item: Some(match p {
                     Piece::Header { capacity, chunk } => read_item::Item::Header(ReadHeader {
@@ -186,5 +189,78 @@ impl Transfer for TransferService {
             .map_err(Status::from)
         });
         Ok(Response::new(Box::pin(items)))
+    }
+}
+
+/// A read's pieces, ending with an error unless its summary came: a
+/// reader that stopped without one (a panic) never looks whole.
+struct UntilSummary {
+    rx: tokio::sync::mpsc::Receiver<crate::error::Result<Piece>>,
+    over: bool,
+}
+
+impl Stream for UntilSummary {
+    type Item = crate::error::Result<Piece>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        if self.over {
+            return Poll::Ready(None);
+        }
+        let item = match self.rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Ok(p))) => {
+                self.over = matches!(p, Piece::Summary { .. });
+                return Poll::Ready(Some(Ok(p)));
+            }
+            Poll::Ready(Some(Err(e))) => Err(e),
+            Poll::Ready(None) => Err(crate::error::Error::Internal(
+                "the snapshot read stopped before its summary; what was sent is not the whole copy"
+                    .into(),
+            )),
+        };
+        self.over = true;
+        Poll::Ready(Some(item))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read whose reader stopped without its summary (a panic drops the
+    /// sender) ends with INTERNAL after what came, never as whole; one
+    /// that sent its summary ends there.
+    #[tokio::test]
+    async fn a_read_without_its_summary_ends_with_an_error() {
+        let header = Piece::Header {
+            capacity: 8,
+            chunk: 4,
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(Ok(header.clone())).await.unwrap();
+        drop(tx);
+        let mut got: Vec<_> = UntilSummary { rx, over: false }.collect().await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].is_ok());
+        let e = Status::from(got.pop().unwrap().unwrap_err());
+        assert_eq!(e.code(), tonic::Code::Internal, "{e:?}");
+
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(Ok(header)).await.unwrap();
+        let summary = Piece::Summary {
+            ranges: 0,
+            bytes: 0,
+            digest: [0; 32],
+        };
+        tx.send(Ok(summary.clone())).await.unwrap();
+        // Anything after the summary is not read.
+        tx.send(Ok(summary)).await.unwrap();
+        let got: Vec<_> = UntilSummary { rx, over: false }.collect().await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got.iter().all(|g| g.is_ok()));
     }
 }

@@ -152,13 +152,11 @@ where
         .add_service(ReclaimSpaceControllerServer::new(addons()))
         .add_service(CapacityServer::new(cluster::CapacityService {
             classes: classes.clone(),
-            stopping,
+            stopping: stopping.clone(),
         }))
         .add_service(TransferServer::new(cluster::TransferService {
             classes: classes.clone(),
-            pace: Arc::new(crate::volume::transfer::Pace::new(
-                classes.base().cfg.cluster.transfer_mib_per_sec,
-            )),
+            stopping,
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -39,6 +39,8 @@ pub struct Classes {
     down: Mutex<BTreeSet<String>>,
     /// This node's key in ids, minted while `[cluster]` is on.
     ids: naming::NodeIds,
+    /// What the node's snapshot reads for copies share (the cap).
+    transfers: Arc<super::transfer::Transfers>,
 }
 
 impl Classes {
@@ -67,7 +69,23 @@ impl Classes {
             default,
             down: Mutex::default(),
             ids: naming::NodeIds::new(node_id, cfg.cluster_listen_addr().ok().flatten().is_some()),
+            transfers: Arc::new(super::transfer::Transfers::new(
+                cfg.cluster.transfer_mib_per_sec,
+            )),
         }
+    }
+
+    /// `Transfer.Read` of snapshot `id` from byte `start`, in its class,
+    /// under the node's cap (`Volumes::read_snapshot`).
+    pub async fn read_snapshot(
+        &self,
+        id: super::SnapshotId,
+        start: u64,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<tokio::sync::mpsc::Receiver<Result<super::transfer::Piece>>> {
+        self.of(&id)?
+            .read_snapshot(id, start, self.transfers.clone(), stopping)
+            .await
     }
 
     /// The index in [`Classes::all`] of `default_device_class`.

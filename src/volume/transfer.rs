@@ -101,19 +101,82 @@ impl Pace {
     }
 }
 
-/// `(offset, length)` ranges cut into pieces of at most `max` bytes.
-pub fn pieces(ranges: &[(u64, u64)], max: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for &(offset, length) in ranges {
-        let mut at = offset;
+/// `(offset, length)` ranges cut into pieces of at most `max` bytes, as
+/// they are needed (a fragmented snapshot's pieces are never all held).
+pub fn pieces(ranges: &[(u64, u64)], max: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let max = max.max(1);
+    ranges.iter().flat_map(move |&(offset, length)| {
         let end = offset + length;
-        while at < end {
-            let n = (end - at).min(max.max(1));
-            out.push((at, n));
-            at += n;
+        (offset..end)
+            .step_by(max as usize)
+            .map(move |at| (at, (end - at).min(max)))
+    })
+}
+
+/// How many snapshot reads a node serves at once; one more is
+/// RESOURCE_EXHAUSTED (the copy retries).
+pub const MAX_READS: usize = 4;
+
+/// What every snapshot read of a node shares: the cap, the bound on
+/// reads at once, and who reads which snapshot, so the first reader
+/// activates it and the last one deactivates it.
+#[derive(Debug)]
+pub struct Transfers {
+    pace: Pace,
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Readers by the snapshot's LV path, and whether a reader activated
+    /// it; held across the activation, so two first readers wait.
+    readers: tokio::sync::Mutex<std::collections::HashMap<String, (usize, bool)>>,
+}
+
+impl Transfers {
+    pub fn new(mib_per_sec: u64) -> Transfers {
+        Transfers {
+            pace: Pace::new(mib_per_sec),
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_READS)),
+            readers: Default::default(),
         }
     }
-    out
+}
+
+/// One reader of a snapshot's device: released (and the snapshot
+/// deactivated when it was the last reader and a reader activated it)
+/// when dropped, whatever ended the read (a panic included).
+struct Reading {
+    volumes: Arc<Volumes>,
+    transfers: Arc<Transfers>,
+    dev: crate::node::Device,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let (v, t, dev) = (
+            self.volumes.clone(),
+            self.transfers.clone(),
+            self.dev.clone(),
+        );
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            let key = dev.path.display().to_string();
+            let mut readers = t.readers.lock().await;
+            let last = match readers.get_mut(&key) {
+                Some((n, activated)) => {
+                    *n -= 1;
+                    (*n == 0).then_some(*activated)
+                }
+                None => None,
+            };
+            if let Some(activated) = last {
+                readers.remove(&key);
+                if activated {
+                    v.deactivate_if_unused(&dev).await;
+                }
+            }
+        });
+    }
 }
 
 impl Volumes {
@@ -122,15 +185,25 @@ impl Volumes {
     /// error ends it, and a stream that ends without its summary was cut
     /// short. The ranges are listed first (the pool's metadata snapshot
     /// is released before any data is read), then read one piece at a
-    /// time on a blocking thread; the reading stops when the receiver is
-    /// dropped, and a snapshot this call activated is deactivated again
-    /// when nothing else uses it.
+    /// time on a blocking thread, paced by the node's cap. The reading
+    /// stops when the receiver is dropped, when it takes no piece for
+    /// `command_timeout_secs` (DEADLINE_EXCEEDED), and when `stopping`
+    /// turns true (UNAVAILABLE: the node plugin stops); either way the
+    /// snapshot is deactivated after its last reader if a reader
+    /// activated it. More than [`MAX_READS`] at once: RESOURCE_EXHAUSTED.
     pub async fn read_snapshot(
         self: &Arc<Self>,
         id: SnapshotId,
         start: u64,
-        pace: Arc<Pace>,
+        transfers: Arc<Transfers>,
+        stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Result<mpsc::Receiver<Result<Piece>>> {
+        let slot = transfers.slots.clone().try_acquire_owned().map_err(|_| {
+            Error::ResourceExhausted(format!(
+                "this node already reads {MAX_READS} snapshots for copies"
+            ))
+            .advise("retry once one of them has ended")
+        })?;
         let listed = self
             .snapshot_metadata(Ask::Allocated(id.clone()), start)
             .await?;
@@ -152,70 +225,94 @@ impl Volumes {
         let report = self.lvm.report().await?;
         let chunk = self.pool(&report)?.chunk_size;
         let lv = self.must_own_snapshot(&report, &id)?.lv.clone();
-        let (dev, activated) = self.activate(&lv).await?;
-        let path = dev.path.clone();
+        let reading = self.start_reading(&lv, &transfers, slot).await?;
+        let path = reading.dev.path.clone();
         let device = self
             .tools
             .blocking("open a snapshot to read it", move || {
                 Ok(Arc::new(crate::sys::open_read_only(&path)?))
             })
-            .await;
-        let device = match device {
-            Ok(d) => d,
-            Err(e) => {
-                if activated {
-                    self.deactivate_if_unused(&dev).await;
-                }
-                return Err(e);
-            }
-        };
+            .await?;
         tracing::info!(snapshot = %id, start, capacity, ranges = ranges.len(),
             "transfer: reading a snapshot's mapped ranges");
         let (tx, out) = mpsc::channel(QUEUED);
         let d = self.clone();
         tokio::spawn(async move {
+            let sending = Sending {
+                tx: &tx,
+                stall: d.cfg.command_timeout(),
+                stopping,
+            };
             let res = d
-                .send_pieces(&tx, &device, &ranges, capacity, chunk, &pace)
+                .send_pieces(sending, &device, &ranges, capacity, chunk, &transfers.pace)
                 .await;
-            drop(device);
             match res {
                 Ok(true) => tracing::info!(snapshot = %id, start, "transfer: snapshot read"),
                 Ok(false) => {
                     tracing::info!(snapshot = %id, start, "transfer: the reader went away")
                 }
                 Err(e) => {
-                    tracing::warn!(snapshot = %id, start, error = %e, "transfer: reading failed");
-                    let _ = tx.send(Err(e)).await;
+                    tracing::warn!(snapshot = %id, start, error = %e, "transfer: reading ended");
+                    let _ = tx.try_send(Err(e));
                 }
             }
-            if activated {
-                d.deactivate_if_unused(&dev).await;
-            }
+            drop(device);
+            drop(reading);
         });
         Ok(out)
     }
 
+    /// Counts a reader of `lv`, activating it for the first one when it
+    /// is inactive. A snapshot gone meanwhile is NOT_FOUND.
+    async fn start_reading(
+        self: &Arc<Self>,
+        lv: &crate::lvm::report::Lv,
+        transfers: &Arc<Transfers>,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<Reading> {
+        let mut readers = transfers.readers.lock().await;
+        let activated = match self.activate(lv).await {
+            Ok(a) => a,
+            Err(e) => {
+                let fresh = self.lvm.fresh_report().await?;
+                return Err(match self.must_own_snapshot(&fresh, &lv.name) {
+                    Err(gone) => gone,
+                    Ok(_) => e,
+                });
+            }
+        };
+        let (dev, activated_now) = activated;
+        let entry = readers
+            .entry(dev.path.display().to_string())
+            .or_insert((0, false));
+        entry.0 += 1;
+        entry.1 |= activated_now;
+        Ok(Reading {
+            volumes: self.clone(),
+            transfers: transfers.clone(),
+            dev,
+            _slot: slot,
+        })
+    }
+
     /// Sends the header, every piece of `ranges` read from `device` and
-    /// hashed, and the summary; `Ok(false)` when the receiver went away.
+    /// hashed, and the summary; `Ok(false)` when the reader went away.
     async fn send_pieces(
         &self,
-        tx: &mpsc::Sender<Result<Piece>>,
+        out: Sending<'_>,
         device: &Arc<crate::sys::ReadOnlyDevice>,
         ranges: &[(u64, u64)],
         capacity: u64,
         chunk: u64,
         pace: &Pace,
     ) -> Result<bool> {
-        if tx
-            .send(Ok(Piece::Header { capacity, chunk }))
-            .await
-            .is_err()
-        {
+        let mut out = out;
+        if !out.send(Piece::Header { capacity, chunk }, 0).await? {
             return Ok(false);
         }
         let mut digest = Digest::default();
         for (offset, length) in pieces(ranges, PIECE_BYTES) {
-            pace.take(length).await;
+            out.until_stopped(pace.take(length), offset).await?;
             let device = device.clone();
             let (data, hash) = self
                 .tools
@@ -227,23 +324,65 @@ impl Volumes {
                 })
                 .await?;
             digest.add(offset, length, &hash);
-            if tx
-                .send(Ok(Piece::Range { offset, data, hash }))
-                .await
-                .is_err()
+            if !out
+                .send(Piece::Range { offset, data, hash }, offset)
+                .await?
             {
                 return Ok(false);
             }
         }
         let (ranges, bytes, digest) = digest.finish();
-        Ok(tx
-            .send(Ok(Piece::Summary {
+        out.send(
+            Piece::Summary {
                 ranges,
                 bytes,
                 digest,
-            }))
-            .await
-            .is_ok())
+            },
+            capacity,
+        )
+        .await
+    }
+}
+
+/// Where a read's pieces go, and what ends it early.
+struct Sending<'a> {
+    tx: &'a mpsc::Sender<Result<Piece>>,
+    /// How long the reader may take no piece.
+    stall: std::time::Duration,
+    stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Sending<'_> {
+    /// Sends `piece` (at byte `at`, for the error's advice); `Ok(false)`
+    /// when the reader went away. A stalled reader, or the node stopping,
+    /// ends the read with an error.
+    async fn send(&mut self, piece: Piece, at: u64) -> Result<bool> {
+        let tx = self.tx;
+        let stall = self.stall;
+        let sent = async move { tokio::time::timeout(stall, tx.send(Ok(piece))).await };
+        match self.until_stopped(sent, at).await? {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(_)) => Ok(false),
+            Err(_) => Err(Error::DeadlineExceeded(format!(
+                "the reader took no piece for {stall:?}; the read was stopped"
+            ))
+            .advise(format!("read again from start {at}, and without pausing"))),
+        }
+    }
+
+    /// `fut`, unless the node plugin stops first.
+    async fn until_stopped<T>(
+        &mut self,
+        fut: impl std::future::Future<Output = T>,
+        at: u64,
+    ) -> Result<T> {
+        tokio::select! {
+            v = fut => Ok(v),
+            _ = self.stopping.wait_for(|s| *s) => Err(Error::Unavailable(
+                "the node plugin is stopping".into(),
+            )
+            .advise(format!("read again from start {at} once it is back"))),
+        }
     }
 }
 
@@ -254,10 +393,10 @@ mod tests {
     #[test]
     fn long_runs_are_cut_into_pieces_and_short_ones_kept() {
         assert_eq!(
-            pieces(&[(0, 100), (1000, 250), (5000, 64)], 100),
+            pieces(&[(0, 100), (1000, 250), (5000, 64)], 100).collect::<Vec<_>>(),
             vec![(0, 100), (1000, 100), (1100, 100), (1200, 50), (5000, 64)]
         );
-        assert!(pieces(&[], 100).is_empty());
+        assert_eq!(pieces(&[], 100).count(), 0);
     }
 
     /// On tokio's paused clock: 10 pieces of 1 MiB at 5 MiB/s take 1.8 s

@@ -583,11 +583,12 @@ async fn kills_of_a_node_and_the_controller_mid_call_lose_and_duplicate_nothing(
 /// `Transfer.Read` of snapshot `id` on node 2's channel (the
 /// controller's certificate, the call meant for node 2): a header, then
 /// exactly the ranges the node's own GetMetadataAllocated maps, each with
-/// its bytes (the 1 MiB of 0x5a written at 1 MiB) and their BLAKE3 hash,
-/// then a summary whose digest covers them all; from a start inside the
-/// data, only what lies after it. The snapshot (inactive before) is
-/// inactive again afterwards, and its volume at `origin` (VG/LV) kept
-/// its data.
+/// its bytes (the 1 MiB of 0x5a written at 1 MiB before the snapshot,
+/// which its volume at `origin` (VG/LV) has overwritten with 0xa5 since:
+/// the snapshot is read, not its origin) and their BLAKE3 hash, then a
+/// summary whose digest covers them all; from a start inside the data,
+/// only what lies after it, with its own summary. The snapshot, inactive
+/// before, is inactive again afterwards.
 async fn a_snapshot_is_read_on_its_node(rig: &Rig, id: &str, origin: &str) {
     use thinpool_csi::proto::thinpool::cluster::v1::read_item::Item;
     use thinpool_csi::proto::thinpool::cluster::v1::transfer_client::TransferClient;
@@ -628,6 +629,22 @@ async fn a_snapshot_is_read_on_its_node(rig: &Rig, id: &str, origin: &str) {
         .map(|m| (m.byte_offset as u64, m.size_bytes as u64))
         .collect();
     assert!(!mapped.is_empty(), "the snapshot maps the data written");
+    // The origin changes after the snapshot: the read must not see it.
+    lvm(&["lvchange", "-ay", "-K", origin]);
+    write_at(
+        std::path::Path::new(&format!("/dev/{origin}")),
+        MIB,
+        &vec![0xa5; MIB as usize],
+    )
+    .unwrap();
+    lvm(&["lvchange", "-an", origin]);
+    let lv = naming::split_node(id).1.to_string();
+    let active = || {
+        lvs(&rig.nodes[1].vg)
+            .find(&lv)
+            .is_some_and(|l| l.is_active())
+    };
+    assert!(!active(), "the snapshot is inactive before it is read");
 
     let items = read(0).await;
     let Some(Item::Header(h)) = items.first() else {
@@ -678,19 +695,30 @@ async fn a_snapshot_is_read_on_its_node(rig: &Rig, id: &str, origin: &str) {
     assert_eq!((sum.ranges, sum.bytes), (ranges, bytes));
     assert_eq!(sum.digest.as_slice(), d.as_slice());
 
-    // Resumed from inside the data: only what lies after the start.
+    // Resumed from inside the data: only what lies after the start, with
+    // its own summary.
     let start = MIB + MIB / 2;
     let tail = read(start).await;
+    let mut tail_digest = Digest::default();
     let sent: u64 = tail
         .iter()
         .filter_map(|i| match i {
             Item::Range(r) => {
                 assert!(r.offset >= start, "a range before the start: {}", r.offset);
+                let hash: [u8; 32] = r.blake3.as_slice().try_into().unwrap();
+                tail_digest.add(r.offset, r.data.len() as u64, &hash);
                 Some(r.data.len() as u64)
             }
             _ => None,
         })
         .sum();
+    let Some(Item::Summary(tail_sum)) = tail.last() else {
+        panic!("no summary after a resumed read");
+    };
+    assert_eq!(
+        tail_sum.digest.as_slice(),
+        tail_digest.finish().2.as_slice()
+    );
     let after: u64 = mapped_runs
         .iter()
         .map(|&(o, l)| (o + l).saturating_sub(o.max(start)))
@@ -699,13 +727,9 @@ async fn a_snapshot_is_read_on_its_node(rig: &Rig, id: &str, origin: &str) {
 
     // The snapshot goes back to inactive once read; its origin is not
     // touched.
-    let lv = naming::split_node(id).1.to_string();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let active = lvs(&rig.nodes[1].vg)
-            .find(&lv)
-            .is_some_and(|l| l.is_active());
-        if !active {
+        if !active() {
             break;
         }
         assert!(Instant::now() < deadline, "the snapshot stayed active");
@@ -721,5 +745,8 @@ async fn a_snapshot_is_read_on_its_node(rig: &Rig, id: &str, origin: &str) {
             .unwrap();
     }
     lvm(&["lvchange", "-an", origin]);
-    assert!(data.iter().all(|b| *b == 0x5a), "the origin kept its data");
+    assert!(
+        data.iter().all(|b| *b == 0xa5),
+        "the origin kept its own data"
+    );
 }
