@@ -307,7 +307,9 @@ impl Volumes {
         pace: &Pace,
     ) -> Result<bool> {
         let mut out = out;
-        if !out.send(Piece::Header { capacity, chunk }, 0).await? {
+        // A read ended before its first range resumes where that starts.
+        let first = ranges.first().map_or(capacity, |r| r.0);
+        if !out.send(Piece::Header { capacity, chunk }, first).await? {
             return Ok(false);
         }
         let mut digest = Digest::default();
