@@ -50,7 +50,7 @@ pub const TAG_SOURCE: &str = "tpcsi.source=";
 pub const TAG_CRYPT: &str = "tpcsi.crypt=luks2";
 /// On a member of a group snapshot: `<group id>:<number of members>`.
 pub const TAG_GROUP: &str = "tpcsi.group=";
-const SNAPSHOT_PREFIX: &str = "snap-";
+pub const SNAPSHOT_PREFIX: &str = "snap-";
 const GROUP_PREFIX: &str = "group-";
 
 /// The LV name (and CSI volume id) for a CO volume name: a readable part

@@ -674,25 +674,6 @@ pub enum CachedCapacity {
     Unknown,
 }
 
-/// One page of `items` (sorted by name) after `token`. The token is the
-/// last name of the previous page, so creates and deletes between pages
-/// neither repeat nor skip the volumes that stayed.
-pub fn paginate<T: AsRef<str>>(items: Vec<T>, token: &str, max: usize) -> (Vec<T>, String) {
-    let rest: Vec<T> = items
-        .into_iter()
-        .filter(|n| token.is_empty() || n.as_ref() > token)
-        .collect();
-    if max == 0 || rest.len() <= max {
-        return (rest, String::new());
-    }
-    let page: Vec<T> = rest.into_iter().take(max).collect();
-    let next = page
-        .last()
-        .map(|t| t.as_ref().to_string())
-        .unwrap_or_default();
-    (page, next)
-}
-
 /// ControllerExpandVolume: a volume already above `limit_bytes` cannot
 /// meet it (volumes never shrink): OUT_OF_RANGE, as the spec's table says.
 fn expandable_within(current: u64, range: &SizeRange) -> Result<()> {
@@ -721,10 +702,6 @@ mod tests {
         ));
     }
 
-    fn names(n: &[&str]) -> Vec<String> {
-        n.iter().map(|s| s.to_string()).collect()
-    }
-
     #[test]
     fn read_ahead_is_compared_in_lvm_units() {
         assert!(read_ahead_is("262144", "512"));
@@ -732,28 +709,6 @@ mod tests {
         assert!(read_ahead_is("auto", "auto"));
         assert!(!read_ahead_is("auto", "512"));
         assert!(!read_ahead_is("131072", "auto"));
-    }
-
-    #[test]
-    fn pagination_pages_and_survives_changes() {
-        let all = names(&["a", "b", "c", "d", "e"]);
-        let (p1, t1) = paginate(all.clone(), "", 2);
-        assert_eq!(p1, names(&["a", "b"]));
-        assert_eq!(t1, "b");
-        // "b" deleted and "bb" created between pages: nothing repeats,
-        // nothing that stayed is skipped, and the new one is seen.
-        let changed = names(&["a", "bb", "c", "d", "e"]);
-        let (p2, t2) = paginate(changed.clone(), &t1, 2);
-        assert_eq!(p2, names(&["bb", "c"]));
-        let (p3, t3) = paginate(changed, &t2, 2);
-        assert_eq!(p3, names(&["d", "e"]));
-        assert_eq!(t3, "", "last page has no token");
-        let (all_page, t) = paginate(all.clone(), "", 0);
-        assert_eq!(all_page.len(), 5);
-        assert!(t.is_empty());
-        let (exact, t) = paginate(all, "", 5);
-        assert_eq!(exact.len(), 5);
-        assert!(t.is_empty());
     }
 
     /// A new volume records its class's options for its filesystem, the

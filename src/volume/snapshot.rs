@@ -18,7 +18,6 @@
 
 use std::sync::Arc;
 
-use super::controller::paginate;
 use super::{SnapshotId, VolumeId};
 use crate::error::{Error, Result};
 use crate::lvm::report::{Lv, Report};
@@ -235,13 +234,38 @@ impl Volumes {
         max: usize,
     ) -> Result<(Vec<SnapshotInfo>, String)> {
         let report = self.lvm.report().await?;
-        let snaps: Vec<OwnedSnapshot> = self
-            .owned_snapshots(&report)
-            .into_iter()
-            .filter(|s| snapshot.is_none_or(|id| s.lv.name == id))
-            .filter(|s| source.is_none_or(|v| s.tags.source == v))
-            .collect();
-        let (page, next) = paginate(snaps, token, max);
+        let of_source = |s: &OwnedSnapshot| source.is_none_or(|v| s.tags.source == v);
+        if let Some(id) = snapshot {
+            // One snapshot: looked up, not searched for.
+            let one = self
+                .owned_snapshot(&report, id)
+                .ok()
+                .flatten()
+                .filter(|s| s.lv.is_thin_volume() && s.lv.pool == self.lvm.pool)
+                .filter(of_source)
+                .filter(|s| token.is_empty() || s.lv.name.as_str() > token);
+            return Ok((one.iter().map(SnapshotInfo::of).collect(), String::new()));
+        }
+        // The report is sorted by name and this class's snapshot ids share
+        // a prefix: a page decodes its own snapshots and one more, not
+        // every snapshot of the pool (which made paging through N
+        // snapshots cost N² / page), as ListVolumes does.
+        let prefix = self.in_class_id(naming::SNAPSHOT_PREFIX.to_string());
+        let mut ours = report
+            .named_after(&prefix, token)
+            .filter(|lv| {
+                lv.is_thin_volume() && lv.pool == self.lvm.pool && naming::is_snapshot_id(&lv.name)
+            })
+            .filter_map(|lv| self.owned_snapshot(&report, &lv.name).ok().flatten())
+            .filter(of_source);
+        let page: Vec<OwnedSnapshot> = match max {
+            0 => ours.by_ref().collect(),
+            max => ours.by_ref().take(max).collect(),
+        };
+        let next = match ours.next() {
+            Some(_) => page.last().map(|s| s.lv.name.clone()).unwrap_or_default(),
+            None => String::new(),
+        };
         Ok((page.iter().map(SnapshotInfo::of).collect(), next))
     }
 }
