@@ -198,28 +198,19 @@ pub const GENERATION_HEADER: &str = "x-thinpool-generation";
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
-/// The node's side: [`GENERATION_HEADER`] on every answer, read when
-/// the answer's headers are made (for a unary call, after its work).
+/// A service that hands the headers of every response of `inner` to `on`
+/// as it passes (for a unary call, after its work): the one tower wrapper
+/// both ends of the change counter use.
 #[derive(Clone)]
-pub struct GenerationLayer(pub crate::lvm::Changes);
-
-impl<S> tower_layer::Layer<S> for GenerationLayer {
-    type Service = Generation<S>;
-    fn layer(&self, inner: S) -> Generation<S> {
-        Generation {
-            inner,
-            changes: self.0.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct Generation<S> {
+pub struct OnResponse<S> {
     inner: S,
-    changes: crate::lvm::Changes,
+    on: OnHeaders,
 }
 
-impl<S, B, R> tower_service::Service<http::Request<B>> for Generation<S>
+/// What either end of the change counter does with an answer's headers.
+pub type OnHeaders = Arc<dyn Fn(&mut http::HeaderMap) + Send + Sync>;
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for OnResponse<S>
 where
     S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
@@ -237,57 +228,51 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let fut = self.inner.call(req);
-        let changes = self.changes.clone();
+        let on = self.on.clone();
         Box::pin(async move {
             let mut resp = fut.await?;
-            resp.headers_mut()
-                .insert(GENERATION_HEADER, http::HeaderValue::from(changes.now()));
+            on(resp.headers_mut());
             Ok(resp)
         })
     }
 }
 
-/// The controller's side: the highest [`GENERATION_HEADER`] any answer
-/// of one node carried, kept in `seen`.
+/// The node's side: [`GENERATION_HEADER`] on every answer.
 #[derive(Clone)]
-pub struct Seen<S> {
-    pub inner: S,
-    pub seen: Arc<std::sync::atomic::AtomicU64>,
+pub struct GenerationLayer(pub crate::lvm::Changes);
+
+impl<S> tower_layer::Layer<S> for GenerationLayer {
+    type Service = OnResponse<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        let changes = self.0.clone();
+        OnResponse {
+            inner,
+            on: Arc::new(move |headers: &mut http::HeaderMap| {
+                headers.insert(GENERATION_HEADER, http::HeaderValue::from(changes.now()));
+            }),
+        }
+    }
 }
 
-impl<S, B, R> tower_service::Service<http::Request<B>> for Seen<S>
-where
-    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<R>;
-    type Error = S::Error;
-    type Future = BoxFuture<std::result::Result<http::Response<R>, S::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::result::Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let fut = self.inner.call(req);
-        let seen = self.seen.clone();
-        Box::pin(async move {
-            let resp = fut.await?;
-            // A refusal by another node (`OnlyFor`'s mark) carries that
-            // node's counter, not this one's.
-            let generation = resp
-                .headers()
+/// The controller's side: a node's channel that keeps in `seen` the
+/// highest [`GENERATION_HEADER`] any answer of that node carried. A
+/// refusal by another node (`OnlyFor`'s mark) carries that node's counter,
+/// not this one's, and is left out.
+pub fn seen<S>(inner: S, seen: Arc<std::sync::atomic::AtomicU64>) -> Seen<S> {
+    OnResponse {
+        inner,
+        on: Arc::new(move |headers: &mut http::HeaderMap| {
+            let generation = headers
                 .get(GENERATION_HEADER)
-                .filter(|_| !resp.headers().contains_key(NODE_HEADER))
+                .filter(|_| !headers.contains_key(NODE_HEADER))
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<u64>().ok());
             if let Some(g) = generation {
                 seen.fetch_max(g, std::sync::atomic::Ordering::SeqCst);
             }
-            Ok(resp)
-        })
+        }),
     }
 }
+
+/// What [`seen`] makes.
+pub type Seen<S> = OnResponse<S>;

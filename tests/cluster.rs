@@ -53,16 +53,34 @@ async fn node_at(
     ip: &str,
     port: u16,
 ) -> (String, Vec<String>) {
-    let files = dir.join(id);
-    std::fs::create_dir_all(&files).unwrap();
-    let (cert, key) = leaf(nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
-    let tls = [
-        write(&files, "tls.crt", &cert),
-        write(&files, "tls.key", &key),
-        write(&files, "controller-ca.crt", &controller_ca.pem()),
-    ];
+    let tls = node_tls(&dir.join(id), nodes_ca, controller_ca);
     let (address, lvs, _) = node_with(dir, id, names, &tls, &format!("{ip}:{port}")).await;
     (address, lvs)
+}
+
+/// A node plugin's channel files in `files`: its certificate from
+/// `nodes_ca`, its key, and `controller_ca`, the CA it takes clients of.
+fn node_tls(files: &std::path::Path, nodes_ca: &Ca, controller_ca: &Ca) -> [std::path::PathBuf; 3] {
+    std::fs::create_dir_all(files).unwrap();
+    let (cert, key) = leaf(nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
+    [
+        write(files, "tls.crt", &cert),
+        write(files, "tls.key", &key),
+        write(files, "controller-ca.crt", &controller_ca.pem()),
+    ]
+}
+
+/// Waits (5 s at most) until `cluster` keeps a state of node `id` that
+/// knows every class and holds every change seen.
+async fn until_kept(cluster: &Cluster, id: &str) {
+    let key = naming::node_key(id);
+    for _ in 0..500 {
+        if cluster.kept().holds(&key) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no state of {id} kept in 5 s");
 }
 
 /// A node plugin `id` with `names` volumes, serving its channel on
@@ -1166,14 +1184,7 @@ async fn served(classes: &Classes, method: &str) -> u64 {
 async fn capacity_is_kept_from_the_nodes_stream_as_the_node_would_answer() {
     let dir = tempfile::tempdir().unwrap();
     let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
-    let files = dir.path().join("worker-1-tls");
-    std::fs::create_dir_all(&files).unwrap();
-    let (cert, key) = leaf(&nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
-    let tls = [
-        write(&files, "tls.crt", &cert),
-        write(&files, "tls.key", &key),
-        write(&files, "controller-ca.crt", &controller_ca.pem()),
-    ];
+    let tls = node_tls(&dir.path().join("worker-1-tls"), &nodes_ca, &controller_ca);
     let names: Vec<String> = (0..3).map(|i| format!("pvc-{i}")).collect();
     let (address, lvs, node) = node_with(dir.path(), "worker-1", &names, &tls, "127.0.0.1:0").await;
     let cfg = controller_config(
@@ -1193,13 +1204,7 @@ async fn capacity_is_kept_from_the_nodes_stream_as_the_node_would_answer() {
     let first = capacity(&mut c, here).await;
     assert_eq!(served(&node, "GetCapacity").await, 1);
     let key = naming::node_key("worker-1");
-    for _ in 0..500 {
-        if cluster.kept().holds(&key) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(cluster.kept().holds(&key), "no state kept in 5 s");
+    until_kept(&cluster, "worker-1").await;
     for _ in 0..5 {
         assert_eq!(capacity(&mut c, here).await, first);
         assert_eq!(capacity(&mut c, None).await, first);
@@ -1289,14 +1294,7 @@ async fn capacity_is_kept_from_the_nodes_stream_as_the_node_would_answer() {
 async fn a_watched_node_stops_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
-    let files = dir.path().join("tls");
-    std::fs::create_dir_all(&files).unwrap();
-    let (cert, key) = leaf(&nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
-    let tls = [
-        write(&files, "tls.crt", &cert),
-        write(&files, "tls.key", &key),
-        write(&files, "controller-ca.crt", &controller_ca.pem()),
-    ];
+    let tls = node_tls(&dir.path().join("tls"), &nodes_ca, &controller_ca);
     let (cfg, _) = common::fake_lvm(dir.path(), &["pvc-0".to_string()]);
     let classes = Arc::new(Classes::new(&cfg, "worker-1"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1327,14 +1325,7 @@ async fn a_watched_node_stops_at_once() {
         .await
         .unwrap();
     assert!(capacity(&mut c, Some("worker-1")).await > 0);
-    let key = naming::node_key("worker-1");
-    for _ in 0..500 {
-        if cluster.kept().holds(&key) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(cluster.kept().holds(&key), "not watched in 5 s");
+    until_kept(&cluster, "worker-1").await;
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(5), server)
         .await

@@ -184,10 +184,10 @@ impl Nodes {
             .map_err(|e| format!("node id {id:?} cannot be a header value: {e}"))?;
         let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
         Ok(Node {
-            channel: crate::channel::Seen {
-                inner: InterceptedService::new(channel, crate::channel::MeantFor(meant)),
-                seen: seen.clone(),
-            },
+            channel: crate::channel::seen(
+                InterceptedService::new(channel, crate::channel::MeantFor(meant)),
+                seen.clone(),
+            ),
             seen,
             id,
             key,

@@ -81,7 +81,7 @@ impl Cache {
     /// the holders keep their view). Drops the report when a pending
     /// write is no longer in `recent`.
     pub(super) fn apply_pending(&mut self, copy: bool) {
-        let Some(&(last, _)) = self.recent.back().filter(|(g, _)| *g > self.applied) else {
+        let Some(last) = self.pending() else {
             return;
         };
         if self.dropped_until > self.applied {
@@ -100,6 +100,14 @@ impl Cache {
             report.apply(w);
         }
         self.applied = last;
+    }
+
+    /// The generation of the last ended write not yet in the report.
+    fn pending(&self) -> Option<u64> {
+        self.recent
+            .back()
+            .map(|&(g, _)| g)
+            .filter(|g| *g > self.applied)
     }
 
     /// The report with every ended write applied, and when its `lvs`
@@ -186,7 +194,7 @@ impl Lvm {
         let mut c = self.cache.lock().unwrap();
         let fresh = c.refresh_after(self.max_age);
         c.apply_pending(false);
-        if c.recent.back().is_some_and(|(g, _)| *g > c.applied) && c.report.is_some() {
+        if c.pending().is_some() && c.report.is_some() {
             return Cached::Held;
         }
         match &c.report {

@@ -634,6 +634,14 @@ impl Volumes {
     /// Bytes the autopilot may still add to the pool's data: the VG's free
     /// space and what the backing file may still grow by, within
     /// `data_limit`; 0 when it is off.
+    /// Whether the autopilot's room depends on the host's free space (it
+    /// may grow the loop-backed VG's file): then it is read at each ask,
+    /// not from the LVM report.
+    pub fn room_rests_on_host(&self) -> bool {
+        let a = &self.cfg.autopilot;
+        a.enabled && a.backing_file_limit > 0 && self.cfg.loop_pool.is_some()
+    }
+
     pub fn autopilot_room(&self, pool: &Lv) -> u64 {
         let a = &self.cfg.autopilot;
         if !a.enabled {
@@ -644,7 +652,7 @@ impl Volumes {
             .cfg
             .loop_pool
             .as_ref()
-            .filter(|_| a.backing_file_limit > 0)
+            .filter(|_| self.room_rests_on_host())
         {
             // A syscall or two (stat, statvfs): cheap enough for GetCapacity.
             if let Ok((host, size)) = grow::backing_room(&lp.backing_file, a.host_reserve) {

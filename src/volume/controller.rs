@@ -612,8 +612,7 @@ impl Volumes {
     /// which the host's free space bounds. The cluster's controller keeps
     /// these (docs/cluster.md).
     pub fn cached_capacity(&self) -> CachedCapacity {
-        let a = &self.cfg.autopilot;
-        if a.enabled && a.backing_file_limit > 0 && self.cfg.loop_pool.is_some() {
+        if self.room_rests_on_host() {
             return CachedCapacity::Unknown;
         }
         match self.lvm.cached_report() {
