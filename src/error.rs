@@ -97,6 +97,10 @@ pub enum Error {
     NotTheMount(crate::sys::SysError),
     #[error("{0}")]
     Internal(String),
+    /// Data did not arrive as it was sent: a copy's range or whole digest
+    /// did not match its source's (`volume/fill.rs`).
+    #[error("{0}")]
+    DataLoss(String),
     /// `error`, with what to do about it said by the place that built it,
     /// where that knows better than the variant's own remedy. Its code is
     /// `error`'s.
@@ -204,6 +208,9 @@ impl Error {
                 "run the node plugin as root in a privileged container, as the shipped manifests do",
             ),
             Error::NotTheMount(_) => fixed(MOUNT_ADVICE),
+            Error::DataLoss(_) => fixed(
+                "retry: the partial copy was removed and the retry copies again from the start; if it fails again, check the link and both nodes' memory and disks",
+            ),
             Error::Sys(e) if e.kind() == SysErrorKind::Busy => fixed(
                 "stop what holds the device or mount (unmount it, close it), then retry",
             ),
@@ -244,6 +251,7 @@ impl Error {
                 _ => Code::Internal,
             },
             Error::Internal(_) => Code::Internal,
+            Error::DataLoss(_) => Code::DataLoss,
         }
     }
 }

@@ -50,6 +50,24 @@ pub const TAG_SOURCE: &str = "tpcsi.source=";
 pub const TAG_CRYPT: &str = "tpcsi.crypt=luks2";
 /// On a member of a group snapshot: `<group id>:<number of members>`.
 pub const TAG_GROUP: &str = "tpcsi.group=";
+/// On a volume still being filled from another node (`volume/fill.rs`):
+/// `tpcsi.filling=<offset>`, the byte up to which the copy is written,
+/// verified and synced. Such an LV is no volume yet: nothing serves it,
+/// and only the CreateVolume that made it goes on from the offset.
+pub const TAG_FILLING: &str = "tpcsi.filling=";
+
+/// The filling tag of a copy written up to byte `at`.
+pub fn filling_tag(at: u64) -> String {
+    format!("{TAG_FILLING}{at}")
+}
+
+/// The offset a filling LV's tags record, if it is one (the first
+/// filling tag; one that is no number reads as 0: start again).
+pub fn filling<'a>(tags: impl IntoIterator<Item = &'a String>) -> Option<u64> {
+    tags.into_iter()
+        .find_map(|t| t.strip_prefix(TAG_FILLING))
+        .map(|v| v.parse().unwrap_or(0))
+}
 pub const SNAPSHOT_PREFIX: &str = "snap-";
 const GROUP_PREFIX: &str = "group-";
 
@@ -638,7 +656,7 @@ impl VolumeTags {
                     class_options.insert(k.to_string(), unhex_text(v)?);
                 }
                 VolumeTag::From(v) => from = Some(ContentSource::decode(v)?),
-                VolumeTag::Source => return None,
+                VolumeTag::Source | VolumeTag::Filling => return None,
                 VolumeTag::Other => {}
             }
         }
@@ -701,7 +719,7 @@ impl VolumeTags {
                     mutable.insert(k.to_string(), unhex_text(v)?);
                 }
                 VolumeTag::From(v) => from = Some(ContentSource::decode(v)?),
-                VolumeTag::Source => return None,
+                VolumeTag::Source | VolumeTag::Filling => return None,
             }
         }
         if !named {
@@ -728,6 +746,8 @@ enum VolumeTag<'a> {
     From(&'a str),
     /// A snapshot's tag: the LV is no volume.
     Source,
+    /// A copy not yet filled: the LV is no volume yet.
+    Filling,
     Other,
 }
 
@@ -755,6 +775,8 @@ impl<'a> VolumeTag<'a> {
             VolumeTag::From(v)
         } else if t.starts_with(TAG_SOURCE) {
             VolumeTag::Source
+        } else if t.starts_with(TAG_FILLING) {
+            VolumeTag::Filling
         } else {
             VolumeTag::Other
         })
@@ -1305,6 +1327,8 @@ mod tests {
                 spelled.clone(),
                 vec![owner.clone(), format!("{TAG_SOURCE}{spelled}")],
             ),
+            // A copy still being filled is no volume yet.
+            (spelled.clone(), [&good[..], &[filling_tag(4096)]].concat()),
         ];
         let mut kept = 0;
         for (lv, tags) in &cases {
@@ -1320,6 +1344,22 @@ mod tests {
             }
         }
         assert_eq!(kept, 2, "the two good cases are volumes");
+    }
+
+    #[test]
+    fn a_filling_tag_records_its_offset() {
+        let tags = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            filling(&tags(&["tpcsi.owner=d", "tpcsi.filling=1048576"])),
+            Some(1 << 20)
+        );
+        assert_eq!(
+            filling(&tags(&["tpcsi.filling=x"])),
+            Some(0),
+            "unreadable: start again"
+        );
+        assert_eq!(filling(&tags(&["tpcsi.owner=d"])), None);
+        assert_eq!(filling(&[filling_tag(7)]), Some(7));
     }
 
     #[test]

@@ -128,6 +128,35 @@ impl ExclusiveDevice {
 }
 
 impl ExclusiveDevice {
+    /// Writes all of `data` at `offset`.
+    pub fn write_all_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let mut done = 0;
+        while done < data.len() {
+            let n = nix::sys::uio::pwrite(
+                self.fd.as_fd(),
+                &data[done..],
+                (offset + done as u64) as i64,
+            )
+            .map_err(|e| SysError::new("pwrite", &self.path, e))?;
+            if n == 0 {
+                return Err(
+                    SysError::new("pwrite", &self.path, Errno::ENOSPC).with_detail(format!(
+                        "no byte written at offset {}",
+                        offset + done as u64
+                    )),
+                );
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Flushes what was written to the device (`fdatasync`).
+    pub fn sync_data(&self) -> Result<()> {
+        nix::unistd::fdatasync(self.fd.as_fd())
+            .map_err(|e| SysError::new("fdatasync", &self.path, e))
+    }
+
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read
     /// (fewer only at the end of the device).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {

@@ -56,7 +56,7 @@ impl VolumeInfo {
         }
     }
 
-    fn of(d: &Volumes, report: &Report, o: Owned) -> VolumeInfo {
+    pub(super) fn of(d: &Volumes, report: &Report, o: Owned) -> VolumeInfo {
         VolumeInfo::with_pool_wide(d, o, &d.pool_wide(report))
     }
 

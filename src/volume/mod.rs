@@ -20,6 +20,7 @@ pub mod autopilot;
 pub mod classes;
 pub mod controller;
 pub mod crypt;
+pub mod fill;
 pub mod group;
 pub mod heal;
 pub mod iolimits;

@@ -1,0 +1,679 @@
+//! The target's side of a copy from another node (docs/moving.md): a new
+//! thin LV filled with a source snapshot's mapped ranges, each checked
+//! against its BLAKE3 hash before it is written, and each read's summary
+//! checked against what was written. What the source did not map is never
+//! written, so it stays unprovisioned here too.
+//!
+//! Until the copy is whole the LV carries the filling tag
+//! ([`naming::TAG_FILLING`]) with the offset up to which it is written,
+//! verified and synced: no call serves it (its tags decode to no volume),
+//! and the CreateVolume that made it, retried, goes on from that offset.
+//! A range or digest that does not match removes the partial LV (the
+//! retry starts again from 0); a cut read is resumed where the last
+//! verified range ended, a few times within the call, then by the retry.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::transfer::{Digest, Piece};
+use crate::error::{Error, Result};
+use crate::naming;
+use crate::volume::Volumes;
+
+/// Where a copy's pieces come from: a read of the source snapshot from
+/// byte `start` on, as `Transfer.Read` sends it (a header, ranges in
+/// ascending order, then a summary of that read).
+pub trait Source: Sync {
+    fn read(
+        &self,
+        start: u64,
+    ) -> impl Future<Output = Result<mpsc::Receiver<Result<Piece>>>> + Send;
+}
+
+/// Where a copy's bytes go (blocking calls: run off the runtime).
+pub trait Sink: Send + Sync + 'static {
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
+    fn sync(&self) -> Result<()>;
+}
+
+impl Sink for crate::sys::ExclusiveDevice {
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        Ok(self.write_all_at(offset, data)?)
+    }
+    fn sync(&self) -> Result<()> {
+        Ok(self.sync_data()?)
+    }
+}
+
+/// How often the offset reached is recorded: after `bytes`, or `time`,
+/// whichever comes first.
+#[derive(Debug, Clone, Copy)]
+pub struct Every {
+    pub bytes: u64,
+    pub time: Duration,
+}
+
+/// Every 64 MiB or 5 s: each record is a metadata commit.
+pub const RECORD: Every = Every {
+    bytes: 64 * 1024 * 1024,
+    time: Duration::from_secs(5),
+};
+
+/// How many times one call resumes a read that was cut.
+pub const RESUMES: u32 = 3;
+
+/// What a finished fill wrote: the ranges and bytes of its last read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filled {
+    pub ranges: u64,
+    pub bytes: u64,
+}
+
+/// How a read ended that did not finish the copy.
+enum Ended {
+    /// Cut (the stream failed or ended without its summary, the source
+    /// is away or busy): resumable from the offset reached.
+    Cut(u64, Error),
+    /// Anything else, the data's checks included: not resumed.
+    Failed(Error),
+}
+
+/// Whether a read that failed with `e` can be resumed: the source or
+/// the link is away, busy or slow, not the data wrong.
+fn resumable(e: &Error) -> bool {
+    use tonic::Code;
+    matches!(
+        e.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::ResourceExhausted
+    )
+}
+
+/// Fills `sink` (of `size` bytes) from `source`, from byte `from` on.
+/// `record(at)` is called, after a sync, as often as `every` says:
+/// everything below `at` is written and verified. A
+/// cut read is resumed [`RESUMES`] times, after a second each time.
+pub async fn fill<S, K, R, F>(
+    source: &S,
+    sink: Arc<K>,
+    size: u64,
+    from: u64,
+    bound: Duration,
+    every: Every,
+    mut record: R,
+) -> Result<Filled>
+where
+    S: Source,
+    K: Sink,
+    R: FnMut(u64) -> F,
+    F: Future<Output = Result<()>>,
+{
+    let mut at = from;
+    let mut resumed = 0;
+    loop {
+        match read_once(source, &sink, size, at, (bound, every), &mut record).await {
+            Ok(filled) => return Ok(filled),
+            Err(Ended::Cut(reached, e)) if resumed < RESUMES => {
+                resumed += 1;
+                tracing::warn!(from = at, reached, error = %e, resumed,
+                    "copy: the read was cut; resuming where it stopped");
+                at = reached;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(Ended::Cut(_, e)) | Err(Ended::Failed(e)) => return Err(e),
+        }
+    }
+}
+
+/// One read from `start`: every range checked and written, and its
+/// summary checked.
+async fn read_once<S, K, R, F>(
+    source: &S,
+    sink: &Arc<K>,
+    size: u64,
+    start: u64,
+    (bound, every): (Duration, Every),
+    record: &mut R,
+) -> std::result::Result<Filled, Ended>
+where
+    S: Source,
+    K: Sink,
+    R: FnMut(u64) -> F,
+    F: Future<Output = Result<()>>,
+{
+    let cut = |at: u64, e: Error| {
+        if resumable(&e) {
+            Ended::Cut(at, e)
+        } else {
+            Ended::Failed(e)
+        }
+    };
+    let mut rx = source.read(start).await.map_err(|e| cut(start, e))?;
+    let mut next = start;
+    let mut digest = Digest::default();
+    let (mut recorded, mut recorded_at) = (start, Instant::now());
+    let mut capacity = None;
+    loop {
+        let piece = match rx.recv().await {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => return Err(cut(next, e)),
+            None => {
+                return Err(Ended::Cut(
+                    next,
+                    Error::Unavailable(format!(
+                        "the source's read ended at byte {next} without its summary"
+                    )),
+                ))
+            }
+        };
+        match piece {
+            Piece::Header { capacity: c, .. } => {
+                if capacity.is_some() {
+                    return Err(Ended::Failed(Error::DataLoss(
+                        "the source sent a second header".into(),
+                    )));
+                }
+                if c > size {
+                    return Err(Ended::Failed(Error::FailedPrecondition(format!(
+                        "the source snapshot holds {c} bytes, more than the new volume's {size}"
+                    ))));
+                }
+                capacity = Some(c);
+            }
+            Piece::Range { offset, data, hash } => {
+                let length = data.len() as u64;
+                let Some(c) = capacity else {
+                    return Err(Ended::Failed(Error::DataLoss(
+                        "a range came before the header".into(),
+                    )));
+                };
+                if offset < next || offset + length > c || length == 0 {
+                    return Err(Ended::Failed(Error::DataLoss(format!(
+                        "range {offset}+{length} is out of order or out of bounds (next byte {next}, snapshot {c} bytes)"
+                    ))));
+                }
+                if blake3::hash(&data).as_bytes() != &hash {
+                    return Err(Ended::Failed(Error::DataLoss(format!(
+                        "range {offset}+{length} does not match its hash: it changed on the way; nothing of it was written"
+                    ))));
+                }
+                let s = sink.clone();
+                crate::blocking::run("write a copied range", bound, move || {
+                    s.write_at(offset, &data)
+                })
+                .await
+                .map_err(Ended::Failed)?;
+                digest.add(offset, length, &hash);
+                next = offset + length;
+                if next - recorded >= every.bytes || recorded_at.elapsed() >= every.time {
+                    sync(sink, bound).await.map_err(Ended::Failed)?;
+                    record(next).await.map_err(Ended::Failed)?;
+                    (recorded, recorded_at) = (next, Instant::now());
+                }
+            }
+            Piece::Summary {
+                ranges,
+                bytes,
+                digest: theirs,
+            } => {
+                let (mine_ranges, mine_bytes, mine) = digest.finish();
+                if (ranges, bytes, theirs) != (mine_ranges, mine_bytes, mine) {
+                    return Err(Ended::Failed(Error::DataLoss(format!(
+                        "the read from byte {start} does not match its summary: the source sent {ranges} ranges of {bytes} bytes, {mine_ranges} ranges of {mine_bytes} bytes arrived{}",
+                        if (ranges, bytes) == (mine_ranges, mine_bytes) { " with another digest" } else { "" }
+                    ))));
+                }
+                sync(sink, bound).await.map_err(Ended::Failed)?;
+                return Ok(Filled { ranges, bytes });
+            }
+        }
+    }
+}
+
+async fn sync<K: Sink>(sink: &Arc<K>, bound: Duration) -> Result<()> {
+    let s = sink.clone();
+    crate::blocking::run("sync a copy", bound, move || s.sync()).await
+}
+
+impl Volumes {
+    /// CreateVolume of a copy whose source lies on another node: a new
+    /// thin LV of `size` bytes (the request's range, at least the source
+    /// snapshot's `source_size`) made with `tags` and the filling tag,
+    /// then filled from `source` ([`Volumes::fill_copy`]). A retry finds
+    /// the LV it made and goes on where its filling tag says; once whole,
+    /// the retry returns the volume as any CreateVolume retry does.
+    ///
+    /// `tags.from` is left empty: the source's id names an object of
+    /// another node, which no call of this node can act on.
+    pub async fn create_pulled<S: Source + Send + 'static>(
+        self: &Arc<Self>,
+        lv_name: String,
+        tags: naming::VolumeTags,
+        range: Option<super::SizeRange>,
+        source_size: u64,
+        source: S,
+    ) -> Result<super::controller::VolumeInfo> {
+        self.detached(&lv_name.clone(), "CreateVolume", move |d, _| async move {
+            let name = tags.co_name.clone();
+            let report = d.lvm.fresh_report().await?;
+            let made = report.find(&lv_name).cloned();
+            let size = match &made {
+                Some(lv) if naming::filling(&lv.tags).is_some() => {
+                    let mut was: Vec<String> = lv
+                        .tags
+                        .iter()
+                        .filter(|t| !t.starts_with(naming::TAG_FILLING))
+                        .cloned()
+                        .collect();
+                    let mut want = tags.encode();
+                    was.sort();
+                    want.sort();
+                    if was != want {
+                        return Err(Error::AlreadyExists(format!(
+                            "a copy for volume {name:?} is being filled as {lv_name} with other parameters"
+                        )));
+                    }
+                    lv.size
+                }
+                Some(_) => {
+                    // Filled by an earlier call: the same as any retry.
+                    let existing = d.owned(&report, &lv_name)?.ok_or_else(|| {
+                        d.foreign(&lv_name, "volume")
+                    })?;
+                    if existing.tags != tags {
+                        return Err(Error::AlreadyExists(format!(
+                            "volume {name:?} exists as {lv_name} and is incompatible with this request"
+                        )));
+                    }
+                    return Ok(super::controller::VolumeInfo::of(&d, &report, existing));
+                }
+                None => d.make_filling(&lv_name, &tags, range.as_ref(), source_size).await?,
+            };
+            d.fill_copy(&lv_name, size, &source).await?;
+            let report = d.lvm.fresh_report().await?;
+            let vol = d.must_own(&report, &lv_name)?;
+            Ok(super::controller::VolumeInfo::of(&d, &report, vol))
+        })
+        .await
+    }
+
+    /// Makes the LV a copy fills: checked and reserved as a new volume
+    /// is, with the filling tag at 0. Its size: the request's, at least
+    /// the source's.
+    async fn make_filling(
+        &self,
+        lv_name: &str,
+        tags: &naming::VolumeTags,
+        range: Option<&super::SizeRange>,
+        source_size: u64,
+    ) -> Result<u64> {
+        let (size, reserved) = {
+            let _alloc = self.alloc.lock().await;
+            let report = self.usable_report().await?;
+            let (cap, extent) = self.capacity(&report)?;
+            let size = super::size::size(range, extent, source_size)?.max(source_size);
+            self.check_headroom("a copy from another node", size, &cap)?;
+            (size, self.reserved.hold(lv_name, size))
+        };
+        let mut all = tags.encode();
+        all.push(naming::filling_tag(0));
+        self.lvm.create_thin(lv_name, size, &all, None).await?;
+        let _alloc = self.alloc.lock().await;
+        drop(reserved);
+        tracing::info!(
+            name = tags.co_name,
+            lv = lv_name,
+            size,
+            "CreateVolume: made a copy to fill from another node"
+        );
+        Ok(size)
+    }
+
+    /// Fills LV `lv_name` (`size` bytes, made with the filling tag) from
+    /// `source`, from the offset its filling tag records, and drops the
+    /// tag once the copy is whole: the LV becomes the volume. A copy whose
+    /// data did not match is removed, so the retry starts from 0; a cut
+    /// one is left for the retry to resume.
+    pub async fn fill_copy<S: Source>(
+        &self,
+        lv_name: &str,
+        size: u64,
+        source: &S,
+    ) -> Result<Filled> {
+        let report = self.lvm.fresh_report().await?;
+        let lv = report
+            .find(lv_name)
+            .ok_or_else(|| Error::Internal(format!("the copy {lv_name} is gone")))?
+            .clone();
+        let Some(from) = naming::filling(&lv.tags) else {
+            return Err(Error::Internal(format!(
+                "{lv_name} is no copy being filled"
+            )));
+        };
+        let (dev, _) = self.activate(&lv).await?;
+        let path = dev.path.clone();
+        let sink = self
+            .tools
+            .blocking("open the copy to fill it", move || {
+                Ok(Arc::new(crate::sys::open_exclusive(&path)?))
+            })
+            .await?;
+        tracing::info!(
+            lv = lv_name,
+            from,
+            size,
+            "copy: filling from the source node"
+        );
+        let tag = std::sync::Mutex::new(naming::filling_tag(from));
+        let record = |at: u64| {
+            let old = tag.lock().unwrap().clone();
+            let new = naming::filling_tag(at);
+            *tag.lock().unwrap() = new.clone();
+            async move { self.lvm.retag(lv_name, Some(&old), Some(&new)).await }
+        };
+        let filled = fill(
+            source,
+            sink,
+            size,
+            from,
+            self.cfg.command_timeout(),
+            RECORD,
+            record,
+        )
+        .await;
+        match filled {
+            Ok(f) => {
+                let last = tag.lock().unwrap().clone();
+                self.lvm.retag(lv_name, Some(&last), None).await?;
+                // Left inactive, as every new volume is until it is staged.
+                self.deactivate_if_unused(&dev).await;
+                tracing::info!(
+                    lv = lv_name,
+                    ranges = f.ranges,
+                    bytes = f.bytes,
+                    "copy: filled and verified; the volume is served"
+                );
+                Ok(f)
+            }
+            Err(e) if e.code() == tonic::Code::DataLoss => {
+                tracing::error!(lv = lv_name, error = %e, "copy: the data did not match; removing the partial copy");
+                self.deactivate_if_unused(&dev).await;
+                self.lvm.remove(lv_name).await?;
+                Err(e)
+            }
+            Err(e) => {
+                tracing::warn!(lv = lv_name, error = %e, "copy: stopped; the retry resumes it");
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A snapshot of `capacity` bytes whose mapped ranges hold a pattern;
+    /// reads can be cut after `cut_after` ranges (once each), and a range
+    /// or the summary spoiled.
+    struct Fake {
+        capacity: u64,
+        ranges: Vec<(u64, u64)>,
+        cuts: Mutex<Vec<usize>>,
+        spoil_range: Option<u64>,
+        spoil_summary: bool,
+        starts: Mutex<Vec<u64>>,
+    }
+
+    fn byte(at: u64) -> u8 {
+        (at % 251) as u8 + 1
+    }
+
+    impl Fake {
+        fn new(capacity: u64, ranges: &[(u64, u64)]) -> Fake {
+            Fake {
+                capacity,
+                ranges: ranges.to_vec(),
+                cuts: Mutex::new(vec![]),
+                spoil_range: None,
+                spoil_summary: false,
+                starts: Mutex::new(vec![]),
+            }
+        }
+    }
+
+    impl Source for Fake {
+        async fn read(&self, start: u64) -> Result<mpsc::Receiver<Result<Piece>>> {
+            self.starts.lock().unwrap().push(start);
+            let (tx, rx) = mpsc::channel(1000);
+            tx.try_send(Ok(Piece::Header {
+                capacity: self.capacity,
+                chunk: 64,
+            }))
+            .unwrap();
+            let cut = {
+                let mut cuts = self.cuts.lock().unwrap();
+                (!cuts.is_empty()).then(|| cuts.remove(0))
+            };
+            let mut digest = Digest::default();
+            let mut sent = 0;
+            for &(offset, length) in &self.ranges {
+                let (offset, length) = match offset + length {
+                    end if end <= start => continue,
+                    end => (offset.max(start), end - offset.max(start)),
+                };
+                if cut == Some(sent) {
+                    return Ok(rx);
+                }
+                let data: Vec<u8> = (offset..offset + length).map(byte).collect();
+                let hash = *blake3::hash(&data).as_bytes();
+                let mut data = data;
+                if self.spoil_range == Some(offset) {
+                    data[0] ^= 1;
+                }
+                digest.add(offset, length, &hash);
+                tx.try_send(Ok(Piece::Range { offset, data, hash }))
+                    .unwrap();
+                sent += 1;
+            }
+            let (ranges, bytes, mut digest) = digest.finish();
+            if self.spoil_summary {
+                digest[0] ^= 1;
+            }
+            tx.try_send(Ok(Piece::Summary {
+                ranges,
+                bytes,
+                digest,
+            }))
+            .unwrap();
+            Ok(rx)
+        }
+    }
+
+    /// A device in memory that counts what was written where.
+    struct Mem {
+        bytes: Mutex<Vec<u8>>,
+        written: Mutex<Vec<(u64, u64)>>,
+        syncs: Mutex<u32>,
+    }
+
+    impl Mem {
+        fn new(size: usize) -> Arc<Mem> {
+            Arc::new(Mem {
+                bytes: Mutex::new(vec![0; size]),
+                written: Mutex::new(vec![]),
+                syncs: Mutex::new(0),
+            })
+        }
+    }
+
+    impl Sink for Mem {
+        fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+            let o = offset as usize;
+            self.bytes.lock().unwrap()[o..o + data.len()].copy_from_slice(data);
+            self.written
+                .lock()
+                .unwrap()
+                .push((offset, data.len() as u64));
+            Ok(())
+        }
+        fn sync(&self) -> Result<()> {
+            *self.syncs.lock().unwrap() += 1;
+            Ok(())
+        }
+    }
+
+    const RANGES: &[(u64, u64)] = &[(0, 100), (1000, 300), (4000, 64), (9000, 1000)];
+
+    async fn run(src: &Fake, sink: Arc<Mem>, from: u64) -> (Result<Filled>, Vec<u64>) {
+        let records = Mutex::new(vec![]);
+        let r = fill(
+            src,
+            sink,
+            10_000,
+            from,
+            Duration::from_secs(5),
+            RECORD,
+            |at| {
+                records.lock().unwrap().push(at);
+                async { Ok(()) }
+            },
+        )
+        .await;
+        (r, records.into_inner().unwrap())
+    }
+
+    fn expected(from: u64) -> Vec<u8> {
+        let mut want = vec![0u8; 10_000];
+        for &(o, l) in RANGES {
+            for at in o.max(from)..o + l {
+                want[at as usize] = byte(at);
+            }
+        }
+        want
+    }
+
+    #[tokio::test]
+    async fn only_the_mapped_ranges_are_written_and_each_checked() {
+        let src = Fake::new(10_000, RANGES);
+        let sink = Mem::new(10_000);
+        let (r, _) = run(&src, sink.clone(), 0).await;
+        assert_eq!(
+            r.unwrap(),
+            Filled {
+                ranges: 4,
+                bytes: 1464
+            }
+        );
+        assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
+        assert_eq!(
+            *sink.written.lock().unwrap(),
+            RANGES.to_vec(),
+            "nothing unmapped is written"
+        );
+        assert!(*sink.syncs.lock().unwrap() >= 1, "synced before it is done");
+    }
+
+    #[tokio::test]
+    async fn a_spoiled_range_fails_the_copy_naming_it_and_is_not_written() {
+        let mut src = Fake::new(10_000, RANGES);
+        src.spoil_range = Some(1000);
+        let sink = Mem::new(10_000);
+        let (r, _) = run(&src, sink.clone(), 0).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::DataLoss);
+        assert!(e.to_string().contains("range 1000+300"), "{e}");
+        assert_eq!(*sink.written.lock().unwrap(), vec![(0, 100)]);
+        assert_eq!(
+            src.starts.lock().unwrap().len(),
+            1,
+            "a data error is not resumed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_summary_that_does_not_match_fails_the_copy() {
+        let mut src = Fake::new(10_000, RANGES);
+        src.spoil_summary = true;
+        let (r, _) = run(&src, Mem::new(10_000), 0).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::DataLoss);
+        assert!(e.to_string().contains("with another digest"), "{e}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_read_resumes_where_the_last_checked_range_ended() {
+        let src = Fake::new(10_000, RANGES);
+        *src.cuts.lock().unwrap() = vec![2, 1];
+        let sink = Mem::new(10_000);
+        let (r, _) = run(&src, sink.clone(), 0).await;
+        r.unwrap();
+        // Cut after two ranges (the next byte 1300), then after one more
+        // (4064).
+        assert_eq!(*src.starts.lock().unwrap(), vec![0, 1300, 4064]);
+        assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_cut_too_often_is_left_for_the_retry() {
+        let src = Fake::new(10_000, RANGES);
+        *src.cuts.lock().unwrap() = vec![0; RESUMES as usize + 1];
+        let (r, _) = run(&src, Mem::new(10_000), 0).await;
+        assert_eq!(r.unwrap_err().code(), tonic::Code::Unavailable);
+        assert_eq!(src.starts.lock().unwrap().len(), RESUMES as usize + 1);
+    }
+
+    #[tokio::test]
+    async fn a_retry_goes_on_from_the_recorded_offset() {
+        let src = Fake::new(10_000, RANGES);
+        let sink = Mem::new(10_000);
+        let (r, _) = run(&src, sink.clone(), 1150).await;
+        assert_eq!(
+            r.unwrap(),
+            Filled {
+                ranges: 3,
+                bytes: 1214
+            }
+        );
+        assert_eq!(*src.starts.lock().unwrap(), vec![1150]);
+        assert_eq!(*sink.bytes.lock().unwrap(), expected(1150));
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_larger_than_the_volume_is_refused() {
+        let src = Fake::new(20_000, RANGES);
+        let (r, _) = run(&src, Mem::new(10_000), 0).await;
+        assert_eq!(r.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    }
+
+    #[tokio::test]
+    async fn progress_is_recorded_after_each_record_bytes() {
+        let big = 1000;
+        let every = Every {
+            bytes: big,
+            time: Duration::from_secs(3600),
+        };
+        let src = Fake::new(3 * big, &[(0, big), (big, big), (2 * big + 10, 10)]);
+        let sink = Mem::new(3 * big as usize);
+        let records = Mutex::new(vec![]);
+        fill(
+            &src,
+            sink,
+            3 * big,
+            0,
+            Duration::from_secs(5),
+            every,
+            |at| {
+                records.lock().unwrap().push(at);
+                async { Ok(()) }
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(*records.lock().unwrap(), vec![big, 2 * big]);
+    }
+}
