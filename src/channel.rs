@@ -36,12 +36,26 @@ const HANDSHAKES: usize = 64;
 /// client certificates it takes. Read at start-up; a file that cannot be
 /// read or parsed stops the start with the file named.
 pub fn server_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<Arc<ServerConfig>> {
+    server_config_with_peers(cert, key, client_ca, None)
+}
+
+/// [`server_config`], also taking the client certificates `peer_ca`
+/// signed (`cluster.peer_ca`, the nodes' CA): other node plugins, which
+/// [`PeerGate`] lets reach `Transfer.Read` alone.
+pub fn server_config_with_peers(
+    cert: &Path,
+    key: &Path,
+    client_ca: &Path,
+    peer_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = certificates(cert)?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| unusable(key, e))?;
     let mut roots = RootCertStore::empty();
-    for c in certificates(client_ca)? {
-        roots.add(c).map_err(|e| unusable(client_ca, e))?;
+    for ca in std::iter::once(client_ca).chain(peer_ca) {
+        for c in certificates(ca)? {
+            roots.add(c).map_err(|e| unusable(ca, e))?;
+        }
     }
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
@@ -131,6 +145,122 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// Tells the controller from a peer on a channel that takes both
+/// (`cluster.peer_ca` set): a client certificate `client_ca` signed is
+/// the controller's; any other the handshake let through is a peer's.
+#[derive(Clone)]
+pub struct Callers(Arc<dyn rustls::server::danger::ClientCertVerifier>);
+
+impl Callers {
+    pub fn new(client_ca: &Path) -> Result<Callers> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = RootCertStore::empty();
+        for c in certificates(client_ca)? {
+            roots.add(c).map_err(|e| unusable(client_ca, e))?;
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| unusable(client_ca, e))?;
+        Ok(Callers(verifier))
+    }
+
+    /// Whether the chain a connection presented is the controller's.
+    fn is_controller(&self, chain: &[CertificateDer<'static>]) -> bool {
+        let Some((leaf, rest)) = chain.split_first() else {
+            return false;
+        };
+        self.0
+            .verify_client_cert(leaf, rest, rustls::pki_types::UnixTime::now())
+            .is_ok()
+    }
+}
+
+/// The one method a peer may call.
+pub const PEER_METHOD: &str = "/thinpool.cluster.v1.Transfer/Read";
+
+/// The request header with a peer's transfer grant (`Transfer.Grant`).
+pub const GRANT_HEADER: &str = "x-thinpool-transfer-token";
+
+/// Marks a request a peer made (in its extensions), and whether it is
+/// the one method a peer may call: `Transfer.Read` then asks for a grant
+/// of the snapshot.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub allowed: bool,
+}
+
+/// The node's side, with `cluster.peer_ca` set: marks each call a peer
+/// makes ([`Peer`]) for [`PeerOnly`] to refuse. Without `Callers` (no
+/// `peer_ca`) every caller is the controller.
+#[derive(Clone)]
+pub struct PeerGate(pub Option<Callers>);
+
+impl<S> tower_layer::Layer<S> for PeerGate {
+    type Service = Gated<S>;
+    fn layer(&self, inner: S) -> Gated<S> {
+        Gated {
+            inner,
+            callers: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Gated<S> {
+    inner: S,
+    callers: Option<Callers>,
+}
+
+type Tls = tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>;
+
+impl<S, B> tower_service::Service<http::Request<B>> for Gated<S>
+where
+    S: tower_service::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> S::Future {
+        if let Some(callers) = &self.callers {
+            let chain = req.extensions().get::<Tls>().and_then(|t| t.peer_certs());
+            if !chain.as_deref().is_some_and(|c| callers.is_controller(c)) {
+                let allowed = req.uri().path() == PEER_METHOD;
+                req.extensions_mut().insert(Peer { allowed });
+            }
+        }
+        self.inner.call(req)
+    }
+}
+
+/// The node's side: a peer's call to anything but [`PEER_METHOD`] is
+/// PERMISSION_DENIED, logged and counted, before any service sees it.
+#[derive(Clone)]
+pub struct PeerOnly(pub Arc<Metrics>);
+
+impl tonic::service::Interceptor for PeerOnly {
+    fn call(&mut self, r: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, Status> {
+        match r.extensions().get::<Peer>() {
+            Some(Peer { allowed: false }) => {
+                tracing::warn!(peer = ?r.remote_addr(),
+                    "channel: refused a peer's call: a peer may only read a snapshot granted to it");
+                self.0.channel_refused();
+                Err(Status::permission_denied(format!(
+                    "this method is not open to another node plugin: a peer may call {PEER_METHOD} only"
+                )))
+            }
+            _ => Ok(r),
+        }
+    }
 }
 
 /// The request header that names the node a forwarded call is meant for.

@@ -119,6 +119,10 @@ pub struct Cluster {
     /// The CA (PEM) whose client certificates are let through: the
     /// controller's.
     pub client_ca: PathBuf,
+    /// The nodes' CA (PEM): other node plugins whose client certificates
+    /// it signed may read a snapshot granted to them (`Transfer.Read`
+    /// alone, docs/moving.md); empty: only the controller gets through.
+    pub peer_ca: PathBuf,
     /// The most `Transfer.Read` reads per second on this node, in MiB,
     /// all transfers together (docs/moving.md); 0: no cap.
     pub transfer_mib_per_sec: u64,
@@ -774,6 +778,12 @@ impl Config {
                     "must be an absolute path when cluster.listen is set: the channel takes no unauthenticated caller",
                 ));
             }
+        }
+        if !c.peer_ca.as_os_str().is_empty() && !c.peer_ca.is_absolute() {
+            return Err(invalid(
+                "cluster.peer_ca",
+                "must be an absolute path, or empty",
+            ));
         }
         Ok(())
     }

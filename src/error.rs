@@ -97,6 +97,10 @@ pub enum Error {
     NotTheMount(crate::sys::SysError),
     #[error("{0}")]
     Internal(String),
+    /// The caller may not do this (a peer node plugin reading a snapshot
+    /// without a live grant).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// Data did not arrive as it was sent: a copy's range or whole digest
     /// did not match its source's (`volume/fill.rs`).
     #[error("{0}")]
@@ -208,6 +212,9 @@ impl Error {
                 "run the node plugin as root in a privileged container, as the shipped manifests do",
             ),
             Error::NotTheMount(_) => fixed(MOUNT_ADVICE),
+            Error::PermissionDenied(_) => fixed(
+                "let the controller ask the source node for a grant (Transfer.Grant) and pass its token; grants live in the source node plugin's memory, so one restart ends them all",
+            ),
             Error::DataLoss(_) => fixed(
                 "retry: the partial copy was removed and the retry copies again from the start; if it fails again, check the link and both nodes' memory and disks",
             ),
@@ -252,6 +259,7 @@ impl Error {
             },
             Error::Internal(_) => Code::Internal,
             Error::DataLoss(_) => Code::DataLoss,
+            Error::PermissionDenied(_) => Code::PermissionDenied,
         }
     }
 }
@@ -533,6 +541,8 @@ mod tests {
             .into(),
             Error::NotFound("snapshot \"snap-x\" does not exist".into())
                 .advise("check the snapshot id: it may have been deleted"),
+            Error::PermissionDenied("no live grant of snapshot snap-x for this peer".into()),
+            Error::DataLoss("range 0+4096 does not match its hash".into()),
         ]
     }
 

@@ -377,14 +377,20 @@ async fn main() -> ExitCode {
         None => None,
         Some(addr) => {
             let c = &base.cfg.cluster;
-            let tls =
-                match thinpool_csi::channel::server_config(&c.tls_cert, &c.tls_key, &c.client_ca) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::error!(error = %e.message(), "cannot serve the internal channel");
-                        return ExitCode::FAILURE;
-                    }
-                };
+            let peer_ca = Some(c.peer_ca.as_path()).filter(|p| !p.as_os_str().is_empty());
+            let tls = thinpool_csi::channel::server_config_with_peers(
+                &c.tls_cert,
+                &c.tls_key,
+                &c.client_ca,
+                peer_ca,
+            );
+            let tls = match tls {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!(error = %e.message(), "cannot serve the internal channel");
+                    return ExitCode::FAILURE;
+                }
+            };
             match tokio::net::TcpListener::bind(addr).await {
                 Ok(l) => {
                     tracing::info!(address = %addr, "serving the internal channel (mutual TLS)");

@@ -16,6 +16,8 @@ use thinpool_csi::metrics::{render, CHANNEL_REFUSED};
 use thinpool_csi::proto::csi::v1::identity_client::IdentityClient;
 use thinpool_csi::proto::csi::v1::node_client::NodeClient;
 use thinpool_csi::proto::csi::v1::{GetPluginInfoRequest, NodeGetInfoRequest};
+use thinpool_csi::proto::thinpool::cluster::v1::transfer_client::TransferClient;
+use thinpool_csi::proto::thinpool::cluster::v1::{GrantRequest, ReadRequest};
 use thinpool_csi::volume::classes::Classes;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::Code;
@@ -36,17 +38,26 @@ impl Node {
     /// `localhost` from the nodes' CA, taking clients of the controller's
     /// CA, with a handshake bound of half a second.
     async fn start() -> Node {
+        Node::start_with(false).await
+    }
+
+    /// With `peers`, the node also takes other node plugins
+    /// (`cluster.peer_ca`: the nodes' CA).
+    async fn start_with(peers: bool) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let controller_ca = ca("controller's CA");
         let ca = ca("nodes' CA");
         let (cert, key) = leaf(&ca, "localhost", &[ServerAuth]);
-        let tls = thinpool_csi::channel::server_config(
+        let client_ca = write(dir.path(), "controller-ca.crt", &controller_ca.pem());
+        let peer_ca = peers.then(|| write(dir.path(), "nodes-ca.crt", &ca.pem()));
+        let tls = thinpool_csi::channel::server_config_with_peers(
             &write(dir.path(), "tls.crt", &cert),
             &write(dir.path(), "tls.key", &key),
-            &write(dir.path(), "controller-ca.crt", &controller_ca.pem()),
+            &client_ca,
+            peer_ca.as_deref(),
         )
         .unwrap();
-        let cfg = Config {
+        let mut cfg = Config {
             driver_name: "tpcsi.test".into(),
             volume_group: "vg1".into(),
             thin_pool: "pool".into(),
@@ -54,6 +65,8 @@ impl Node {
             state_dir: dir.path().join("state"),
             ..Config::default()
         };
+        cfg.cluster.client_ca = client_ca;
+        cfg.cluster.peer_ca = peer_ca.unwrap_or_default();
         let classes = Arc::new(Classes::new(&cfg, "node-1"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -218,6 +231,98 @@ async fn the_controllers_certificate_gets_through_and_nothing_else_does() {
     let ch = node.connect(Some(controller)).await.unwrap();
     assert_eq!(plugin_info(ch).await.unwrap(), "tpcsi.test");
     assert_eq!(node.refused(), n, "the good client was not refused");
+    drop(node.dir);
+}
+
+/// A `Transfer` call meant for node-1, with a grant's token if given.
+fn transfer_request<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert(
+        thinpool_csi::channel::NODE_HEADER,
+        "node-1".parse().unwrap(),
+    );
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert(thinpool_csi::channel::GRANT_HEADER, t.parse().unwrap());
+    }
+    r
+}
+
+async fn read(ch: Channel, snapshot: &str, token: Option<&str>) -> Code {
+    let r = transfer_request(
+        ReadRequest {
+            snapshot_id: snapshot.into(),
+            start: 0,
+        },
+        token,
+    );
+    match TransferClient::new(ch).read(r).await {
+        Ok(mut s) => match s.get_mut().message().await {
+            Ok(_) => Code::Ok,
+            Err(e) => e.code(),
+        },
+        Err(e) => e.code(),
+    }
+}
+
+/// With `cluster.peer_ca`, another node plugin's certificate gets through
+/// the handshake, and reaches `Transfer.Read` alone, for a snapshot the
+/// controller had the node grant; everything else is PERMISSION_DENIED
+/// before any service sees it, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_reads_only_a_granted_snapshot() {
+    let node = Node::start_with(true).await;
+    let controller = leaf(&node.controller_ca, "controller", &[ClientAuth]);
+    let peer = leaf(&node.ca, "node-2", &[ServerAuth, ClientAuth]);
+    let ctl = node.connect(Some(controller)).await.unwrap();
+    let p = node.connect(Some(peer)).await.unwrap();
+    let snap = thinpool_csi::naming::snapshot_lv_name_for("s1");
+    let other = thinpool_csi::naming::snapshot_lv_name_for("s2");
+
+    // The controller is the controller still.
+    assert_eq!(plugin_info(ctl.clone()).await.unwrap(), "tpcsi.test");
+    assert_eq!(node.refused(), 0);
+
+    // A peer reaches no other service, and cannot grant itself a read.
+    let e = plugin_info(p.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let grant = |ch: Channel, id: &str| {
+        let r = transfer_request(
+            GrantRequest {
+                snapshot_id: id.into(),
+                ttl_secs: 0,
+            },
+            None,
+        );
+        async move { TransferClient::new(ch).grant(r).await }
+    };
+    let e = grant(p.clone(), &snap).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert_eq!(node.refused(), 2, "each refusal is counted");
+
+    // Its read needs a live grant of that snapshot.
+    assert_eq!(read(p.clone(), &snap, None).await, Code::PermissionDenied);
+    assert_eq!(
+        read(p.clone(), &snap, Some("00")).await,
+        Code::PermissionDenied
+    );
+    let token = grant(ctl.clone(), &snap).await.unwrap().into_inner();
+    assert_eq!(token.expires_in_secs, 3600);
+    assert_eq!(
+        read(p.clone(), &other, Some(&token.token)).await,
+        Code::PermissionDenied,
+        "a grant is for one snapshot"
+    );
+    // With it, the read gets past the gate to the node's own checks
+    // (this node has no LVM: the snapshot cannot be found or listed).
+    let got = read(p.clone(), &snap, Some(&token.token)).await;
+    assert!(
+        ![Code::PermissionDenied, Code::Ok].contains(&got),
+        "a granted read reaches the node's work: {got:?}"
+    );
+    // The controller reads without a grant.
+    let got = read(ctl, &snap, None).await;
+    assert_ne!(got, Code::PermissionDenied);
     drop(node.dir);
 }
 

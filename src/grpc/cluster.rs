@@ -15,8 +15,8 @@ use super::controller::{capacity_response, class_shapes};
 use crate::proto::thinpool::cluster::v1::capacity_server::Capacity;
 use crate::proto::thinpool::cluster::v1::transfer_server::Transfer;
 use crate::proto::thinpool::cluster::v1::{
-    read_item, CapacityState, ClassCapacity, DataRange, ReadHeader, ReadItem, ReadRequest,
-    ReadSummary, WatchCapacityRequest,
+    read_item, CapacityState, ClassCapacity, DataRange, GrantRequest, GrantResponse, ReadHeader,
+    ReadItem, ReadRequest, ReadSummary, WatchCapacityRequest,
 };
 use crate::volume::classes::Classes;
 use crate::volume::controller::CachedCapacity;
@@ -139,21 +139,54 @@ pub struct TransferService {
 
 type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadItem, Status>> + Send>>;
 
+impl TransferService {
+    /// The snapshot a transfer call names (NOT_FOUND for an id no node
+    /// issues, or one of another node).
+    fn snapshot(&self, id: &str) -> crate::error::Result<crate::volume::SnapshotId> {
+        super::validate::snapshot_id("snapshot_id", id, self.classes.ids())?
+            .ok_or_else(|| crate::error::Error::NotFound(format!("snapshot {id:?} does not exist")))
+    }
+}
+
 #[tonic::async_trait]
 impl Transfer for TransferService {
     type ReadStream = ReadStream;
 
-    async fn read(&self, r: Request<ReadRequest>) -> Result<Response<ReadStream>, Status> {
+    async fn grant(&self, r: Request<GrantRequest>) -> Result<Response<GrantResponse>, Status> {
         let req = r.into_inner();
         let run = async {
-            let id =
-                super::validate::snapshot_id("snapshot_id", &req.snapshot_id, self.classes.ids())?
-                    .ok_or_else(|| {
-                        crate::error::Error::NotFound(format!(
-                            "snapshot {:?} does not exist",
-                            req.snapshot_id
-                        ))
-                    })?;
+            let id = self.snapshot(&req.snapshot_id)?;
+            let ttl = std::time::Duration::from_secs(req.ttl_secs);
+            self.classes.transfers().grant(id.as_str(), ttl)
+        };
+        let (token, ttl) = run.await.map_err(Status::from)?;
+        Ok(Response::new(GrantResponse {
+            token,
+            expires_in_secs: ttl.as_secs(),
+        }))
+    }
+
+    async fn read(&self, r: Request<ReadRequest>) -> Result<Response<ReadStream>, Status> {
+        // A peer (`channel::PeerGate`) reads only a snapshot granted to it.
+        let token = r.extensions().get::<crate::channel::Peer>().map(|_| {
+            r.metadata()
+                .get(crate::channel::GRANT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        });
+        let req = r.into_inner();
+        let run = async {
+            let id = self.snapshot(&req.snapshot_id)?;
+            if let Some(token) = token {
+                if !self.classes.transfers().granted(&token, id.as_str()) {
+                    tracing::warn!(snapshot = %id, "transfer: refused a peer's read without a live grant");
+                    return Err(crate::error::Error::PermissionDenied(format!(
+                        "no live grant of snapshot {id} for this peer: {} is missing, expired or for another snapshot",
+                        crate::channel::GRANT_HEADER
+                    )));
+                }
+            }
             self.classes
                 .read_snapshot(id, req.start, self.stopping.clone())
                 .await

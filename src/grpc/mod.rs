@@ -140,6 +140,16 @@ where
         classes.base().node_id.as_str().into(),
     ));
     let counted = crate::channel::GenerationLayer(classes.changes().clone());
+    // With `cluster.peer_ca`, other node plugins get through the
+    // handshake too, and reach `Transfer.Read` alone.
+    let cluster = &classes.base().cfg.cluster;
+    let callers = match cluster.peer_ca.as_os_str().is_empty() {
+        true => None,
+        false => Some(crate::channel::Callers::new(&cluster.client_ca)?),
+    };
+    let gate = crate::channel::PeerGate(callers);
+    let peer_only =
+        tonic::service::InterceptorLayer::new(crate::channel::PeerOnly(classes.metrics().clone()));
     // The capacity streams end when the server stops: it waits for every
     // connection to close, and the controller keeps a watched one open.
     let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -147,20 +157,27 @@ where
         shutdown.await;
         let _ = stop.send(true);
     };
-    csi_router(observed(&classes).layer(counted).layer(only_here), &classes)
-        .add_service(AddonsIdentityServer::new(addons()))
-        .add_service(ReclaimSpaceControllerServer::new(addons()))
-        .add_service(CapacityServer::new(cluster::CapacityService {
-            classes: classes.clone(),
-            stopping: stopping.clone(),
-        }))
-        .add_service(TransferServer::new(cluster::TransferService {
-            classes: classes.clone(),
-            stopping,
-        }))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .map_err(|e| Error::Internal(format!("channel gRPC server: {e}")))
+    csi_router(
+        observed(&classes)
+            .layer(gate)
+            .layer(counted)
+            .layer(only_here)
+            .layer(peer_only),
+        &classes,
+    )
+    .add_service(AddonsIdentityServer::new(addons()))
+    .add_service(ReclaimSpaceControllerServer::new(addons()))
+    .add_service(CapacityServer::new(cluster::CapacityService {
+        classes: classes.clone(),
+        stopping: stopping.clone(),
+    }))
+    .add_service(TransferServer::new(cluster::TransferService {
+        classes: classes.clone(),
+        stopping,
+    }))
+    .serve_with_incoming_shutdown(incoming, shutdown)
+    .await
+    .map_err(|e| Error::Internal(format!("channel gRPC server: {e}")))
 }
 
 /// Serves the cluster controller's CSI Identity, Controller,

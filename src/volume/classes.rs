@@ -88,6 +88,12 @@ impl Classes {
             .await
     }
 
+    /// What every snapshot read of the node shares, its grants to peers
+    /// included.
+    pub fn transfers(&self) -> &super::transfer::Transfers {
+        &self.transfers
+    }
+
     /// The index in [`Classes::all`] of `default_device_class`.
     pub fn default_index(&self) -> usize {
         self.default

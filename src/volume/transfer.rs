@@ -127,7 +127,17 @@ pub struct Transfers {
     /// Readers by the snapshot's LV path, and whether a reader activated
     /// it; held across the activation, so two first readers wait.
     readers: tokio::sync::Mutex<std::collections::HashMap<String, (usize, bool)>>,
+    /// Grants of reads to peers: token, the snapshot id it grants, and
+    /// its expiry.
+    grants: std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
 }
+
+/// How many grants a node keeps at once; expired ones go first.
+pub const MAX_GRANTS: usize = 1024;
+
+/// A grant's default and longest life.
+pub const GRANT_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+pub const GRANT_MAX_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 impl Transfers {
     pub fn new(mib_per_sec: u64) -> Transfers {
@@ -135,7 +145,53 @@ impl Transfers {
             pace: Pace::new(mib_per_sec),
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_READS)),
             readers: Default::default(),
+            grants: Default::default(),
         }
+    }
+
+    /// A new grant of snapshot `id`'s reads to a peer, for `ttl` (zero:
+    /// [`GRANT_TTL`]; at most [`GRANT_MAX_TTL`]): its token (256 random
+    /// bits, hex) and its life. RESOURCE_EXHAUSTED while
+    /// [`MAX_GRANTS`] live ones are kept.
+    pub fn grant(
+        &self,
+        id: &str,
+        ttl: std::time::Duration,
+    ) -> Result<(String, std::time::Duration)> {
+        let ttl = match ttl {
+            t if t.is_zero() => GRANT_TTL,
+            t => t.min(GRANT_MAX_TTL),
+        };
+        let mut bits = [0u8; 32];
+        tokio_rustls::rustls::crypto::ring::default_provider()
+            .secure_random
+            .fill(&mut bits)
+            .map_err(|_| Error::Internal("no random bits for a transfer grant".into()))?;
+        let token: String = bits.iter().map(|b| format!("{b:02x}")).collect();
+        let now = std::time::Instant::now();
+        let mut grants = self.grants.lock().unwrap();
+        grants.retain(|_, (_, until)| *until > now);
+        if grants.len() >= MAX_GRANTS {
+            return Err(Error::ResourceExhausted(format!(
+                "this node already keeps {MAX_GRANTS} transfer grants"
+            ))
+            .advise("retry once some have expired"));
+        }
+        grants.insert(token.clone(), (id.to_string(), now + ttl));
+        tracing::info!(
+            snapshot = id,
+            ttl_secs = ttl.as_secs(),
+            "transfer: granted a peer's reads of a snapshot"
+        );
+        Ok((token, ttl))
+    }
+
+    /// Whether `token` is a live grant of snapshot `id`'s reads.
+    pub fn granted(&self, token: &str, id: &str) -> bool {
+        let grants = self.grants.lock().unwrap();
+        grants
+            .get(token)
+            .is_some_and(|(of, until)| of == id && *until > std::time::Instant::now())
     }
 }
 
@@ -430,6 +486,28 @@ mod tests {
             none.take(mib).await;
         }
         assert_eq!(t.elapsed(), std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn a_grant_names_one_snapshot_and_expires() {
+        let t = Transfers::new(0);
+        let (token, ttl) = t.grant("snap-a", std::time::Duration::ZERO).unwrap();
+        assert_eq!(ttl, GRANT_TTL);
+        assert_eq!(token.len(), 64);
+        assert!(t.granted(&token, "snap-a"));
+        assert!(!t.granted(&token, "snap-b"), "another snapshot");
+        assert!(!t.granted("00", "snap-a"), "no such token");
+        let (other, _) = t
+            .grant("snap-a", std::time::Duration::from_secs(1))
+            .unwrap();
+        assert_ne!(other, token, "random");
+        let (short, _) = t
+            .grant("snap-a", std::time::Duration::from_nanos(1))
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(!t.granted(&short, "snap-a"), "expired");
+        let (_, long) = t.grant("snap-a", 2 * GRANT_MAX_TTL).unwrap();
+        assert_eq!(long, GRANT_MAX_TTL);
     }
 
     #[test]
