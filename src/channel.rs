@@ -191,6 +191,18 @@ pub struct Peer {
     pub allowed: bool,
 }
 
+/// Marks a request the controller made on the channel (in its
+/// extensions): what only the controller may ask for (a copy pulled from
+/// another node, [`COPY_HEADER`]) is read from such requests alone,
+/// never from a CO's socket.
+#[derive(Debug, Clone, Copy)]
+pub struct FromController;
+
+/// The binary request header (`CopyFrom`, proto/thinpool/cluster/v1) on
+/// a CreateVolume the controller forwards to the node that is to pull a
+/// copy of another node's snapshot.
+pub const COPY_HEADER: &str = "x-thinpool-copy-from-bin";
+
 /// The node's side, with `cluster.peer_ca` set: marks each call a peer
 /// makes ([`Peer`]) for [`PeerOnly`] to refuse. Without `Callers` (no
 /// `peer_ca`) every caller is the controller.
@@ -231,12 +243,15 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> S::Future {
-        if let Some(callers) = &self.callers {
+        let peer = self.callers.as_ref().is_some_and(|callers| {
             let chain = req.extensions().get::<Tls>().and_then(|t| t.peer_certs());
-            if !chain.as_deref().is_some_and(|c| callers.is_controller(c)) {
-                let allowed = req.uri().path() == PEER_METHOD;
-                req.extensions_mut().insert(Peer { allowed });
-            }
+            !chain.as_deref().is_some_and(|c| callers.is_controller(c))
+        });
+        if peer {
+            let allowed = req.uri().path() == PEER_METHOD;
+            req.extensions_mut().insert(Peer { allowed });
+        } else {
+            req.extensions_mut().insert(FromController);
         }
         self.inner.call(req)
     }

@@ -51,23 +51,39 @@ pub const TAG_CRYPT: &str = "tpcsi.crypt=luks2";
 /// On a member of a group snapshot: `<group id>:<number of members>`.
 pub const TAG_GROUP: &str = "tpcsi.group=";
 /// On a volume still being filled from another node (`volume/fill.rs`):
-/// `tpcsi.filling=<offset>`, the byte up to which the copy is written,
-/// verified and synced. Such an LV is no volume yet: nothing serves it,
-/// and only the CreateVolume that made it goes on from the offset.
+/// `tpcsi.filling=<offset>:<driver name>`, the byte up to which the copy
+/// is written, verified and synced, and the driver filling it. Such an
+/// LV carries no owner tag until it is whole (so no version of the
+/// driver, this one or an older one, takes it for a volume); only the
+/// CreateVolume that made it goes on from the offset.
 pub const TAG_FILLING: &str = "tpcsi.filling=";
+/// On a volume pulled from another node: `tpcsi.pulled=<hex of the
+/// source snapshot's id>` (an id with its node key, which an LVM tag
+/// cannot spell). Kept when it is whole; a retry must name the same source.
+pub const TAG_PULLED: &str = "tpcsi.pulled=";
 
-/// The filling tag of a copy written up to byte `at`.
-pub fn filling_tag(at: u64) -> String {
-    format!("{TAG_FILLING}{at}")
+/// The filling tag of a copy `driver` has written up to byte `at`.
+pub fn filling_tag(at: u64, driver: &str) -> String {
+    format!("{TAG_FILLING}{at}:{driver}")
 }
 
-/// The offset a filling LV's tags record, if it is one (the first
-/// filling tag; one that is no number reads as 0: start again).
-pub fn filling<'a>(tags: impl IntoIterator<Item = &'a String>) -> Option<u64> {
+/// The offset and driver a filling LV's tags record, if it is one (the
+/// first filling tag; an offset that is no number reads as 0: start
+/// again).
+pub fn filling<'a>(tags: impl IntoIterator<Item = &'a String>) -> Option<(u64, &'a str)> {
     tags.into_iter()
         .find_map(|t| t.strip_prefix(TAG_FILLING))
-        .map(|v| v.parse().unwrap_or(0))
+        .map(|v| {
+            let (at, driver) = v.split_once(':').unwrap_or((v, ""));
+            (at.parse().unwrap_or(0), driver)
+        })
 }
+
+/// The pulled tag of a copy of snapshot `id` (with its node key).
+pub fn pulled_tag(id: &str) -> String {
+    format!("{TAG_PULLED}{}", hex(id.as_bytes()))
+}
+
 pub const SNAPSHOT_PREFIX: &str = "snap-";
 const GROUP_PREFIX: &str = "group-";
 
@@ -1328,7 +1344,10 @@ mod tests {
                 vec![owner.clone(), format!("{TAG_SOURCE}{spelled}")],
             ),
             // A copy still being filled is no volume yet.
-            (spelled.clone(), [&good[..], &[filling_tag(4096)]].concat()),
+            (
+                spelled.clone(),
+                [&good[..], &[filling_tag(4096, "d.x")]].concat(),
+            ),
         ];
         let mut kept = 0;
         for (lv, tags) in &cases {
@@ -1347,19 +1366,21 @@ mod tests {
     }
 
     #[test]
-    fn a_filling_tag_records_its_offset() {
+    fn a_filling_tag_records_its_offset_and_driver() {
         let tags = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            filling(&tags(&["tpcsi.owner=d", "tpcsi.filling=1048576"])),
-            Some(1 << 20)
-        );
-        assert_eq!(
-            filling(&tags(&["tpcsi.filling=x"])),
-            Some(0),
-            "unreadable: start again"
-        );
+        let t = tags(&["tpcsi.p.a=31", "tpcsi.filling=1048576:d.x"]);
+        assert_eq!(filling(&t), Some((1 << 20, "d.x")));
+        let t = tags(&["tpcsi.filling=x:d.x"]);
+        assert_eq!(filling(&t), Some((0, "d.x")), "unreadable: start again");
         assert_eq!(filling(&tags(&["tpcsi.owner=d"])), None);
-        assert_eq!(filling(&[filling_tag(7)]), Some(7));
+        assert_eq!(filling(&[filling_tag(7, "d.y")]), Some((7, "d.y")));
+        // An LVM tag cannot hold a keyed id's `~`.
+        let p = pulled_tag("nabcdef0123~snap-s1-0123456789abcdef");
+        assert!(
+            p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._=".contains(c)),
+            "{p}"
+        );
     }
 
     #[test]

@@ -90,12 +90,24 @@ impl VolumeInfo {
     }
 }
 
+/// Whether a volume made with `existing` tags is what a request for
+/// `tags` makes: mutable parameters may have been modified since, and the
+/// class's options changed, which is not part of what makes the volume
+/// the request's.
+pub(super) fn same_request(existing: &VolumeTags, tags: &VolumeTags) -> bool {
+    VolumeTags {
+        mutable: existing.mutable.clone(),
+        class_options: existing.class_options.clone(),
+        ..tags.clone()
+    } == *existing
+}
+
 /// The one mutable parameter: the LV's read-ahead, in 512-byte sectors or
 /// `auto` (`lvchange --readahead`), changed on a live LV without moving
 /// data.
 pub const READ_AHEAD: &str = "readAheadSectors";
 
-fn read_ahead(tags: &VolumeTags) -> Option<&str> {
+pub(super) fn read_ahead(tags: &VolumeTags) -> Option<&str> {
     tags.mutable.get(READ_AHEAD).map(String::as_str)
 }
 
@@ -167,9 +179,9 @@ impl Volumes {
         .await
     }
 
-    async fn create_held(&self, lv_name: &str, spec: CreateSpec) -> Result<VolumeInfo> {
-        let name = spec.co_name.as_str();
-        let tags = VolumeTags {
+    /// The tags a new volume of `spec` is made with.
+    pub(super) fn tags_for(&self, spec: &CreateSpec) -> VolumeTags {
+        VolumeTags {
             owner: self.cfg.driver_name.clone(),
             co_name: spec.co_name.clone(),
             access: Some(spec.access.clone()),
@@ -178,7 +190,12 @@ impl Volumes {
             class_options: self.class_options(&spec.access, &spec.params),
             from: spec.from.clone(),
             encrypted: spec.encrypted.unwrap_or(self.cfg.encryption.enabled),
-        };
+        }
+    }
+
+    async fn create_held(&self, lv_name: &str, spec: CreateSpec) -> Result<VolumeInfo> {
+        let name = spec.co_name.as_str();
+        let tags = self.tags_for(&spec);
         let range = spec.range.as_ref();
         let report = self.lvm.known().await?;
         if let Some(existing) = self
@@ -193,14 +210,7 @@ impl Volumes {
             let unfinished = tags.from.is_some()
                 && origin_size.is_none_or(|o| o == size)
                 && range.is_some_and(|r| r.required > size && (r.limit == 0 || r.limit >= size));
-            // Mutable parameters may have been modified since, and the
-            // class's options changed: not part of what makes the volume
-            // this request's.
-            let same = VolumeTags {
-                mutable: existing.tags.mutable.clone(),
-                class_options: existing.tags.class_options.clone(),
-                ..tags.clone()
-            } == existing.tags;
+            let same = same_request(&existing.tags, &tags);
             if !same || !(unfinished || size_fits(range, size)) {
                 return Err(Error::AlreadyExists(format!(
                     "volume {name:?} exists as {lv_name} ({size} bytes, {:?}, parameters {:?}, made from {:?}) and is incompatible with this request",
@@ -461,6 +471,12 @@ impl Volumes {
             // owner tag inside the locked LVM command, so it can never
             // remove what is not ours.
             let report = d.lvm.known().await?;
+            if report
+                .find(&id)
+                .is_some_and(|lv| d.filling_here(lv).is_some())
+            {
+                return d.remove_filling(&id).await;
+            }
             let cached = d.owned(&report, &id).map(|o| o.is_some());
             let record = d.load_record(&id).await?;
             let recorded = record.is_some();

@@ -73,6 +73,12 @@ pub struct Filled {
     pub bytes: u64,
 }
 
+/// Where the last record was made, and when.
+struct Recorded {
+    at: u64,
+    when: Instant,
+}
+
 /// How a read ended that did not finish the copy.
 enum Ended {
     /// Cut (the stream failed or ended without its summary, the source
@@ -113,8 +119,23 @@ where
 {
     let mut at = from;
     let mut resumed = 0;
+    // Carried across resumed reads: the bound on what is left unrecorded
+    // holds for the call, not for each read.
+    let mut recorded = Recorded {
+        at: from,
+        when: Instant::now(),
+    };
     loop {
-        match read_once(source, &sink, size, at, (bound, every), &mut record).await {
+        let read = read_once(
+            source,
+            &sink,
+            size,
+            at,
+            (bound, every),
+            &mut record,
+            &mut recorded,
+        );
+        match read.await {
             Ok(filled) => return Ok(filled),
             Err(Ended::Cut(reached, e)) if resumed < RESUMES => {
                 resumed += 1;
@@ -137,6 +158,7 @@ async fn read_once<S, K, R, F>(
     start: u64,
     (bound, every): (Duration, Every),
     record: &mut R,
+    recorded: &mut Recorded,
 ) -> std::result::Result<Filled, Ended>
 where
     S: Source,
@@ -154,7 +176,6 @@ where
     let mut rx = source.read(start).await.map_err(|e| cut(start, e))?;
     let mut next = start;
     let mut digest = Digest::default();
-    let (mut recorded, mut recorded_at) = (start, Instant::now());
     let mut capacity = None;
     loop {
         let piece = match rx.recv().await {
@@ -190,7 +211,8 @@ where
                         "a range came before the header".into(),
                     )));
                 };
-                if offset < next || offset + length > c || length == 0 {
+                if offset < next || offset.checked_add(length).is_none_or(|e| e > c) || length == 0
+                {
                     return Err(Ended::Failed(Error::DataLoss(format!(
                         "range {offset}+{length} is out of order or out of bounds (next byte {next}, snapshot {c} bytes)"
                     ))));
@@ -208,11 +230,19 @@ where
                 .map_err(Ended::Failed)?;
                 digest.add(offset, length, &hash);
                 next = offset + length;
-                if next - recorded >= every.bytes || recorded_at.elapsed() >= every.time {
+                if next - recorded.at >= every.bytes || recorded.when.elapsed() >= every.time {
                     sync(sink, bound).await.map_err(Ended::Failed)?;
                     record(next).await.map_err(Ended::Failed)?;
-                    (recorded, recorded_at) = (next, Instant::now());
+                    *recorded = Recorded {
+                        at: next,
+                        when: Instant::now(),
+                    };
                 }
+            }
+            Piece::Summary { .. } if capacity.is_none() => {
+                return Err(Ended::Failed(Error::DataLoss(
+                    "the source sent a summary without a header".into(),
+                )))
             }
             Piece::Summary {
                 ranges,
@@ -239,60 +269,72 @@ async fn sync<K: Sink>(sink: &Arc<K>, bound: Duration) -> Result<()> {
 }
 
 impl Volumes {
-    /// CreateVolume of a copy whose source lies on another node: a new
-    /// thin LV of `size` bytes (the request's range, at least the source
-    /// snapshot's `source_size`) made with `tags` and the filling tag,
-    /// then filled from `source` ([`Volumes::fill_copy`]). A retry finds
-    /// the LV it made and goes on where its filling tag says; once whole,
-    /// the retry returns the volume as any CreateVolume retry does.
+    /// CreateVolume of a copy of snapshot `source_id` (with its node key)
+    /// of another node: a new thin LV of `spec`'s size, at least the
+    /// snapshot's `source_size`, filled from `source`
+    /// ([`Volumes::fill_copy`]). It is made with the volume's tags but its
+    /// owner tag, with the filling tag and the pulled tag (the source's
+    /// id); a retry finds it and goes on where the filling tag says, when
+    /// it names the same source and asks for what made it (as any
+    /// CreateVolume retry: [`super::controller::same_request`]); once
+    /// whole it has its owner tag and is the volume.
     ///
-    /// `tags.from` is left empty: the source's id names an object of
-    /// another node, which no call of this node can act on.
+    /// `spec.from` is empty: the source names an object of another node,
+    /// which no call of this node can act on.
     pub async fn create_pulled<S: Source + Send + 'static>(
         self: &Arc<Self>,
-        lv_name: String,
-        tags: naming::VolumeTags,
-        range: Option<super::SizeRange>,
+        spec: super::controller::CreateSpec,
+        source_id: String,
         source_size: u64,
         source: S,
     ) -> Result<super::controller::VolumeInfo> {
+        let lv_name = self.in_class_id(naming::lv_name_for(&spec.co_name));
         self.detached(&lv_name.clone(), "CreateVolume", move |d, _| async move {
-            let name = tags.co_name.clone();
+            let name = spec.co_name.clone();
+            let tags = d.tags_for(&spec);
+            let pulled = naming::pulled_tag(&source_id);
             let report = d.lvm.fresh_report().await?;
-            let made = report.find(&lv_name).cloned();
-            let size = match &made {
-                Some(lv) if naming::filling(&lv.tags).is_some() => {
-                    let mut was: Vec<String> = lv
+            let refuse = || {
+                Error::AlreadyExists(format!(
+                    "volume {name:?} exists as {lv_name} and is not this request's copy of {source_id}"
+                ))
+            };
+            let fits = |size| super::size::size_fits(spec.range.as_ref(), size);
+            match report.find(&lv_name) {
+                Some(lv) if d.filling_here(lv).is_some() => {
+                    // What it was made with, read as the volume it will be.
+                    let with_owner = lv
                         .tags
                         .iter()
                         .filter(|t| !t.starts_with(naming::TAG_FILLING))
                         .cloned()
-                        .collect();
-                    let mut want = tags.encode();
-                    was.sort();
-                    want.sort();
-                    if was != want {
-                        return Err(Error::AlreadyExists(format!(
-                            "a copy for volume {name:?} is being filled as {lv_name} with other parameters"
-                        )));
+                        .chain([d.owner_tag()])
+                        .collect::<Vec<_>>();
+                    let made = naming::VolumeTags::decode(&lv_name, with_owner.iter().map(String::as_str));
+                    let same = made.is_some_and(|m| super::controller::same_request(&m, &tags));
+                    if !same || !lv.tags.contains(&pulled) || !fits(lv.size) {
+                        return Err(refuse());
                     }
-                    lv.size
+                    tracing::info!(name, lv = lv_name, "CreateVolume: going on with a copy from another node");
                 }
                 Some(_) => {
-                    // Filled by an earlier call: the same as any retry.
-                    let existing = d.owned(&report, &lv_name)?.ok_or_else(|| {
-                        d.foreign(&lv_name, "volume")
-                    })?;
-                    if existing.tags != tags {
-                        return Err(Error::AlreadyExists(format!(
-                            "volume {name:?} exists as {lv_name} and is incompatible with this request"
-                        )));
+                    let existing = d.owned(&report, &lv_name).map_err(|_| refuse())?;
+                    let existing = existing.ok_or_else(refuse)?;
+                    if !super::controller::same_request(&existing.tags, &tags)
+                        || !existing.lv.tags.contains(&pulled)
+                        || !fits(existing.lv.size)
+                    {
+                        return Err(refuse());
                     }
+                    tracing::info!(name, lv = lv_name, "CreateVolume: already copied, returning it");
                     return Ok(super::controller::VolumeInfo::of(&d, &report, existing));
                 }
-                None => d.make_filling(&lv_name, &tags, range.as_ref(), source_size).await?,
+                None => {
+                    d.make_filling(&lv_name, &tags, &pulled, spec.range.as_ref(), source_size)
+                        .await?;
+                }
             };
-            d.fill_copy(&lv_name, size, &source).await?;
+            d.fill_copy(&lv_name, &source).await?;
             let report = d.lvm.fresh_report().await?;
             let vol = d.must_own(&report, &lv_name)?;
             Ok(super::controller::VolumeInfo::of(&d, &report, vol))
@@ -301,26 +343,41 @@ impl Volumes {
     }
 
     /// Makes the LV a copy fills: checked and reserved as a new volume
-    /// is, with the filling tag at 0. Its size: the request's, at least
-    /// the source's.
+    /// is, with its tags but the owner's, the pulled tag and the filling
+    /// tag at 0. Its size: the request's, at least the source's. A pool
+    /// that does not zero new chunks is refused: a range written into
+    /// part of a chunk would leave a deleted volume's data beside it
+    /// where the source reads zeros.
     async fn make_filling(
         &self,
         lv_name: &str,
         tags: &naming::VolumeTags,
+        pulled: &str,
         range: Option<&super::SizeRange>,
         source_size: u64,
     ) -> Result<u64> {
         let (size, reserved) = {
             let _alloc = self.alloc.lock().await;
             let report = self.usable_report().await?;
+            if !self.pool(&report)?.zeroes_new_chunks() {
+                return Err(Error::FailedPrecondition(format!(
+                    "thin pool {} does not zero new chunks: a copy from another node would show a deleted volume's data where its source reads zeros",
+                    self.lvm.lv_path(&self.lvm.pool)
+                ))
+                .advise("turn zeroing on (lvchange --zero y), or restore the snapshot on its own node"));
+            }
             let (cap, extent) = self.capacity(&report)?;
             let size = super::size::size(range, extent, source_size)?.max(source_size);
             self.check_headroom("a copy from another node", size, &cap)?;
             (size, self.reserved.hold(lv_name, size))
         };
-        let mut all = tags.encode();
-        all.push(naming::filling_tag(0));
-        self.lvm.create_thin(lv_name, size, &all, None).await?;
+        let owner = self.owner_tag();
+        let mut all: Vec<String> = tags.encode().into_iter().filter(|t| *t != owner).collect();
+        all.push(pulled.to_string());
+        all.push(naming::filling_tag(0, &self.cfg.driver_name));
+        self.lvm
+            .create_thin(lv_name, size, &all, super::controller::read_ahead(tags))
+            .await?;
         let _alloc = self.alloc.lock().await;
         drop(reserved);
         tracing::info!(
@@ -332,27 +389,22 @@ impl Volumes {
         Ok(size)
     }
 
-    /// Fills LV `lv_name` (`size` bytes, made with the filling tag) from
-    /// `source`, from the offset its filling tag records, and drops the
-    /// tag once the copy is whole: the LV becomes the volume. A copy whose
-    /// data did not match is removed, so the retry starts from 0; a cut
-    /// one is left for the retry to resume.
-    pub async fn fill_copy<S: Source>(
-        &self,
-        lv_name: &str,
-        size: u64,
-        source: &S,
-    ) -> Result<Filled> {
+    /// Fills the copy `lv_name` (made by [`Volumes::make_filling`]) from
+    /// `source`, from the offset its filling tag records, and swaps the
+    /// filling tag for the owner tag once the copy is whole, in one
+    /// `lvchange`: the LV becomes the volume. A copy whose data did not
+    /// match is removed (its filling tag set back to 0 first, so a retry
+    /// after a crash between the two starts again from 0); a cut one is
+    /// left for the retry to resume.
+    async fn fill_copy<S: Source>(&self, lv_name: &str, source: &S) -> Result<Filled> {
         let report = self.lvm.fresh_report().await?;
         let lv = report
             .find(lv_name)
-            .ok_or_else(|| Error::Internal(format!("the copy {lv_name} is gone")))?
+            .filter(|lv| self.filling_here(lv).is_some())
+            .ok_or_else(|| Error::Internal(format!("{lv_name} is no copy this driver fills")))?
             .clone();
-        let Some(from) = naming::filling(&lv.tags) else {
-            return Err(Error::Internal(format!(
-                "{lv_name} is no copy being filled"
-            )));
-        };
+        let from = self.filling_here(&lv).unwrap_or(0);
+        let driver = self.cfg.driver_name.clone();
         let (dev, _) = self.activate(&lv).await?;
         let path = dev.path.clone();
         let sink = self
@@ -364,44 +416,53 @@ impl Volumes {
         tracing::info!(
             lv = lv_name,
             from,
-            size,
+            size = lv.size,
             "copy: filling from the source node"
         );
-        let tag = std::sync::Mutex::new(naming::filling_tag(from));
+        let tag = std::sync::Mutex::new(naming::filling_tag(from, &driver));
         let record = |at: u64| {
-            let old = tag.lock().unwrap().clone();
-            let new = naming::filling_tag(at);
-            *tag.lock().unwrap() = new.clone();
+            let new = naming::filling_tag(at, &driver);
+            let old = std::mem::replace(&mut *tag.lock().unwrap(), new.clone());
             async move { self.lvm.retag(lv_name, Some(&old), Some(&new)).await }
         };
         let filled = fill(
             source,
             sink,
-            size,
+            lv.size,
             from,
             self.cfg.command_timeout(),
             RECORD,
             record,
         )
         .await;
+        let last = tag.lock().unwrap().clone();
         match filled {
             Ok(f) => {
-                let last = tag.lock().unwrap().clone();
-                self.lvm.retag(lv_name, Some(&last), None).await?;
+                self.lvm
+                    .retag(lv_name, Some(&last), Some(&self.owner_tag()))
+                    .await?;
                 // Left inactive, as every new volume is until it is staged.
                 self.deactivate_if_unused(&dev).await;
                 tracing::info!(
                     lv = lv_name,
-                    ranges = f.ranges,
-                    bytes = f.bytes,
+                    from,
+                    last_read_ranges = f.ranges,
+                    last_read_bytes = f.bytes,
                     "copy: filled and verified; the volume is served"
                 );
                 Ok(f)
             }
             Err(e) if e.code() == tonic::Code::DataLoss => {
                 tracing::error!(lv = lv_name, error = %e, "copy: the data did not match; removing the partial copy");
+                let zero = naming::filling_tag(0, &driver);
+                if let Err(r) = self.lvm.retag(lv_name, Some(&last), Some(&zero)).await {
+                    tracing::error!(lv = lv_name, error = %r, "copy: could not set the partial copy back to 0");
+                    return Err(e);
+                }
                 self.deactivate_if_unused(&dev).await;
-                self.lvm.remove(lv_name).await?;
+                if let Err(r) = self.lvm.remove_owned(lv_name, &zero).await {
+                    tracing::error!(lv = lv_name, error = %r, "copy: could not remove the partial copy; the retry starts it again from 0");
+                }
                 Err(e)
             }
             Err(e) => {
@@ -409,6 +470,26 @@ impl Volumes {
                 Err(e)
             }
         }
+    }
+
+    /// DeleteVolume of a copy being filled: the copy stops (a running
+    /// fill holds the volume, so this waits as ABORTED until it ends) and
+    /// the partial LV is removed, selected by its filling tag inside the
+    /// locked LVM command.
+    pub(super) async fn remove_filling(&self, id: &str) -> Result<()> {
+        let report = self.lvm.fresh_report().await?;
+        let Some(at) = report.find(id).and_then(|lv| self.filling_here(lv)) else {
+            return Ok(());
+        };
+        self.lvm
+            .remove_owned(id, &naming::filling_tag(at, &self.cfg.driver_name))
+            .await?;
+        tracing::info!(
+            id,
+            at,
+            "DeleteVolume: removed a copy being filled from another node"
+        );
+        Ok(())
     }
 }
 
@@ -498,7 +579,9 @@ mod tests {
     struct Mem {
         bytes: Mutex<Vec<u8>>,
         written: Mutex<Vec<(u64, u64)>>,
-        syncs: Mutex<u32>,
+        /// What happened, in order: `w<offset>`, `sync`, and what the
+        /// test's record adds.
+        events: Arc<Mutex<Vec<String>>>,
     }
 
     impl Mem {
@@ -506,7 +589,7 @@ mod tests {
             Arc::new(Mem {
                 bytes: Mutex::new(vec![0; size]),
                 written: Mutex::new(vec![]),
-                syncs: Mutex::new(0),
+                events: Default::default(),
             })
         }
     }
@@ -519,10 +602,11 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push((offset, data.len() as u64));
+            self.events.lock().unwrap().push(format!("w{offset}"));
             Ok(())
         }
         fn sync(&self) -> Result<()> {
-            *self.syncs.lock().unwrap() += 1;
+            self.events.lock().unwrap().push("sync".into());
             Ok(())
         }
     }
@@ -575,7 +659,6 @@ mod tests {
             RANGES.to_vec(),
             "nothing unmapped is written"
         );
-        assert!(*sink.syncs.lock().unwrap() >= 1, "synced before it is done");
     }
 
     #[tokio::test]
@@ -651,7 +734,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn progress_is_recorded_after_each_record_bytes() {
+    async fn progress_is_recorded_after_each_record_bytes_once_synced() {
         let big = 1000;
         let every = Every {
             bytes: big,
@@ -659,7 +742,7 @@ mod tests {
         };
         let src = Fake::new(3 * big, &[(0, big), (big, big), (2 * big + 10, 10)]);
         let sink = Mem::new(3 * big as usize);
-        let records = Mutex::new(vec![]);
+        let events = sink.events.clone();
         fill(
             &src,
             sink,
@@ -668,12 +751,53 @@ mod tests {
             Duration::from_secs(5),
             every,
             |at| {
-                records.lock().unwrap().push(at);
+                events.lock().unwrap().push(format!("record {at}"));
                 async { Ok(()) }
             },
         )
         .await
         .unwrap();
-        assert_eq!(*records.lock().unwrap(), vec![big, 2 * big]);
+        // Each record after a sync of what it covers; the end synced too.
+        assert_eq!(
+            *events.lock().unwrap(),
+            [
+                "w0",
+                "sync",
+                "record 1000",
+                "w1000",
+                "sync",
+                "record 2000",
+                "w2010",
+                "sync"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_summary_without_a_header_is_no_copy() {
+        struct Bare;
+        impl Source for Bare {
+            async fn read(&self, _: u64) -> Result<mpsc::Receiver<Result<Piece>>> {
+                let (tx, rx) = mpsc::channel(1);
+                tx.try_send(Ok(Piece::Summary {
+                    ranges: 0,
+                    bytes: 0,
+                    digest: Digest::default().finish().2,
+                }))
+                .unwrap();
+                Ok(rx)
+            }
+        }
+        let r = fill(
+            &Bare,
+            Mem::new(10),
+            10,
+            0,
+            Duration::from_secs(5),
+            RECORD,
+            |_| async { Ok(()) },
+        )
+        .await;
+        assert_eq!(r.unwrap_err().code(), tonic::Code::DataLoss);
     }
 }

@@ -335,8 +335,23 @@ impl Volumes {
         };
         match self.owned_lv(lv) {
             Some(o) => Ok(Some(o)),
+            None if self.filling_here(lv).is_some() => Err(Error::NotFound(format!(
+                "volume {id} is being copied from another node: it is not served until the copy is whole"
+            ))
+            .advise("wait for the CreateVolume that makes it to answer, or delete the volume to stop the copy")),
             None => Err(self.foreign(id, "thin volume")),
         }
+    }
+
+    /// The offset `lv`'s filling tag records, when it is a copy this
+    /// driver fills in its pool and class (`volume/fill.rs`).
+    pub(crate) fn filling_here(&self, lv: &Lv) -> Option<u64> {
+        let (at, driver) = crate::naming::filling(&lv.tags)?;
+        (driver == self.cfg.driver_name
+            && lv.is_thin_volume()
+            && lv.pool == self.lvm.pool
+            && self.holds(&lv.name))
+        .then_some(at)
     }
 
     /// `lv` with its decoded tags, when it is a volume of ours.
