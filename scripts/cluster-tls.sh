@@ -81,8 +81,10 @@ leaf() {
 ca nodes-ca "thinpool-csi nodes CA"
 ca controller-ca "thinpool-csi controller CA"
 ca snapshot-metadata-ca "thinpool-csi snapshot metadata CA"
+# Client use too: a node plugin pulls a restore's data from another with
+# it (cluster.peer_ca, docs/moving.md).
 leaf node nodes-ca thinpool-csi-node \
-    "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:thinpool-csi-node\n"
+    "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:thinpool-csi-node\n"
 leaf controller controller-ca thinpool-csi-controller \
     "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n"
 # components/snapshot-metadata/service.yaml's name, in the namespace.

@@ -1908,6 +1908,8 @@ fn node_sidecar_rules(nds: &NodeDs, p: &mut Problems) {
         (&cluster.tls_cert, NODE_TLS, "tls.crt"),
         (&cluster.tls_key, NODE_TLS, "tls.key"),
         (&cluster.client_ca, CONTROLLER_TLS, "ca.crt"),
+        // Peers: the nodes' CA, for restores pulled from another node.
+        (&cluster.peer_ca, NODE_TLS, "ca.crt"),
     ] {
         tls_file_rule(ds, nds.driver, file, secret, key, p);
     }

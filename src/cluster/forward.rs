@@ -28,6 +28,8 @@ use crate::proto::csi::v1::snapshot_metadata_client::SnapshotMetadataClient;
 use crate::proto::csi::v1::*;
 use crate::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
 use crate::proto::reclaimspace::{ControllerReclaimSpaceRequest, ControllerReclaimSpaceResponse};
+use crate::proto::thinpool::cluster::v1::transfer_client::TransferClient;
+use crate::proto::thinpool::cluster::v1::{CopyFrom, GrantRequest};
 
 pub struct Cluster {
     pub cfg: ControllerConfig,
@@ -215,7 +217,78 @@ impl Cluster {
                     .await?
             }
         };
+        // A snapshot restored on a node the requirements name instead of
+        // its own: that node pulls it from the source node.
+        let elsewhere = !crate::grpc::validate::topology_allows(
+            req.accessibility_requirements.as_ref(),
+            &self.cfg.topology_key(),
+            &node.id,
+        );
+        if let (true, Some(("snapshot_id", id, _))) = (elsewhere, source) {
+            let id = id.clone();
+            return self.pulled(&node, &id, req).await;
+        }
         self.on(&node, |mut c| async move { c.create_volume(req).await })
+            .await
+    }
+
+    /// CreateVolume of a copy of snapshot `id` of node `source` on the
+    /// node the requirements name (docs/moving.md): the snapshot's size
+    /// (ListSnapshots on its node), a grant of its reads to a peer
+    /// (`Transfer.Grant` on its node), and the CreateVolume forwarded to
+    /// the target with both (`channel::COPY_HEADER`); the target pulls
+    /// the data from the source node directly.
+    async fn pulled(
+        &self,
+        source: &Arc<Node>,
+        id: &str,
+        req: CreateVolumeRequest,
+    ) -> Reply<CreateVolumeResponse> {
+        let target = self
+            .named_node(req.accessibility_requirements.as_ref())
+            .await?;
+        let listed = self
+            .on(source, |mut c| {
+                let r = ListSnapshotsRequest {
+                    snapshot_id: id.to_string(),
+                    ..Default::default()
+                };
+                async move { c.list_snapshots(r).await }
+            })
+            .await?;
+        let size = listed
+            .entries
+            .first()
+            .and_then(|e| e.snapshot.as_ref())
+            .map(|s| s.size_bytes)
+            .ok_or_else(|| Status::not_found(format!("snapshot {id:?} does not exist")))?;
+        let grant = TransferClient::new(source.channel.clone())
+            .grant(GrantRequest {
+                snapshot_id: id.to_string(),
+                ttl_secs: 0,
+            })
+            .await;
+        let token = self.answer(source, grant).await?.token;
+        let copy = CopyFrom {
+            node_id: source.id.clone(),
+            address: source.address.clone(),
+            server_name: self.cfg.node_server_name.clone(),
+            token,
+            snapshot_bytes: u64::try_from(size).unwrap_or(0),
+        };
+        tracing::info!(
+            snapshot = id,
+            source = source.id,
+            target = target.id,
+            size,
+            "CreateVolume: a copy of another node's snapshot, pulled by the target node"
+        );
+        let mut r = tonic::Request::new(req);
+        r.metadata_mut().insert_bin(
+            crate::channel::COPY_HEADER,
+            tonic::metadata::MetadataValue::from_bytes(&prost::Message::encode_to_vec(&copy)),
+        );
+        self.on(&target, |mut c| async move { c.create_volume(r).await })
             .await
     }
 

@@ -13,6 +13,7 @@ use crate::proto::csi::v1::controller_server::Controller;
 use crate::proto::csi::v1::controller_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::controller_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::*;
+use crate::proto::thinpool::cluster::v1::CopyFrom;
 use crate::volume::classes::Classes;
 use crate::volume::controller::{CreateSpec, VolumeInfo};
 use crate::volume::snapshot::SnapshotInfo;
@@ -86,6 +87,28 @@ pub fn capabilities_response(controller_expansion: bool) -> ControllerGetCapabil
     }
 }
 
+/// The copy the controller asks this node to pull
+/// (`channel::COPY_HEADER`), read from a request the controller made on
+/// the channel only (`channel::FromController`): on a CO's socket the
+/// header means nothing.
+fn copy_from<T>(r: &Request<T>) -> Result<Option<CopyFrom>> {
+    if r.extensions()
+        .get::<crate::channel::FromController>()
+        .is_none()
+    {
+        return Ok(None);
+    }
+    let Some(v) = r.metadata().get_bin(crate::channel::COPY_HEADER) else {
+        return Ok(None);
+    };
+    let bytes = v.to_bytes().map_err(|_| {
+        Error::InvalidArgument(format!("{} is not base64", crate::channel::COPY_HEADER))
+    })?;
+    prost::Message::decode(bytes)
+        .map(Some)
+        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", crate::channel::COPY_HEADER)))
+}
+
 impl ControllerService {
     fn topology(&self) -> Vec<Topology> {
         let d = self.classes.base();
@@ -101,7 +124,11 @@ impl ControllerService {
         }
     }
 
-    async fn create(&self, req: CreateVolumeRequest) -> Result<CreateVolumeResponse> {
+    async fn create(
+        &self,
+        req: CreateVolumeRequest,
+        copy: Option<CopyFrom>,
+    ) -> Result<CreateVolumeResponse> {
         let name = validate::required_string("name", &req.name)?;
         let d = self
             .classes
@@ -120,8 +147,23 @@ impl ControllerService {
         for (k, v) in validate::io_limits(&req.parameters)? {
             mutable.entry(k).or_insert(v);
         }
-        let from =
-            validate::content_source(req.volume_content_source.as_ref(), self.classes.ids())?;
+        // A copy of another node's snapshot, pulled from that node
+        // (docs/moving.md): the source is not this node's, and the new
+        // volume records none.
+        let pulled = match &copy {
+            Some(c) => Some(validate::pulled_snapshot(
+                req.volume_content_source.as_ref(),
+                self.classes.ids(),
+                &c.node_id,
+            )?),
+            None => None,
+        };
+        let from = match pulled {
+            Some(_) => None,
+            None => {
+                validate::content_source(req.volume_content_source.as_ref(), self.classes.ids())?
+            }
+        };
         if !validate::topology_allows(
             req.accessibility_requirements.as_ref(),
             &d.topology_key(),
@@ -145,7 +187,14 @@ impl ControllerService {
             mutable,
             encrypted: validate::encrypted(&req.parameters)?,
         };
-        let v = d.create_volume(spec).await?;
+        let v = match (pulled, copy) {
+            (Some(id), Some(copy)) => {
+                let size = copy.snapshot_bytes;
+                let source = super::peer::PeerSource::new(&d.cfg.cluster, copy, id.to_string())?;
+                d.create_pulled(spec, id.to_string(), size, source).await?
+            }
+            _ => d.create_volume(spec).await?,
+        };
         Ok(CreateVolumeResponse {
             volume: Some(self.volume(v)),
         })
@@ -502,7 +551,11 @@ impl Controller for ControllerService {
         &self,
         r: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        reply(self.create(r.into_inner()).await)
+        let copy = copy_from(&r);
+        match copy {
+            Ok(copy) => reply(self.create(r.into_inner(), copy).await),
+            Err(e) => reply(Err(e)),
+        }
     }
     async fn delete_volume(
         &self,

@@ -14,6 +14,7 @@ pub mod keyrotation;
 pub mod metadata;
 pub mod node;
 pub mod observe;
+pub mod peer;
 pub mod validate;
 
 use std::sync::Arc;

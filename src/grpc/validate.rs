@@ -156,6 +156,32 @@ pub fn content_source(
     }
 }
 
+/// A CreateVolume's content source when the controller asked this node
+/// to pull a copy of it (`channel::COPY_HEADER`): a snapshot id with the
+/// key of `source_node`, which is not this node. The id as sent.
+pub fn pulled_snapshot<'a>(
+    src: Option<&'a VolumeContentSource>,
+    ids: &NodeIds,
+    source_node: &str,
+) -> Result<&'a str> {
+    let Some(SourceType::Snapshot(s)) = src.and_then(|s| s.r#type.as_ref()) else {
+        return invalid("a copy from another node needs a snapshot as volume_content_source");
+    };
+    let id = s.snapshot_id.as_str();
+    match naming::split_node(id) {
+        (Some(key), rest)
+            if ids.foreign(id).is_some()
+                && key == naming::node_key(source_node)
+                && naming::is_snapshot_id(rest) =>
+        {
+            Ok(id)
+        }
+        _ => invalid(format!(
+            "snapshot {id:?} is no snapshot id of node {source_node:?}, the node to copy from"
+        )),
+    }
+}
+
 /// The parameters of CreateSnapshot or CreateVolumeGroupSnapshot: this
 /// driver takes none, so only what csi-snapshotter adds to that call
 /// ([`SIDECAR_KEYS`]) may be there, and it is ignored.
@@ -980,6 +1006,32 @@ pub fn topology_allows(req: Option<&TopologyRequirement>, key: &str, node: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pulled_copy_names_a_snapshot_of_its_source_node() {
+        let here = NodeIds::new("n1", true);
+        let snap = naming::snapshot_lv_name_for("s1");
+        let src = |id: String| VolumeContentSource {
+            r#type: Some(SourceType::Snapshot(
+                crate::proto::csi::v1::volume_content_source::SnapshotSource { snapshot_id: id },
+            )),
+        };
+        let of_n2 = naming::with_node(&naming::node_key("n2"), &snap);
+        assert_eq!(
+            pulled_snapshot(Some(&src(of_n2.clone())), &here, "n2").unwrap(),
+            of_n2
+        );
+        for (id, node) in [
+            (of_n2.clone(), "n3"),                                     // another node's key
+            (naming::with_node(&naming::node_key("n1"), &snap), "n1"), // this node's own
+            (snap.clone(), "n2"),                                      // no key
+            (naming::with_node(&naming::node_key("n2"), "csi-x"), "n2"), // no snapshot
+        ] {
+            let e = pulled_snapshot(Some(&src(id.clone())), &here, node).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id} {node}");
+        }
+        assert!(pulled_snapshot(None, &here, "n2").is_err());
+    }
 
     /// A node that is not serving a cluster: ids go out without a key.
     fn ids() -> NodeIds {

@@ -368,6 +368,11 @@ impl Volumes {
             }
             let (cap, extent) = self.capacity(&report)?;
             let size = super::size::size(range, extent, source_size)?.max(source_size);
+            if range.is_some_and(|r| r.limit > 0 && r.limit < size) {
+                return Err(Error::OutOfRange(format!(
+                    "the source snapshot holds {source_size} bytes, more than limit_bytes allows"
+                )));
+            }
             self.check_headroom("a copy from another node", size, &cap)?;
             (size, self.reserved.hold(lv_name, size))
         };

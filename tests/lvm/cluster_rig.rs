@@ -240,19 +240,27 @@ impl Rig {
             .tempdir()
             .unwrap();
         let (nodes_ca, controller_ca) = (ca("nodes' CA"), ca("controller's CA"));
-        let (cert, key_pem) = leaf(&nodes_ca, DEFAULT_NODE_SERVER_NAME, &[ServerAuth]);
+        // Client use too: a node pulls a copy from another node with its
+        // own certificate (cluster.peer_ca, docs/moving.md).
+        let (cert, key_pem) = leaf(
+            &nodes_ca,
+            DEFAULT_NODE_SERVER_NAME,
+            &[ServerAuth, ClientAuth],
+        );
         let node_cert = write(dir.path(), "node.crt", &cert);
         let node_key = write(dir.path(), "node.key", &key_pem);
         let controller_ca_file = write(dir.path(), "controller-ca.crt", &controller_ca.pem());
+        let nodes_ca_file = write(dir.path(), "nodes-ca.crt", &nodes_ca.pem());
         let mut nodes = Vec::new();
         for i in 1..=NODES {
             let extra = format!(
                 "controller_expansion = true\n{extra}\n[cluster]\nlisten = \"{}:{PORT}\"\n\
-                 tls_cert = \"{}\"\ntls_key = \"{}\"\nclient_ca = \"{}\"\n",
+                 tls_cert = \"{}\"\ntls_key = \"{}\"\nclient_ca = \"{}\"\npeer_ca = \"{}\"\n",
                 net.ip(i, 2),
                 node_cert.display(),
                 node_key.display(),
-                controller_ca_file.display()
+                controller_ca_file.display(),
+                nodes_ca_file.display()
             );
             let mut d = TestDriver::prepared(&format!("cl{rig}n{i}"), size, &extra, "");
             d.prefix = vec!["nsenter".into(), format!("--net={}", net.netns_path(i))];
@@ -267,7 +275,7 @@ impl Rig {
              csi_addons_endpoint = \"unix://{dir}/controller-addons.sock\"\nconnect_timeout_secs = 2\n",
             write(dir.path(), "controller.crt", &cert).display(),
             write(dir.path(), "controller.key", &key_pem).display(),
-            write(dir.path(), "nodes-ca.crt", &nodes_ca.pem()).display(),
+            nodes_ca_file.display(),
             dir = dir.path().display(),
         );
         for i in 1..=NODES {

@@ -1,0 +1,192 @@
+//! The target's client of a peer: a copy's reads of a snapshot on another
+//! node (`Transfer.Read` on that node's channel, docs/moving.md), as the
+//! [`Source`] the volume layer fills from. The node's own certificate
+//! (`cluster.tls_cert`) is its client certificate, the peer's server
+//! certificate is checked against `cluster.peer_ca` and the name the
+//! controller gave, and every read carries the grant's token.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Status};
+
+use crate::config::Cluster;
+use crate::error::{Error, Result};
+use crate::proto::thinpool::cluster::v1::transfer_client::TransferClient;
+use crate::proto::thinpool::cluster::v1::{read_item, CopyFrom, ReadRequest};
+use crate::volume::fill::Source;
+use crate::volume::transfer::Piece;
+
+/// How long connecting to the source node may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many pieces wait between the stream and the fill.
+const QUEUED: usize = 4;
+
+/// Snapshot `snapshot_id` (with its node key) on the node `copy` names.
+pub struct PeerSource {
+    channel: Channel,
+    copy: CopyFrom,
+    snapshot_id: String,
+}
+
+impl PeerSource {
+    /// A lazily connected channel to the source node: nothing is sent
+    /// until the first read. TLS files that cannot be read are
+    /// FAILED_PRECONDITION, named.
+    pub fn new(cluster: &Cluster, copy: CopyFrom, snapshot_id: String) -> Result<PeerSource> {
+        if cluster.peer_ca.as_os_str().is_empty() {
+            return Err(Error::FailedPrecondition(
+                "this node plugin has no cluster.peer_ca: it cannot check another node's certificate to copy from it".into(),
+            )
+            .advise("set cluster.peer_ca (the nodes' CA) on every node plugin, as the deployment does"));
+        }
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| {
+                Error::FailedPrecondition(format!("TLS file {}: {e}", p.display()))
+                    .advise("point cluster.tls_cert, cluster.tls_key and cluster.peer_ca at PEM files the driver can read")
+            })
+        };
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&cluster.peer_ca)?))
+            .identity(Identity::from_pem(
+                read(&cluster.tls_cert)?,
+                read(&cluster.tls_key)?,
+            ))
+            .domain_name(copy.server_name.clone());
+        let channel = Endpoint::from_shared(format!("https://{}", copy.address))
+            .and_then(|e| e.tls_config(tls))
+            .map_err(|e| {
+                Error::InvalidArgument(format!("the source node's address {:?}: {e}", copy.address))
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_lazy();
+        Ok(PeerSource {
+            channel,
+            copy,
+            snapshot_id,
+        })
+    }
+}
+
+impl Source for PeerSource {
+    async fn read(&self, start: u64) -> Result<mpsc::Receiver<Result<Piece>>> {
+        let mut r = tonic::Request::new(ReadRequest {
+            snapshot_id: self.snapshot_id.clone(),
+            start,
+        });
+        let header = |v: &str| {
+            v.parse()
+                .map_err(|_| Error::InvalidArgument(format!("{v:?} cannot be a request header")))
+        };
+        r.metadata_mut()
+            .insert(crate::channel::NODE_HEADER, header(&self.copy.node_id)?);
+        r.metadata_mut()
+            .insert(crate::channel::GRANT_HEADER, header(&self.copy.token)?);
+        let node = self.copy.node_id.clone();
+        let mut stream = TransferClient::new(self.channel.clone())
+            .read(r)
+            .await
+            .map_err(|s| error_of(&node, s))?
+            .into_inner();
+        let (tx, rx) = mpsc::channel(QUEUED);
+        tokio::spawn(async move {
+            loop {
+                let item = match stream.message().await {
+                    Ok(Some(m)) => piece_of(m.item),
+                    Ok(None) => return,
+                    Err(s) => Err(error_of(&node, s)),
+                };
+                let end = item.is_err();
+                if tx.send(item).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+/// A read's item as a piece; a malformed one is DATA_LOSS.
+fn piece_of(item: Option<read_item::Item>) -> Result<Piece> {
+    let hash = |b: Vec<u8>, what: &str| -> Result<[u8; 32]> {
+        b.try_into()
+            .map_err(|_| Error::DataLoss(format!("the source sent a {what} that is not 32 bytes")))
+    };
+    Ok(match item {
+        Some(read_item::Item::Header(h)) => Piece::Header {
+            capacity: h.capacity_bytes,
+            chunk: h.chunk_bytes,
+        },
+        Some(read_item::Item::Range(r)) => Piece::Range {
+            offset: r.offset,
+            data: r.data,
+            hash: hash(r.blake3, "range hash")?,
+        },
+        Some(read_item::Item::Summary(s)) => Piece::Summary {
+            ranges: s.ranges,
+            bytes: s.bytes,
+            digest: hash(s.digest, "digest")?,
+        },
+        None => return Err(Error::DataLoss("the source sent an empty item".into())),
+    })
+}
+
+/// The source node's answer as this node's error: its code kept (so a
+/// cut, busy or slow source is resumed, `fill::resumable`), its words
+/// prefixed with the node; a transport failure is UNAVAILABLE.
+pub fn error_of(node: &str, s: Status) -> Error {
+    let what = format!("source node {node:?}: {}", s.message());
+    if crate::cluster::nodes::unreached(&s) {
+        return Error::Unavailable(what)
+            .advise("retry: the copy resumes where it stopped once the source node is reachable");
+    }
+    match s.code() {
+        Code::NotFound => Error::NotFound(what),
+        Code::InvalidArgument => Error::InvalidArgument(what),
+        Code::FailedPrecondition => Error::FailedPrecondition(what),
+        Code::ResourceExhausted => Error::ResourceExhausted(what),
+        Code::Aborted => Error::Aborted(what),
+        Code::DeadlineExceeded => Error::DeadlineExceeded(what),
+        Code::PermissionDenied => Error::PermissionDenied(what),
+        Code::DataLoss => Error::DataLoss(what),
+        Code::Unavailable | Code::Cancelled => Error::Unavailable(what),
+        _ => Error::Internal(what),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_s_codes_are_kept_so_a_cut_read_resumes() {
+        for (code, want) in [
+            (Code::Unavailable, Code::Unavailable),
+            (Code::Cancelled, Code::Unavailable),
+            (Code::DeadlineExceeded, Code::DeadlineExceeded),
+            (Code::ResourceExhausted, Code::ResourceExhausted),
+            (Code::NotFound, Code::NotFound),
+            (Code::PermissionDenied, Code::PermissionDenied),
+            (Code::DataLoss, Code::DataLoss),
+            (Code::Unknown, Code::Internal),
+        ] {
+            let e = error_of("n2", Status::new(code, "x"));
+            assert_eq!(e.code(), want, "{code:?}");
+            assert!(e.to_string().contains("source node \"n2\""), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_hash_of_another_length_is_data_loss() {
+        use crate::proto::thinpool::cluster::v1::DataRange;
+        let bad = piece_of(Some(read_item::Item::Range(DataRange {
+            offset: 0,
+            data: vec![1],
+            blake3: vec![0; 31],
+        })));
+        assert_eq!(bad.unwrap_err().code(), Code::DataLoss);
+        assert_eq!(piece_of(None).unwrap_err().code(), Code::DataLoss);
+    }
+}
