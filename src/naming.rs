@@ -371,6 +371,19 @@ pub enum Access {
 }
 
 impl Access {
+    /// `block` or `mount:<fsType>`, as its tag holds it.
+    pub fn as_text(&self) -> String {
+        match self {
+            Access::Block => "block".into(),
+            Access::Mount { fs_type } => format!("mount:{fs_type}"),
+        }
+    }
+
+    /// What [`Access::as_text`] wrote.
+    pub fn from_text(v: &str) -> Option<Access> {
+        decode_access(v)
+    }
+
     fn describe(&self) -> String {
         match self {
             Access::Block => "raw block access".into(),

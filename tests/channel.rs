@@ -65,6 +65,27 @@ impl Node {
             state_dir: dir.path().join("state"),
             ..Config::default()
         };
+        if peers {
+            // A report of the pool and snapshot s1, for grants.
+            cfg.lvm_binary = common::fake_lvm(dir.path(), &[]).0.lvm_binary;
+            let report = dir.path().join("report.json");
+            let text = std::fs::read_to_string(&report).unwrap();
+            let tags = thinpool_csi::naming::SnapshotTags {
+                owner: common::OWNER.into(),
+                co_name: "s1".into(),
+                source: thinpool_csi::naming::lv_name_for("pvc-1"),
+                access: Some(thinpool_csi::naming::Access::Mount {
+                    fs_type: "ext4".into(),
+                }),
+                group: None,
+                encrypted: false,
+            }
+            .encode()
+            .join(",");
+            let snap = thinpool_csi::naming::snapshot_lv_name_for("s1");
+            let row = common::row(&snap, "Vri---tz-k", "pool", "thin", &tags);
+            std::fs::write(&report, text.replace("]}]}", &format!(",{row}]}}]}}"))).unwrap();
+        }
         cfg.cluster.client_ca = client_ca;
         cfg.cluster.peer_ca = peer_ca.unwrap_or_default();
         let classes = Arc::new(Classes::new(&cfg, "node-1"));
@@ -306,8 +327,16 @@ async fn a_peer_reads_only_a_granted_snapshot() {
         read(p.clone(), &snap, Some("00")).await,
         Code::PermissionDenied
     );
+    // A snapshot the node lacks gets no grant.
+    let e = grant(ctl.clone(), &other).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
     let token = grant(ctl.clone(), &snap).await.unwrap().into_inner();
     assert_eq!(token.expires_in_secs, 3600);
+    assert_eq!(
+        (token.size_bytes, token.access.as_str(), token.encrypted),
+        (8 << 20, "mount:ext4", false),
+        "what a copy must agree with"
+    );
     assert_eq!(
         read(p.clone(), &other, Some(&token.token)).await,
         Code::PermissionDenied,

@@ -175,3 +175,48 @@ async fn a_node_alone_hands_out_ids_as_before_and_still_reads_its_key() {
     let keyed = naming::with_node(&naming::node_key("worker-1"), &n.volumes[0]);
     assert_eq!(get(&mut n.client, &keyed).await, Ok(n.volumes[0].clone()));
 }
+
+/// A CO on the node's socket cannot make it pull a copy from elsewhere:
+/// the copy header (`channel::COPY_HEADER`) counts only on a call the
+/// controller made on the channel. Here, a restore of another node's
+/// snapshot with the header is what it is without: NOT_FOUND, and no
+/// grant is asked of anyone (the address is one nothing listens on).
+#[tokio::test]
+async fn the_copy_header_means_nothing_on_the_csi_socket() {
+    use prost::Message;
+    use thinpool_csi::proto::thinpool::cluster::v1::CopyFrom;
+    let mut n = node("node-1", true).await;
+    let elsewhere = naming::with_node(
+        &naming::node_key("node-2"),
+        &naming::snapshot_lv_name_for("s1"),
+    );
+    let mut r = tonic::Request::new(CreateVolumeRequest {
+        name: "pvc-copy".into(),
+        volume_capabilities: vec![VolumeCapability {
+            access_type: Some(volume_capability::AccessType::Mount(Default::default())),
+            access_mode: Some(volume_capability::AccessMode { mode: 1 }),
+        }],
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: elsewhere,
+                },
+            )),
+        }),
+        ..Default::default()
+    });
+    let copy = CopyFrom {
+        node_id: "node-2".into(),
+        address: "127.0.0.1:1".into(),
+        server_name: "thinpool-csi-node".into(),
+        token: "00".into(),
+        snapshot_bytes: 8 << 20,
+        ..Default::default()
+    };
+    r.metadata_mut().insert_bin(
+        thinpool_csi::channel::COPY_HEADER,
+        tonic::metadata::MetadataValue::from_bytes(&copy.encode_to_vec()),
+    );
+    let e = n.client.create_volume(r).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+}

@@ -233,11 +233,14 @@ impl Cluster {
     }
 
     /// CreateVolume of a copy of snapshot `id` of node `source` on the
-    /// node the requirements name (docs/moving.md): the snapshot's size
-    /// (ListSnapshots on its node), a grant of its reads to a peer
-    /// (`Transfer.Grant` on its node), and the CreateVolume forwarded to
-    /// the target with both (`channel::COPY_HEADER`); the target pulls
-    /// the data from the source node directly.
+    /// node the requirements name (docs/moving.md): a grant of its reads
+    /// to a peer (`Transfer.Grant` on its node, which also says the
+    /// snapshot's size, access and encryption), and the CreateVolume
+    /// forwarded to the target with it (`channel::COPY_HEADER`); the
+    /// target pulls the data from the source node directly. A source that
+    /// gives no grant (away, or the snapshot gone) does not keep a retry
+    /// from finding a copy the target already made whole: its error goes
+    /// to the target, which answers with that copy, else with the error.
     async fn pulled(
         &self,
         source: &Arc<Node>,
@@ -247,40 +250,36 @@ impl Cluster {
         let target = self
             .named_node(req.accessibility_requirements.as_ref())
             .await?;
-        let listed = self
-            .on(source, |mut c| {
-                let r = ListSnapshotsRequest {
-                    snapshot_id: id.to_string(),
-                    ..Default::default()
-                };
-                async move { c.list_snapshots(r).await }
-            })
-            .await?;
-        let size = listed
-            .entries
-            .first()
-            .and_then(|e| e.snapshot.as_ref())
-            .map(|s| s.size_bytes)
-            .ok_or_else(|| Status::not_found(format!("snapshot {id:?} does not exist")))?;
         let grant = TransferClient::new(source.channel.clone())
             .grant(GrantRequest {
                 snapshot_id: id.to_string(),
                 ttl_secs: 0,
             })
             .await;
-        let token = self.answer(source, grant).await?.token;
-        let copy = CopyFrom {
+        let mut copy = CopyFrom {
             node_id: source.id.clone(),
             address: source.address.clone(),
             server_name: self.cfg.node_server_name.clone(),
-            token,
-            snapshot_bytes: u64::try_from(size).unwrap_or(0),
+            ..Default::default()
         };
+        match self.answer(source, grant).await {
+            Ok(g) => {
+                copy.token = g.token;
+                copy.snapshot_bytes = g.size_bytes;
+                copy.access = g.access;
+                copy.encrypted = g.encrypted;
+            }
+            Err(s) => {
+                copy.source_code = s.code() as i32;
+                copy.source_error = s.message().to_string();
+            }
+        }
         tracing::info!(
             snapshot = id,
             source = source.id,
             target = target.id,
-            size,
+            size = copy.snapshot_bytes,
+            granted = copy.source_code == 0,
             "CreateVolume: a copy of another node's snapshot, pulled by the target node"
         );
         let mut r = tonic::Request::new(req);

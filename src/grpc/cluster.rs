@@ -157,12 +157,15 @@ impl Transfer for TransferService {
         let run = async {
             let id = self.snapshot(&req.snapshot_id)?;
             let ttl = std::time::Duration::from_secs(req.ttl_secs);
-            self.classes.transfers().grant(id.as_str(), ttl)
+            self.classes.grant(id, ttl).await
         };
-        let (token, ttl) = run.await.map_err(Status::from)?;
+        let (token, ttl, facts) = run.await.map_err(Status::from)?;
         Ok(Response::new(GrantResponse {
             token,
             expires_in_secs: ttl.as_secs(),
+            size_bytes: facts.size,
+            access: facts.access.map(|a| a.as_text()).unwrap_or_default(),
+            encrypted: facts.encrypted,
         }))
     }
 
@@ -177,16 +180,23 @@ impl Transfer for TransferService {
         });
         let req = r.into_inner();
         let run = async {
-            let id = self.snapshot(&req.snapshot_id)?;
-            if let Some(token) = token {
-                if !self.classes.transfers().granted(&token, id.as_str()) {
-                    tracing::warn!(snapshot = %id, "transfer: refused a peer's read without a live grant");
+            // A peer learns nothing of a snapshot without its grant: an id
+            // this node does not hold is refused as any ungranted one.
+            let id = match (self.snapshot(&req.snapshot_id), &token) {
+                (Ok(id), Some(t)) if self.classes.transfers().granted(t, id.as_str()) => id,
+                (_, Some(_)) => {
+                    tracing::warn!(
+                        snapshot = req.snapshot_id,
+                        "transfer: refused a peer's read without a live grant"
+                    );
                     return Err(crate::error::Error::PermissionDenied(format!(
-                        "no live grant of snapshot {id} for this peer: {} is missing, expired or for another snapshot",
+                        "no live grant of snapshot {:?} for this peer: {} is missing, expired or for another snapshot",
+                        req.snapshot_id,
                         crate::channel::GRANT_HEADER
                     )));
                 }
-            }
+                (id, None) => id?,
+            };
             self.classes
                 .read_snapshot(id, req.start, self.stopping.clone())
                 .await

@@ -189,9 +189,8 @@ impl ControllerService {
         };
         let v = match (pulled, copy) {
             (Some(id), Some(copy)) => {
-                let size = copy.snapshot_bytes;
-                let source = super::peer::PeerSource::new(&d.cfg.cluster, copy, id.to_string())?;
-                d.create_pulled(spec, id.to_string(), size, source).await?
+                let pull = super::peer::pull(&d.cfg, copy, id)?;
+                d.create_pulled(spec, pull).await?
             }
             _ => d.create_volume(spec).await?,
         };

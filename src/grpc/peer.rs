@@ -13,29 +13,72 @@ use tonic::{Code, Status};
 
 use crate::config::Cluster;
 use crate::error::{Error, Result};
+use crate::naming::Access;
 use crate::proto::thinpool::cluster::v1::transfer_client::TransferClient;
 use crate::proto::thinpool::cluster::v1::{read_item, CopyFrom, ReadRequest};
-use crate::volume::fill::Source;
+use crate::volume::fill::{Pull, Source, SourceFacts};
 use crate::volume::transfer::Piece;
 
 /// How long connecting to the source node may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The HTTP/2 ping interval and the time a ping may take.
+const KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// How many pieces wait between the stream and the fill.
 const QUEUED: usize = 4;
+
+/// The copy the controller asked for: snapshot `id` of the node `copy`
+/// names, what its grant said of it (or the source's error when it gave
+/// none), and the source to read it from.
+pub fn pull(cfg: &crate::config::Config, copy: CopyFrom, id: &str) -> Result<Pull<PeerSource>> {
+    let facts = match copy.source_code {
+        0 => Ok(SourceFacts {
+            size: copy.snapshot_bytes,
+            access: Some(copy.access.as_str())
+                .filter(|a| !a.is_empty())
+                .map(|a| {
+                    Access::from_text(a).ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "the source's access {a:?} is of no known shape"
+                        ))
+                    })
+                })
+                .transpose()?,
+            encrypted: copy.encrypted,
+        }),
+        code => Err(error_of(
+            &copy.node_id,
+            Status::new(Code::from_i32(code), copy.source_error.clone()),
+        )),
+    };
+    Ok(Pull {
+        id: id.to_string(),
+        facts,
+        source: PeerSource::new(&cfg.cluster, cfg.command_timeout(), copy, id.to_string())?,
+    })
+}
 
 /// Snapshot `snapshot_id` (with its node key) on the node `copy` names.
 pub struct PeerSource {
     channel: Channel,
     copy: CopyFrom,
     snapshot_id: String,
+    /// How long the source may send nothing before the read counts as
+    /// cut (`command_timeout_secs`, as the source's own stall bound).
+    silence: Duration,
 }
 
 impl PeerSource {
     /// A lazily connected channel to the source node: nothing is sent
     /// until the first read. TLS files that cannot be read are
     /// FAILED_PRECONDITION, named.
-    pub fn new(cluster: &Cluster, copy: CopyFrom, snapshot_id: String) -> Result<PeerSource> {
+    pub fn new(
+        cluster: &Cluster,
+        silence: Duration,
+        copy: CopyFrom,
+        snapshot_id: String,
+    ) -> Result<PeerSource> {
         if cluster.peer_ca.as_os_str().is_empty() {
             return Err(Error::FailedPrecondition(
                 "this node plugin has no cluster.peer_ca: it cannot check another node's certificate to copy from it".into(),
@@ -61,11 +104,17 @@ impl PeerSource {
                 Error::InvalidArgument(format!("the source node's address {:?}: {e}", copy.address))
             })?
             .connect_timeout(CONNECT_TIMEOUT)
+            // A source that went silent (powered off, its link down) is
+            // found by the pings, not by a read that waits forever.
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE)
+            .keep_alive_while_idle(true)
             .connect_lazy();
         Ok(PeerSource {
             channel,
             copy,
             snapshot_id,
+            silence,
         })
     }
 }
@@ -91,12 +140,21 @@ impl Source for PeerSource {
             .map_err(|s| error_of(&node, s))?
             .into_inner();
         let (tx, rx) = mpsc::channel(QUEUED);
+        let silence = self.silence;
         tokio::spawn(async move {
             loop {
-                let item = match stream.message().await {
-                    Ok(Some(m)) => piece_of(m.item),
-                    Ok(None) => return,
-                    Err(s) => Err(error_of(&node, s)),
+                // Ends with the fill: its receiver dropped.
+                let next = tokio::select! {
+                    _ = tx.closed() => return,
+                    n = tokio::time::timeout(silence, stream.message()) => n,
+                };
+                let item = match next {
+                    Ok(Ok(Some(m))) => piece_of(m.item),
+                    Ok(Ok(None)) => return,
+                    Ok(Err(s)) => Err(error_of(&node, s)),
+                    Err(_) => Err(Error::Unavailable(format!(
+                        "source node {node:?} sent nothing for {silence:?}"
+                    ))),
                 };
                 let end = item.is_err();
                 if tx.send(item).await.is_err() || end {
@@ -138,7 +196,11 @@ fn piece_of(item: Option<read_item::Item>) -> Result<Piece> {
 /// prefixed with the node; a transport failure is UNAVAILABLE.
 pub fn error_of(node: &str, s: Status) -> Error {
     let what = format!("source node {node:?}: {}", s.message());
-    if crate::cluster::nodes::unreached(&s) {
+    // A status with a cause was made here, by the transport (a connection
+    // reset or cut mid-stream: h2's error), not sent by the source.
+    let local = std::error::Error::source(&s).is_some()
+        && matches!(s.code(), Code::Unknown | Code::Internal | Code::Cancelled);
+    if crate::cluster::nodes::unreached(&s) || local {
         return Error::Unavailable(what)
             .advise("retry: the copy resumes where it stopped once the source node is reachable");
     }
@@ -176,6 +238,13 @@ mod tests {
             assert_eq!(e.code(), want, "{code:?}");
             assert!(e.to_string().contains("source node \"n2\""), "{e}");
         }
+        // A connection cut mid-stream: the transport's status, with its
+        // cause, is a cut to resume.
+        let cut = Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(cut.code(), Code::Unknown);
+        assert_eq!(error_of("n2", cut).code(), Code::Unavailable);
     }
 
     #[test]

@@ -94,6 +94,19 @@ impl Classes {
         &self.transfers
     }
 
+    /// `Transfer.Grant` of snapshot `id`'s reads to a peer for `ttl`: the
+    /// token, its life, and what a copy must agree with (NOT_FOUND for a
+    /// snapshot that is not here).
+    pub async fn grant(
+        &self,
+        id: super::SnapshotId,
+        ttl: std::time::Duration,
+    ) -> Result<(String, std::time::Duration, super::fill::SourceFacts)> {
+        let facts = self.of(&id)?.snapshot_facts(&id).await?;
+        let (token, ttl) = self.transfers.grant(id.as_str(), ttl)?;
+        Ok((token, ttl, facts))
+    }
+
     /// The index in [`Classes::all`] of `default_device_class`.
     pub fn default_index(&self) -> usize {
         self.default

@@ -90,6 +90,37 @@ impl VolumeInfo {
     }
 }
 
+/// A copy holds its source's bytes: LUKS2 (opened with the source's
+/// passphrase) or not, and the same filesystem or block, whatever the
+/// request for `tags` would like. `what` names the source.
+pub(super) fn fits_source(
+    what: &str,
+    src_access: Option<&Access>,
+    src_encrypted: bool,
+    tags: &VolumeTags,
+) -> Result<()> {
+    if src_encrypted != tags.encrypted {
+        let (have, want) = match src_encrypted {
+            true => ("is encrypted", "unencrypted"),
+            false => ("is not encrypted", "encrypted"),
+        };
+        return Err(Error::InvalidArgument(format!(
+            "{what} {have}; a volume made from it cannot be {want}"
+        ))
+        .advise(format!(
+            "make the copy with a StorageClass whose encryption matches its source (parameter encrypted: \"{src_encrypted}\")"
+        )));
+    }
+    if let (Some(have), Some(want)) = (src_access, &tags.access) {
+        if have != want {
+            return Err(Error::InvalidArgument(format!(
+                "{what} holds {have:?}; a volume made from it cannot be {want:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Whether a volume made with `existing` tags is what a request for
 /// `tags` makes: mutable parameters may have been modified since, and the
 /// class's options changed, which is not part of what makes the volume
@@ -345,27 +376,12 @@ impl Volumes {
                 (vol.lv.size, vol.tags.access, vol.tags.encrypted)
             }
         };
-        // A copy holds its source's bytes: LUKS2 (opened with the
-        // source's passphrase) or not, whatever the request would like.
-        if src_encrypted != tags.encrypted {
-            let (have, want) = match src_encrypted {
-                true => ("is encrypted", "unencrypted"),
-                false => ("is not encrypted", "encrypted"),
-            };
-            return Err(Error::InvalidArgument(format!(
-                "{from:?} {have}; a volume made from it cannot be {want}"
-            ))
-            .advise(format!(
-                "make the copy with a StorageClass whose encryption matches its source (parameter encrypted: \"{src_encrypted}\")"
-            )));
-        }
-        if let (Some(have), Some(want)) = (&src_access, &tags.access) {
-            if have != want {
-                return Err(Error::InvalidArgument(format!(
-                    "{from:?} holds {have:?}; a volume made from it cannot be {want:?}"
-                )));
-            }
-        }
+        fits_source(
+            &format!("{from:?}"),
+            src_access.as_ref(),
+            src_encrypted,
+            tags,
+        )?;
         if let Some(limit) = range.map(|r| r.limit).filter(|l| *l > 0 && *l < src_size) {
             return Err(Error::OutOfRange(format!(
                 "{from:?} is {src_size} bytes; a volume made from it cannot be smaller (limit_bytes {limit})"

@@ -49,6 +49,24 @@ impl Sink for crate::sys::ExclusiveDevice {
     }
 }
 
+/// What a copy must agree with, as the source node's grant said: the
+/// snapshot's size, its volume's access and encryption.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFacts {
+    pub size: u64,
+    pub access: Option<crate::naming::Access>,
+    pub encrypted: bool,
+}
+
+/// A copy to pull: the source snapshot's id (with its node key), what
+/// its node said of it, or why it said nothing (then only a copy already
+/// whole is answered), and where its data comes from.
+pub struct Pull<S> {
+    pub id: String,
+    pub facts: Result<SourceFacts>,
+    pub source: S,
+}
+
 /// How often the offset reached is recorded: after `bytes`, or `time`,
 /// whichever comes first.
 #[derive(Debug, Clone, Copy)]
@@ -269,27 +287,33 @@ async fn sync<K: Sink>(sink: &Arc<K>, bound: Duration) -> Result<()> {
 }
 
 impl Volumes {
-    /// CreateVolume of a copy of snapshot `source_id` (with its node key)
-    /// of another node: a new thin LV of `spec`'s size, at least the
-    /// snapshot's `source_size`, filled from `source`
-    /// ([`Volumes::fill_copy`]). It is made with the volume's tags but its
-    /// owner tag, with the filling tag and the pulled tag (the source's
-    /// id); a retry finds it and goes on where the filling tag says, when
-    /// it names the same source and asks for what made it (as any
-    /// CreateVolume retry: [`super::controller::same_request`]); once
-    /// whole it has its owner tag and is the volume.
+    /// CreateVolume of a copy of `pull`'s snapshot (an id with another
+    /// node's key): a new thin LV of `spec`'s size, at least the
+    /// snapshot's, filled from `pull.source` ([`Volumes::fill_copy`]),
+    /// after the checks a restore on the snapshot's own node makes (its
+    /// access and encryption, [`super::controller::fits_source`]). It is
+    /// made with the volume's tags but its owner tag, with the filling tag
+    /// and the pulled tag (the source's id); a retry finds it and goes on
+    /// where the filling tag says, when it names the same source and asks
+    /// for what made it (as any CreateVolume retry:
+    /// [`super::controller::same_request`]); once whole it has its owner
+    /// tag and is the volume, and a retry answers it even when the source
+    /// node can no longer say anything (`pull.facts` an error).
     ///
     /// `spec.from` is empty: the source names an object of another node,
     /// which no call of this node can act on.
     pub async fn create_pulled<S: Source + Send + 'static>(
         self: &Arc<Self>,
         spec: super::controller::CreateSpec,
-        source_id: String,
-        source_size: u64,
-        source: S,
+        pull: Pull<S>,
     ) -> Result<super::controller::VolumeInfo> {
         let lv_name = self.in_class_id(naming::lv_name_for(&spec.co_name));
         self.detached(&lv_name.clone(), "CreateVolume", move |d, _| async move {
+            let Pull {
+                id: source_id,
+                facts,
+                source,
+            } = pull;
             let name = spec.co_name.clone();
             let tags = d.tags_for(&spec);
             let pulled = naming::pulled_tag(&source_id);
@@ -315,6 +339,7 @@ impl Volumes {
                     if !same || !lv.tags.contains(&pulled) || !fits(lv.size) {
                         return Err(refuse());
                     }
+                    facts?;
                     tracing::info!(name, lv = lv_name, "CreateVolume: going on with a copy from another node");
                 }
                 Some(_) => {
@@ -330,7 +355,14 @@ impl Volumes {
                     return Ok(super::controller::VolumeInfo::of(&d, &report, existing));
                 }
                 None => {
-                    d.make_filling(&lv_name, &tags, &pulled, spec.range.as_ref(), source_size)
+                    let facts = facts?;
+                    super::controller::fits_source(
+                        &format!("snapshot {source_id}"),
+                        facts.access.as_ref(),
+                        facts.encrypted,
+                        &tags,
+                    )?;
+                    d.make_filling(&lv_name, &tags, &pulled, spec.range.as_ref(), facts.size)
                         .await?;
                 }
             };

@@ -171,6 +171,14 @@ impl Transfers {
         let now = std::time::Instant::now();
         let mut grants = self.grants.lock().unwrap();
         grants.retain(|_, (_, until)| *until > now);
+        // A retried copy asks again: a live grant of the snapshot with at
+        // least half the asked life left serves it (no pile of grants).
+        if let Some((token, (_, until))) = grants
+            .iter()
+            .find(|(_, (of, until))| of == id && *until - now >= ttl / 2)
+        {
+            return Ok((token.clone(), *until - now));
+        }
         if grants.len() >= MAX_GRANTS {
             return Err(Error::ResourceExhausted(format!(
                 "this node already keeps {MAX_GRANTS} transfer grants"
@@ -236,6 +244,19 @@ impl Drop for Reading {
 }
 
 impl Volumes {
+    /// What a copy of snapshot `id` on another node must agree with: its
+    /// size, its volume's access and encryption. NOT_FOUND when it is
+    /// not a snapshot of ours.
+    pub async fn snapshot_facts(&self, id: &SnapshotId) -> Result<super::fill::SourceFacts> {
+        let report = self.lvm.report().await?;
+        let snap = self.must_own_snapshot(&report, id)?;
+        Ok(super::fill::SourceFacts {
+            size: snap.lv.size,
+            access: snap.tags.access.clone(),
+            encrypted: snap.tags.encrypted,
+        })
+    }
+
     /// Snapshot `id`'s mapped ranges from byte `start` on, read and hashed
     /// (see the module documentation), as a stream of [`Piece`]s; an
     /// error ends it, and a stream that ends without its summary was cut
@@ -497,17 +518,29 @@ mod tests {
         assert!(t.granted(&token, "snap-a"));
         assert!(!t.granted(&token, "snap-b"), "another snapshot");
         assert!(!t.granted("00", "snap-a"), "no such token");
-        let (other, _) = t
-            .grant("snap-a", std::time::Duration::from_secs(1))
-            .unwrap();
+        // A retry is served the live grant.
+        let (again, _) = t.grant("snap-a", std::time::Duration::ZERO).unwrap();
+        assert_eq!(again, token);
+        let (other, _) = t.grant("snap-b", std::time::Duration::ZERO).unwrap();
         assert_ne!(other, token, "random");
         let (short, _) = t
-            .grant("snap-a", std::time::Duration::from_nanos(1))
+            .grant("snap-c", std::time::Duration::from_nanos(1))
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(2));
-        assert!(!t.granted(&short, "snap-a"), "expired");
-        let (_, long) = t.grant("snap-a", 2 * GRANT_MAX_TTL).unwrap();
+        assert!(!t.granted(&short, "snap-c"), "expired");
+        let (_, long) = t.grant("snap-d", 2 * GRANT_MAX_TTL).unwrap();
         assert_eq!(long, GRANT_MAX_TTL);
+    }
+
+    #[test]
+    fn grants_are_bounded() {
+        let t = Transfers::new(0);
+        for i in 0..MAX_GRANTS {
+            t.grant(&format!("snap-{i}"), std::time::Duration::ZERO)
+                .unwrap();
+        }
+        let e = t.grant("snap-more", std::time::Duration::ZERO).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
     }
 
     #[test]

@@ -25,7 +25,10 @@ pub const PORT: u16 = 9443;
 
 /// Network namespaces `tp<rig>n<i>` and veth links `tp<rig>n<i>` (root
 /// side, 10.<77 + rig>.<i>.1) / `tp<rig>n<i>p` (the namespace's,
-/// .2); gone on drop. Each rig of one run has its own `rig` number.
+/// .2); gone on drop. Each rig of one run has its own `rig` number. The
+/// nodes reach each other through the root namespace, which routes
+/// between the links (as pods of two nodes reach each other), for a copy
+/// one node pulls from another.
 pub struct Net {
     rig: u8,
 }
@@ -33,6 +36,7 @@ pub struct Net {
 impl Net {
     pub fn up(rig: u8) -> Net {
         let net = Net { rig };
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").expect("turn on IPv4 forwarding");
         for i in 1..=NODES {
             let (ns, link, peer) = net.names(i);
             let (root_ip, ns_ip) = (net.ip(i, 1), net.ip(i, 2));
@@ -64,6 +68,8 @@ impl Net {
             );
             sh("ip", &["-n", &ns, "link", "set", &peer, "up"]);
             sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+            let others = format!("10.{}.0.0/16", 77 + rig);
+            sh("ip", &["-n", &ns, "route", "add", &others, "via", &root_ip]);
         }
         net
     }
