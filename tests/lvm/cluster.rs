@@ -840,3 +840,142 @@ async fn a_snapshot_is_read_on_its_node(rig: &Rig, id: &str, origin: &str) {
         "the origin kept its own data"
     );
 }
+
+/// A restore across nodes under faults (docs/moving.md): node 2's
+/// snapshot of 8 MiB of data, read at most 1 MiB/s
+/// (`cluster.transfer_mib_per_sec`), is restored on node 3 while node 3's
+/// plugin is killed (-9) at a seeded point of the copy, and, on the
+/// retry, node 2's link is cut for 4 s at another. Meanwhile the partial
+/// copy is no volume (no owner tag; not listed); the retry goes on with
+/// it; the copy ends with the snapshot's bytes and no filling tag.
+/// `TPCSI_CLUSTER_SEED` picks other points.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
+    let mut seed: u64 = std::env::var("TPCSI_CLUSTER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x00c0_91e5);
+    let mut next_ms = |lo: u64, hi: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        lo + (seed >> 33) % (hi - lo)
+    };
+    let mut rig = Rig::start_with(3, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
+    let mut c = rig.ctl.controller().await;
+    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
+    let lv_a = naming::split_node(&a.volume_id).1.to_string();
+    let path = format!("{}/{lv_a}", rig.nodes[1].vg);
+    lvm(&["lvchange", "-ay", "-K", &path]);
+    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 7 % 251) as u8).collect();
+    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
+    lvm(&["lvchange", "-an", &path]);
+    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let mut req = on_node("pvc-moved", 3);
+    req.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Snapshot(
+            volume_content_source::SnapshotSource {
+                snapshot_id: s.snapshot_id.clone(),
+            },
+        )),
+    });
+    let lv = naming::lv_name_for("pvc-moved");
+    let dst_vg = rig.nodes[2].vg.clone();
+    let tags_of = |vg: &str, lv: &str| lvs(vg).find(lv).map(|l| l.tags.clone());
+
+    // The first call, cut by a kill of node 3 mid-copy.
+    let first = {
+        let mut c = c.clone();
+        let req = req.clone();
+        tokio::spawn(async move { c.create_volume(req).await })
+    };
+    let kill_at = next_ms(2500, 5000);
+    tokio::time::sleep(Duration::from_millis(kill_at)).await;
+    let filling = tags_of(&dst_vg, &lv).expect("the copy's LV is made before its data");
+    assert!(
+        filling.iter().any(|t| t.starts_with(naming::TAG_FILLING))
+            && !filling.iter().any(|t| t.starts_with(naming::TAG_OWNER)),
+        "a partial copy is no volume: {filling:?}"
+    );
+    let (listed, _) = crate::common::list_ids(&mut c, 0).await;
+    assert!(
+        !listed.iter().any(|id| id.ends_with(&lv)),
+        "a partial copy is not listed: {listed:?}"
+    );
+    rig.nodes[2].kill9_with_children();
+    let e = first.await.unwrap().unwrap_err();
+    assert!(retried(&e), "the cut call: {e:?}");
+    rig.nodes[2].spawn().await;
+
+    // The retry, with node 2's link cut for 4 s at a seeded point.
+    let cut_at = next_ms(1000, 3000);
+    let retry = {
+        let c = c.clone();
+        let req = req.clone();
+        tokio::spawn(async move {
+            until_answered("CreateVolume pvc-moved", || {
+                let mut c = c.clone();
+                let req = req.clone();
+                async move { c.create_volume(req).await }
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(cut_at)).await;
+    rig.net.link(2, false);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    rig.net.link(2, true);
+    let v = retry
+        .await
+        .unwrap()
+        .expect("the copy ends after a kill and a cut")
+        .volume
+        .unwrap();
+    let node3 = rig.nodes[2].log();
+    assert!(
+        node3.contains("going on with a copy from another node"),
+        "the retry went on with the partial copy"
+    );
+    println!(
+        "MEASURE cluster copy faults: node 3 killed at {kill_at} ms, node 2's link cut at {cut_at} ms for 4 s; \
+         resumed reads within a call: {}",
+        node3.matches("the read was cut; resuming").count()
+    );
+    let tags = tags_of(&dst_vg, &lv).unwrap();
+    assert!(
+        tags.iter().any(|t| t.starts_with(naming::TAG_OWNER))
+            && !tags.iter().any(|t| t.starts_with(naming::TAG_FILLING)),
+        "{tags:?}"
+    );
+    let read = |vg: &str, lv: &str| {
+        let path = format!("{vg}/{lv}");
+        lvm(&["lvchange", "-ay", "-K", &path]);
+        let bytes = std::fs::read(format!("/dev/{path}")).unwrap();
+        lvm(&["lvchange", "-an", &path]);
+        *blake3::hash(&bytes).as_bytes()
+    };
+    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
+    assert_eq!(
+        read(&rig.nodes[1].vg, &src_lv),
+        read(&dst_vg, &lv),
+        "the copy holds the snapshot's bytes"
+    );
+
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: s.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for id in [&v.volume_id, &a.volume_id] {
+        c.delete_volume(del(id)).await.unwrap();
+    }
+    for n in &rig.nodes {
+        assert!(
+            lv_names(&n.vg).is_empty(),
+            "{}: {:?}",
+            n.vg,
+            lv_names(&n.vg)
+        );
+    }
+}

@@ -240,6 +240,11 @@ impl Rig {
     /// each (with `extra` in their config) and the controller in front of
     /// them.
     pub async fn start(rig: u8, size: u64, extra: &str) -> Rig {
+        Rig::start_with(rig, size, extra, "").await
+    }
+
+    /// [`Rig::start`], with `cluster_extra` in each node's `[cluster]`.
+    pub async fn start_with(rig: u8, size: u64, extra: &str, cluster_extra: &str) -> Rig {
         let net = Net::up(rig);
         let dir = tempfile::Builder::new()
             .prefix("tpcsi-cluster-")
@@ -261,7 +266,7 @@ impl Rig {
         for i in 1..=NODES {
             let extra = format!(
                 "controller_expansion = true\n{extra}\n[cluster]\nlisten = \"{}:{PORT}\"\n\
-                 tls_cert = \"{}\"\ntls_key = \"{}\"\nclient_ca = \"{}\"\npeer_ca = \"{}\"\n",
+                 tls_cert = \"{}\"\ntls_key = \"{}\"\nclient_ca = \"{}\"\npeer_ca = \"{}\"\n{cluster_extra}\n",
                 net.ip(i, 2),
                 node_cert.display(),
                 node_key.display(),
