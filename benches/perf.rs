@@ -63,7 +63,7 @@ fn samples() -> usize {
 
 /// The phases to run: `TPCSI_BENCH_ONLY` (a comma-separated list, for
 /// quick looks), else all of them.
-const PHASES: [&str; 10] = [
+const PHASES: [&str; 11] = [
     "P1",
     "P5",
     "Keep",
@@ -74,6 +74,7 @@ const PHASES: [&str; 10] = [
     "classes",
     "autopilot",
     "cluster",
+    "restore",
 ];
 
 fn phases() -> BTreeSet<&'static str> {
@@ -1436,6 +1437,11 @@ async fn run() -> usize {
     if want("cluster") {
         cluster_phase(&mut table, n).await;
     }
+    if want("restore") {
+        // Its own rig: the cluster phase leaves 500 volumes behind.
+        let rig = cluster_rig::Rig::start(0, 512 * MIB, "overprovision_ratio = 50.0\n").await;
+        cluster_restore(&mut table, &rig).await;
+    }
 
     table.notes.push(format!(
         "Samples: {n} per serial figure on every side, after untimed rounds of every side ({P1_WARM_UP} in P1, {P5_WARM_UP} per filesystem in P5, {P3_WARM_UP} in P3); P2 takes {p2_rounds} rounds of 32 creates a side after {P2_WARM_UP} untimed. The sides' order rotates every round. Percentiles: {}; for P2, {}.",
@@ -1857,6 +1863,198 @@ async fn cluster_metadata(table: &mut Table, rig: &cluster_rig::Rig, n: usize) {
             .unwrap();
     }
     direct.delete_volume(del(&id)).await.unwrap();
+}
+
+/// The raw copy M1 judges a restore against: a receiver in node 3's
+/// namespace writes what it is sent into a block device.
+const RAW_RECEIVER: &str = "import os, socket, sys
+ip, port, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((ip, port))
+s.listen(1)
+print('ready', flush=True)
+c, _ = s.accept()
+f = os.open(dst, os.O_WRONLY)
+buf = bytearray(1 << 20)
+while True:
+    n = c.recv_into(buf)
+    if n == 0:
+        break
+    view = memoryview(buf)[:n]
+    while view:
+        view = view[os.write(f, view):]
+os.fsync(f)
+";
+
+/// Its sender, in node 2's namespace: what `dd` reads, to the receiver.
+const RAW_SENDER: &str = "import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+r = sys.stdin.buffer
+while True:
+    b = r.read(1 << 20)
+    if not b:
+        break
+    s.sendall(b)
+s.shutdown(socket.SHUT_WR)
+";
+
+/// Issue 35's restore rows (M1): a 1 GiB volume on node 2 with its first
+/// `TPCSI_RESTORE_MIB` (100) MiB written, snapshotted, and restored on
+/// node 3 through the controller (node 3 pulls the mapped data from node
+/// 2: TLS, a BLAKE3 hash a range, the tags written as it goes), against
+/// `dd` of the same bytes from the snapshot over the same link (node 2's
+/// namespace to node 3's, through the root namespace) into a thin LV of
+/// node 3, plain TCP: judged ≤ 1.2. And the copy's thin usage beyond the
+/// snapshot's: at most one chunk (one mapped run).
+async fn cluster_restore(table: &mut Table, rig: &cluster_rig::Rig) {
+    use std::io::{BufRead, Write};
+    let mib: u64 = std::env::var("TPCSI_RESTORE_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let gib = CapacityRange {
+        required_bytes: 1024 * MIB as i64,
+        limit_bytes: 0,
+    };
+    let mut c = rig.ctl.controller().await;
+    let (vg2, vg3) = (rig.nodes[1].vg.clone(), rig.nodes[2].vg.clone());
+    let src = create_volume(
+        &mut c,
+        CreateVolumeRequest {
+            capacity_range: Some(gib),
+            ..cluster_rig::on_node("restore-src", 2)
+        },
+    )
+    .await
+    .volume_id;
+    let src_path = format!("{vg2}/{}", thinpool_csi::naming::split_node(&src).1);
+    harness::lvm(&["lvchange", "-ay", "-K", &src_path]);
+    {
+        let mut dev = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/dev/{src_path}"))
+            .unwrap();
+        let chunk: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8 + 1).collect();
+        for _ in 0..mib {
+            dev.write_all(&chunk).unwrap();
+        }
+        dev.sync_all().unwrap();
+    }
+    harness::lvm(&["lvchange", "-an", &src_path]);
+    let snap = fixtures::snapshot(&mut c, "restore-snap", &src).await;
+    let snap_path = format!("{vg2}/{}", thinpool_csi::naming::split_node(&snap).1);
+
+    let t = Instant::now();
+    let copy = create_volume(
+        &mut c,
+        CreateVolumeRequest {
+            capacity_range: Some(gib),
+            volume_content_source: Some(VolumeContentSource {
+                r#type: Some(volume_content_source::Type::Snapshot(
+                    volume_content_source::SnapshotSource {
+                        snapshot_id: snap.clone(),
+                    },
+                )),
+            }),
+            ..cluster_rig::on_node("restore-dst", 3)
+        },
+    )
+    .await
+    .volume_id;
+    let ours = t.elapsed().as_secs_f64();
+    let copy_path = format!("{vg3}/{}", thinpool_csi::naming::split_node(&copy).1);
+
+    // The bare copy: dd of the same bytes, node 2's namespace to node 3's.
+    let raw = format!("{vg3}/rawcopy");
+    harness::lvm(&[
+        "lvcreate",
+        "--type",
+        "thin",
+        "--virtualsize",
+        "1g",
+        "--thinpool",
+        &format!("{vg3}/pool"),
+        "--name",
+        "rawcopy",
+        "--yes",
+        &vg3,
+    ]);
+    harness::lvm(&["lvchange", "-ay", "-K", &snap_path]);
+    let (ip3, port) = (rig.net.ip(3, 2), "9555");
+    let mut receiver = Command::new("nsenter")
+        .arg(format!("--net={}", rig.net.netns_path(3)))
+        .args([
+            "/usr/bin/python3",
+            "-c",
+            RAW_RECEIVER,
+            &ip3,
+            port,
+            &format!("/dev/{raw}"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufReader::new(receiver.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "ready", "the raw receiver listens");
+    let t = Instant::now();
+    let dd = format!(
+        "dd if=/dev/{snap_path} bs=1M count={mib} status=none | /usr/bin/python3 -c \"$0\" {ip3} {port}"
+    );
+    let sent = Command::new("nsenter")
+        .arg(format!("--net={}", rig.net.netns_path(2)))
+        .args(["sh", "-c", &dd, RAW_SENDER])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "the raw sender: {sent}");
+    assert!(receiver.wait().unwrap().success(), "the raw receiver");
+    let bare = t.elapsed().as_secs_f64();
+
+    // Thin usage, read while active (LVM reports it from the kernel).
+    harness::lvm(&["lvchange", "-ay", "-K", &copy_path]);
+    let used = |path: &str| {
+        let (vg, lv) = path.split_once('/').unwrap();
+        let l = harness::lvs(vg).find(lv).unwrap().clone();
+        (l.size as f64 * l.data_percent.unwrap_or(0.0) / 100.0) as u64
+    };
+    let (snap_used, copy_used) = (used(&snap_path), used(&copy_path));
+    let chunk = harness::lvs(&vg3).find("pool").unwrap().chunk_size;
+    for p in [&snap_path, &copy_path, &raw] {
+        harness::lvm(&["lvchange", "-an", p]);
+    }
+    harness::lvm(&["lvremove", "--yes", &raw]);
+    let ratio = ours / bare;
+    table.at_most(
+        "M1",
+        format!("a restore on another node of a 1 GiB volume with {mib} MiB written, through the controller ÷ dd of those {mib} MiB over the same link into a thin LV of that node"),
+        format!("{ratio:.3} ({} against {})", secs(ours), secs(bare)),
+        ratio,
+        1.2,
+        "1.2".into(),
+    );
+    let beyond = copy_used.saturating_sub(snap_used);
+    table.at_most(
+        "M1",
+        format!(
+            "the copy's thin usage beyond its snapshot's ({} MiB mapped, one run)",
+            snap_used / MIB
+        ),
+        format!("{beyond} bytes"),
+        beyond as f64,
+        chunk as f64,
+        format!("one chunk ({chunk} bytes)"),
+    );
+    c.delete_volume(del(&copy)).await.unwrap();
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: snap,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    c.delete_volume(del(&src)).await.unwrap();
 }
 
 /// The controller idle with [`CLUSTER_VOLUMES`] volumes over three nodes:

@@ -18,7 +18,7 @@
 # failed bench); a panic or a VM failure also exits non-zero.
 #
 # Knobs for quick looks: TPCSI_BENCH_SAMPLES=N (default 40 per serial
-# figure), TPCSI_BENCH_ONLY=P1,P5,Keep,P2,P3,P4,capacity,classes,autopilot,cluster (the phases to
+# figure), TPCSI_BENCH_ONLY=P1,P5,Keep,P2,P3,P4,capacity,classes,autopilot,cluster,restore (the phases to
 # run), TPCSI_BENCH_RAW=1 (every sample on stderr).
 #
 # It builds with the bench (release) profile and takes about 16 minutes
