@@ -57,7 +57,9 @@ pub const NAMES: &[(&str, Kind, &str)] = &[
     (RPC_ERRORS, Kind::Counter, "gRPC calls that ended in an error, by service, method and gRPC code."),
     (RPC_DURATION, Kind::Histogram, "Duration of gRPC calls, by service and method, in seconds."),
     (RECLAIMED, Kind::Counter, "Bytes given back to the pool by ReclaimSpace (usage before minus usage after, summed)."),
-    (CHANNEL_REFUSED, Kind::Counter, "Connections to the internal channel (cluster.listen) refused in the mutual TLS handshake: no client certificate, one the cluster CA did not sign, plain text, or no handshake in time."),
+    (CHANNEL_REFUSED, Kind::Counter, "Connections to the internal channel (cluster.listen) refused in the mutual TLS handshake (no client certificate, one the cluster CA did not sign, plain text, or no handshake in time), and calls of a peer node plugin refused for being anything but a granted snapshot read."),
+    (COPY_BYTES, Kind::Counter, "Bytes a copy from another node wrote into this node's volumes, each range after its hash matched (docs/moving.md)."),
+    (COPIES_FILLING, Kind::Gauge, "Copies from another node this node is filling now."),
     (IO_UNENFORCED, Kind::Counter, "Times a volume's I/O limits could not be set in a pod's cgroup (no cgroup v2, no io controller, no pod cgroup); the volume is served and its condition says so."),
 ];
 
@@ -83,6 +85,8 @@ pub const RPC_DURATION: &str = "thinpool_csi_rpc_duration_seconds";
 pub const RECLAIMED: &str = "thinpool_csi_reclaimed_bytes_total";
 pub const IO_UNENFORCED: &str = "thinpool_csi_io_limits_unenforced_total";
 pub const CHANNEL_REFUSED: &str = "thinpool_csi_channel_refused_total";
+pub const COPY_BYTES: &str = "thinpool_csi_copy_bytes_total";
+pub const COPIES_FILLING: &str = "thinpool_csi_copies_filling";
 
 /// What the driver counts while it serves.
 #[derive(Default)]
@@ -91,6 +95,8 @@ pub struct Metrics {
     reclaimed: AtomicU64,
     io_unenforced: AtomicU64,
     channel_refused: AtomicU64,
+    copy_bytes: AtomicU64,
+    copies_filling: AtomicU64,
 }
 
 struct MethodStats {
@@ -133,6 +139,17 @@ impl Metrics {
     /// A connection to the internal channel refused in its handshake.
     pub fn channel_refused(&self) {
         self.channel_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `bytes` of a copy from another node written, checked.
+    pub fn copied(&self, bytes: u64) {
+        self.copy_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// One more copy being filled, until the guard is dropped.
+    pub fn filling(self: &std::sync::Arc<Self>) -> Filling {
+        self.copies_filling.fetch_add(1, Ordering::Relaxed);
+        Filling(self.clone())
     }
 
     /// The counters, in the text format.
@@ -178,6 +195,27 @@ impl Metrics {
             &[],
             self.channel_refused.load(Ordering::Relaxed) as f64,
         );
+        family(t, COPY_BYTES);
+        t.sample(
+            COPY_BYTES,
+            &[],
+            self.copy_bytes.load(Ordering::Relaxed) as f64,
+        );
+        family(t, COPIES_FILLING);
+        t.sample(
+            COPIES_FILLING,
+            &[],
+            self.copies_filling.load(Ordering::Relaxed) as f64,
+        );
+    }
+}
+
+/// A copy being filled ([`Metrics::filling`]), counted while it lives.
+pub struct Filling(std::sync::Arc<Metrics>);
+
+impl Drop for Filling {
+    fn drop(&mut self) {
+        self.0.copies_filling.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -369,6 +407,31 @@ mod tests {
             s.matches("# TYPE thinpool_csi_rpc_duration_seconds histogram")
                 .count(),
             1
+        );
+    }
+
+    #[test]
+    fn copies_count_their_bytes_and_are_counted_while_they_fill() {
+        let m = std::sync::Arc::new(Metrics::default());
+        let value = |m: &Metrics, name: &str| {
+            render(&[], m)
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {name}"))
+        };
+        let a = m.filling();
+        let b = m.filling();
+        m.copied(1000);
+        m.copied(24);
+        assert_eq!(value(&m, COPIES_FILLING), 2.0);
+        assert_eq!(value(&m, COPY_BYTES), 1024.0);
+        drop(a);
+        drop(b);
+        assert_eq!(
+            value(&m, COPIES_FILLING),
+            0.0,
+            "a copy that ends is no longer counted"
         );
     }
 

@@ -40,12 +40,20 @@ pub trait Sink: Send + Sync + 'static {
     fn sync(&self) -> Result<()>;
 }
 
-impl Sink for crate::sys::ExclusiveDevice {
+/// A copy's device, its writes counted (`thinpool_csi_copy_bytes_total`).
+struct Device {
+    dev: crate::sys::ExclusiveDevice,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl Sink for Device {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        Ok(self.write_all_at(offset, data)?)
+        self.dev.write_all_at(offset, data)?;
+        self.metrics.copied(data.len() as u64);
+        Ok(())
     }
     fn sync(&self) -> Result<()> {
-        Ok(self.sync_data()?)
+        Ok(self.dev.sync_data()?)
     }
 }
 
@@ -444,12 +452,19 @@ impl Volumes {
         let driver = self.cfg.driver_name.clone();
         let (dev, _) = self.activate(&lv).await?;
         let path = dev.path.clone();
+        let metrics = self.metrics.clone();
         let sink = self
             .tools
             .blocking("open the copy to fill it", move || {
-                Ok(Arc::new(crate::sys::open_exclusive(&path)?))
+                Ok(Arc::new(Device {
+                    dev: crate::sys::open_exclusive(&path)?,
+                    metrics,
+                }))
             })
             .await?;
+        let _filling = self.metrics.filling();
+        let started = Instant::now();
+        let size = lv.size;
         tracing::info!(
             lv = lv_name,
             from,
@@ -458,6 +473,19 @@ impl Volumes {
         );
         let tag = std::sync::Mutex::new(naming::filling_tag(from, &driver));
         let record = |at: u64| {
+            // Progress by offset (holes count as done): a rough rate, and
+            // how long what is left takes at it.
+            let secs = started.elapsed().as_secs_f64().max(0.001);
+            let rate = (at - from) as f64 / secs;
+            let eta = (rate > 0.0).then(|| size.saturating_sub(at) as f64 / rate);
+            tracing::info!(
+                lv = lv_name,
+                at,
+                size,
+                mib_per_sec = rate / 1048576.0,
+                eta_secs = eta.map(|e| e.round()),
+                "copy: progress recorded"
+            );
             let new = naming::filling_tag(at, &driver);
             let old = std::mem::replace(&mut *tag.lock().unwrap(), new.clone());
             async move { self.lvm.retag(lv_name, Some(&old), Some(&new)).await }
