@@ -1964,6 +1964,19 @@ async fn cluster_restore(table: &mut Table, rig: &cluster_rig::Rig) {
     .volume_id;
     let ours = t.elapsed().as_secs_f64();
     let copy_path = format!("{vg3}/{}", thinpool_csi::naming::split_node(&copy).1);
+    // What each side logged of the copy, with its times: where it went.
+    for (node, marks) in [
+        (&rig.nodes[1], &["transfer:"][..]),
+        (&rig.nodes[2], &["copy:", "CreateVolume"][..]),
+    ] {
+        for l in node
+            .log()
+            .lines()
+            .filter(|l| marks.iter().any(|m| l.contains(m)))
+        {
+            eprintln!("MEASURE restore: {}: {l}", node.vg);
+        }
+    }
 
     // The bare copy: dd of the same bytes, node 2's namespace to node 3's.
     let raw = format!("{vg3}/rawcopy");
