@@ -177,36 +177,16 @@ impl Metrics {
         for ((svc, m), s) in rpcs.iter() {
             t.histogram(RPC_DURATION, &[("service", svc), ("method", m)], &s.latency);
         }
-        family(t, RECLAIMED);
-        t.sample(
-            RECLAIMED,
-            &[],
-            self.reclaimed.load(Ordering::Relaxed) as f64,
-        );
-        family(t, IO_UNENFORCED);
-        t.sample(
-            IO_UNENFORCED,
-            &[],
-            self.io_unenforced.load(Ordering::Relaxed) as f64,
-        );
-        family(t, CHANNEL_REFUSED);
-        t.sample(
-            CHANNEL_REFUSED,
-            &[],
-            self.channel_refused.load(Ordering::Relaxed) as f64,
-        );
-        family(t, COPY_BYTES);
-        t.sample(
-            COPY_BYTES,
-            &[],
-            self.copy_bytes.load(Ordering::Relaxed) as f64,
-        );
-        family(t, COPIES_FILLING);
-        t.sample(
-            COPIES_FILLING,
-            &[],
-            self.copies_filling.load(Ordering::Relaxed) as f64,
-        );
+        for (name, counter) in [
+            (RECLAIMED, &self.reclaimed),
+            (IO_UNENFORCED, &self.io_unenforced),
+            (CHANNEL_REFUSED, &self.channel_refused),
+            (COPY_BYTES, &self.copy_bytes),
+            (COPIES_FILLING, &self.copies_filling),
+        ] {
+            family(t, name);
+            t.sample(name, &[], counter.load(Ordering::Relaxed) as f64);
+        }
     }
 }
 

@@ -270,25 +270,18 @@ impl Volumes {
         tags: &VolumeTags,
         range: Option<&SizeRange>,
     ) -> Result<VolumeInfo> {
-        // Checked and reserved under the allocation lock; made outside it,
-        // so concurrent creates overlap their `lvcreate`s (LVM serialises
-        // only their metadata commits).
-        let (size, reserved) = {
-            let _alloc = self.alloc.lock().await;
-            let report = self.usable_report().await?;
-            let (cap, extent) = self.capacity(&report)?;
-            let size = size(range, extent, self.cfg.default_volume_size)?;
-            let size = fs_minimum(tags.access.as_ref(), tags.encrypted, size, range, extent)?;
-            self.check_headroom("a new volume", size, &cap)?;
-            (size, self.reserved.hold(lv_name, size))
-        };
-        self.lvm
-            .create_thin(lv_name, size, &tags.encode(), read_ahead(tags))
+        let size = self
+            .create_reserved(
+                lv_name,
+                "a new volume",
+                tags,
+                &tags.encode(),
+                |_, extent| {
+                    let size = size(range, extent, self.cfg.default_volume_size)?;
+                    fs_minimum(tags.access.as_ref(), tags.encrypted, size, range, extent)
+                },
+            )
             .await?;
-        // Released under the lock, once the cached report shows the LV: a
-        // check that runs meanwhile counts it in one or the other.
-        let _alloc = self.alloc.lock().await;
-        drop(reserved);
         tracing::info!(
             name = tags.co_name,
             lv = lv_name,
@@ -298,6 +291,37 @@ impl Volumes {
         // lvcreate made exactly this size (extent-aligned) with these
         // tags: no need to read the report back.
         Ok(VolumeInfo::made(lv_name, size, tags))
+    }
+
+    /// Makes thin LV `lv_name` (`what`, for a refusal) of the size
+    /// `size_of(report, extent)` says, with `lv_tags` and `tags`'
+    /// read-ahead. Checked and reserved under the allocation lock; made
+    /// outside it, so concurrent creates overlap their `lvcreate`s (LVM
+    /// serialises only their metadata commits). Its size.
+    pub(super) async fn create_reserved(
+        &self,
+        lv_name: &str,
+        what: &str,
+        tags: &VolumeTags,
+        lv_tags: &[String],
+        size_of: impl FnOnce(&Report, u64) -> Result<u64>,
+    ) -> Result<u64> {
+        let (size, reserved) = {
+            let _alloc = self.alloc.lock().await;
+            let report = self.usable_report().await?;
+            let (cap, extent) = self.capacity(&report)?;
+            let size = size_of(&report, extent)?;
+            self.check_headroom(what, size, &cap)?;
+            (size, self.reserved.hold(lv_name, size))
+        };
+        self.lvm
+            .create_thin(lv_name, size, lv_tags, read_ahead(tags))
+            .await?;
+        // Released under the lock, once the cached report shows the LV: a
+        // check that runs meanwhile counts it in one or the other.
+        let _alloc = self.alloc.lock().await;
+        drop(reserved);
+        Ok(size)
     }
 
     /// A volume made from a snapshot (a restore) or from a volume (a

@@ -325,7 +325,7 @@ impl Volumes {
             let name = spec.co_name.clone();
             let tags = d.tags_for(&spec);
             let pulled = naming::pulled_tag(&source_id);
-            let report = d.lvm.fresh_report().await?;
+            let report = d.lvm.known().await?;
             let refuse = || {
                 Error::AlreadyExists(format!(
                     "volume {name:?} exists as {lv_name} and is not this request's copy of {source_id}"
@@ -375,7 +375,7 @@ impl Volumes {
                 }
             };
             d.fill_copy(&lv_name, &source).await?;
-            let report = d.lvm.fresh_report().await?;
+            let report = d.lvm.known().await?;
             let vol = d.must_own(&report, &lv_name)?;
             Ok(super::controller::VolumeInfo::of(&d, &report, vol))
         })
@@ -396,35 +396,29 @@ impl Volumes {
         range: Option<&super::SizeRange>,
         source_size: u64,
     ) -> Result<u64> {
-        let (size, reserved) = {
-            let _alloc = self.alloc.lock().await;
-            let report = self.usable_report().await?;
-            if !self.pool(&report)?.zeroes_new_chunks() {
-                return Err(Error::FailedPrecondition(format!(
-                    "thin pool {} does not zero new chunks: a copy from another node would show a deleted volume's data where its source reads zeros",
-                    self.lvm.lv_path(&self.lvm.pool)
-                ))
-                .advise("turn zeroing on (lvchange --zero y), or restore the snapshot on its own node"));
-            }
-            let (cap, extent) = self.capacity(&report)?;
-            let size = super::size::size(range, extent, source_size)?.max(source_size);
-            if range.is_some_and(|r| r.limit > 0 && r.limit < size) {
-                return Err(Error::OutOfRange(format!(
-                    "the source snapshot holds {source_size} bytes, more than limit_bytes allows"
-                )));
-            }
-            self.check_headroom("a copy from another node", size, &cap)?;
-            (size, self.reserved.hold(lv_name, size))
-        };
         let owner = self.owner_tag();
         let mut all: Vec<String> = tags.encode().into_iter().filter(|t| *t != owner).collect();
         all.push(pulled.to_string());
         all.push(naming::filling_tag(0, &self.cfg.driver_name));
-        self.lvm
-            .create_thin(lv_name, size, &all, super::controller::read_ahead(tags))
+        let what = "a copy from another node";
+        let size = self
+            .create_reserved(lv_name, what, tags, &all, |report, extent| {
+                if !self.pool(report)?.zeroes_new_chunks() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "thin pool {} does not zero new chunks: a copy from another node would show a deleted volume's data where its source reads zeros",
+                        self.lvm.lv_path(&self.lvm.pool)
+                    ))
+                    .advise("turn zeroing on (lvchange --zero y), or restore the snapshot on its own node"));
+                }
+                let size = super::size::size(range, extent, source_size)?.max(source_size);
+                if range.is_some_and(|r| r.limit > 0 && r.limit < size) {
+                    return Err(Error::OutOfRange(format!(
+                        "the source snapshot holds {source_size} bytes, more than limit_bytes allows"
+                    )));
+                }
+                Ok(size)
+            })
             .await?;
-        let _alloc = self.alloc.lock().await;
-        drop(reserved);
         tracing::info!(
             name = tags.co_name,
             lv = lv_name,
@@ -442,7 +436,7 @@ impl Volumes {
     /// after a crash between the two starts again from 0); a cut one is
     /// left for the retry to resume.
     async fn fill_copy<S: Source>(&self, lv_name: &str, source: &S) -> Result<Filled> {
-        let report = self.lvm.fresh_report().await?;
+        let report = self.lvm.known().await?;
         let lv = report
             .find(lv_name)
             .filter(|lv| self.filling_here(lv).is_some())

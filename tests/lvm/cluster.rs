@@ -323,24 +323,8 @@ async fn a_snapshot_is_restored_on_another_node(
         naming::split_node(&snap.snapshot_id).1.to_string(),
         naming::split_node(&v.volume_id).1.to_string(),
     );
-    let tags = lvs(dst_vg).find(&dst_lv).unwrap().tags.clone();
-    assert!(
-        tags.iter().any(|t| t.starts_with(naming::TAG_OWNER))
-            && !tags.iter().any(|t| t.starts_with(naming::TAG_FILLING)),
-        "{tags:?}"
-    );
-    // Thin usage is read while the LVs are active (LVM reports it from
-    // the kernel), with their bytes.
-    let read = |vg: &str, lv: &str| {
-        let path = format!("{vg}/{lv}");
-        lvm(&["lvchange", "-ay", "-K", &path]);
-        let bytes = std::fs::read(format!("/dev/{path}")).unwrap();
-        let l = lvs(vg).find(lv).unwrap().clone();
-        lvm(&["lvchange", "-an", &path]);
-        let used = (l.size as f64 * l.data_percent.unwrap_or(0.0) / 100.0) as u64;
-        (bytes.len(), *blake3::hash(&bytes).as_bytes(), used)
-    };
-    let (src, dst) = (read(src_vg, &src_lv), read(dst_vg, &dst_lv));
+    assert_whole_copy(dst_vg, &dst_lv);
+    let (src, dst) = (read_lv(src_vg, &src_lv), read_lv(dst_vg, &dst_lv));
     assert_eq!(
         (src.0, src.1),
         (dst.0, dst.1),
@@ -355,6 +339,29 @@ async fn a_snapshot_is_restored_on_another_node(
         dst.2
     );
     v
+}
+
+/// A copy made whole: the owner tag, no filling tag.
+fn assert_whole_copy(vg: &str, lv: &str) {
+    let tags = lvs(vg).find(lv).unwrap().tags.clone();
+    assert!(
+        tags.iter().any(|t| t.starts_with(naming::TAG_OWNER))
+            && !tags.iter().any(|t| t.starts_with(naming::TAG_FILLING)),
+        "{tags:?}"
+    );
+}
+
+/// LV `vg/lv` read whole: its length, BLAKE3 and thin usage in bytes
+/// (read while active: LVM reports usage from the kernel); inactive
+/// again afterwards.
+fn read_lv(vg: &str, lv: &str) -> (usize, [u8; 32], u64) {
+    let path = format!("{vg}/{lv}");
+    lvm(&["lvchange", "-ay", "-K", &path]);
+    let bytes = std::fs::read(format!("/dev/{path}")).unwrap();
+    let l = lvs(vg).find(lv).unwrap().clone();
+    lvm(&["lvchange", "-an", &path]);
+    let used = (l.size as f64 * l.data_percent.unwrap_or(0.0) / 100.0) as u64;
+    (bytes.len(), *blake3::hash(&bytes).as_bytes(), used)
 }
 
 /// A channel to node 2's internal port across its link, presenting
@@ -941,23 +948,12 @@ async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
          resumed reads within a call: {}",
         node3.matches("the read was cut; resuming").count()
     );
-    let tags = tags_of(&dst_vg, &lv).unwrap();
-    assert!(
-        tags.iter().any(|t| t.starts_with(naming::TAG_OWNER))
-            && !tags.iter().any(|t| t.starts_with(naming::TAG_FILLING)),
-        "{tags:?}"
-    );
-    let read = |vg: &str, lv: &str| {
-        let path = format!("{vg}/{lv}");
-        lvm(&["lvchange", "-ay", "-K", &path]);
-        let bytes = std::fs::read(format!("/dev/{path}")).unwrap();
-        lvm(&["lvchange", "-an", &path]);
-        *blake3::hash(&bytes).as_bytes()
-    };
+    assert_whole_copy(&dst_vg, &lv);
     let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
+    let (src, dst) = (read_lv(&rig.nodes[1].vg, &src_lv), read_lv(&dst_vg, &lv));
     assert_eq!(
-        read(&rig.nodes[1].vg, &src_lv),
-        read(&dst_vg, &lv),
+        (src.0, src.1),
+        (dst.0, dst.1),
         "the copy holds the snapshot's bytes"
     );
 
