@@ -395,3 +395,64 @@ fn unreadable_tls_files_are_named() {
         assert_eq!(tonic::Status::from(e).code(), Code::FailedPrecondition);
     }
 }
+
+/// The cipher a client with rustls's own order (AES-GCM first, as
+/// tonic's) gets from a node on a CPU with or without AES instructions.
+async fn negotiated(aes_in_hardware: bool) -> tokio_rustls::rustls::CipherSuite {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = ca("nodes' CA");
+    let controller = ca("controller's CA");
+    let (cert, key) = leaf(&nodes, "localhost", &[ServerAuth]);
+    let server = thinpool_csi::channel::server_config_for_cpu(
+        &write(dir.path(), "tls.crt", &cert),
+        &write(dir.path(), "tls.key", &key),
+        &write(dir.path(), "controller-ca.crt", &controller.pem()),
+        None,
+        aes_in_hardware,
+    )
+    .unwrap();
+    let (ccert, ckey) = leaf(&controller, "controller", &[ClientAuth]);
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(nodes.pem().as_bytes()).unwrap())
+        .unwrap();
+    let client =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(ccert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(ckey.as_bytes()).unwrap(),
+            )
+            .unwrap();
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let accept = tokio_rustls::TlsAcceptor::from(server).accept(a);
+    let connect = tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(ServerName::try_from("localhost").unwrap(), b);
+    let (s, c) = tokio::join!(accept, connect);
+    let (s, c) = (s.unwrap(), c.unwrap());
+    let suite = s.get_ref().1.negotiated_cipher_suite().unwrap().suite();
+    assert_eq!(
+        c.get_ref().1.negotiated_cipher_suite().unwrap().suite(),
+        suite
+    );
+    suite
+}
+
+#[tokio::test]
+async fn a_node_without_aes_instructions_picks_chacha20_whatever_the_client_asks_first() {
+    use tokio_rustls::rustls::CipherSuite;
+    assert_eq!(
+        negotiated(false).await,
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+        "software AES-GCM is about 10 times slower: the node's order wins"
+    );
+    assert_eq!(
+        negotiated(true).await,
+        CipherSuite::TLS13_AES_256_GCM_SHA384
+    );
+}

@@ -243,13 +243,16 @@ where
                         "range {offset}+{length} is out of order or out of bounds (next byte {next}, snapshot {c} bytes)"
                     ))));
                 }
-                if blake3::hash(&data).as_bytes() != &hash {
-                    return Err(Ended::Failed(Error::DataLoss(format!(
-                        "range {offset}+{length} does not match its hash: it changed on the way; nothing of it was written"
-                    ))));
-                }
+                // Checked and written off the runtime: hashing a MiB takes
+                // milliseconds on a slow CPU, and the next pieces are
+                // decrypted meanwhile.
                 let s = sink.clone();
-                crate::blocking::run("write a copied range", bound, move || {
+                crate::blocking::run("check and write a copied range", bound, move || {
+                    if blake3::hash(&data).as_bytes() != &hash {
+                        return Err(Error::DataLoss(format!(
+                            "range {offset}+{length} does not match its hash: it changed on the way; nothing of it was written"
+                        )));
+                    }
                     s.write_at(offset, &data)
                 })
                 .await
