@@ -58,9 +58,22 @@ pub const TAG_GROUP: &str = "tpcsi.group=";
 /// CreateVolume that made it goes on from the offset.
 pub const TAG_FILLING: &str = "tpcsi.filling=";
 /// On a volume pulled from another node: `tpcsi.pulled=<hex of the
-/// source snapshot's id>` (an id with its node key, which an LVM tag
-/// cannot spell). Kept when it is whole; a retry must name the same source.
+/// source's id>` (the content source: a snapshot, or for a clone a
+/// volume; an id with its node key, which an LVM tag cannot spell). Kept
+/// when it is whole; a retry must name the same source.
 pub const TAG_PULLED: &str = "tpcsi.pulled=";
+
+/// On a clone pulled from another node: `tpcsi.via=<hex of the id of the
+/// snapshot read>`, the one the source node took of the volume for it. A
+/// retry that reads another one (the first was released or expired)
+/// starts the copy again from 0: two points in time never mix.
+pub const TAG_VIA: &str = "tpcsi.via=";
+
+/// On a read-only snapshot a node took of a volume for a clone on
+/// another node: `tpcsi.clone-for=<hex of the clone's CO name>:<unix
+/// seconds it expires at>`. Never listed; removed when the controller
+/// releases it, or after it expires.
+pub const TAG_CLONE_FOR: &str = "tpcsi.clone-for=";
 
 /// The filling tag of a copy `driver` has written up to byte `at`.
 pub fn filling_tag(at: u64, driver: &str) -> String {
@@ -79,9 +92,28 @@ pub fn filling<'a>(tags: impl IntoIterator<Item = &'a String>) -> Option<(u64, &
         })
 }
 
-/// The pulled tag of a copy of snapshot `id` (with its node key).
+/// The pulled tag of a copy of snapshot or volume `id` (with its node key).
 pub fn pulled_tag(id: &str) -> String {
     format!("{TAG_PULLED}{}", hex(id.as_bytes()))
+}
+
+/// The via tag of a clone that reads snapshot `id` (with its node key).
+pub fn via_tag(id: &str) -> String {
+    format!("{TAG_VIA}{}", hex(id.as_bytes()))
+}
+
+/// The clone-for tag of a snapshot taken for clone `name`, expiring at
+/// `expires` (unix seconds).
+pub fn clone_for_tag(name: &str, expires: u64) -> String {
+    format!("{TAG_CLONE_FOR}{}:{expires}", hex(name.as_bytes()))
+}
+
+/// A clone-for tag's clone name and expiry, when `tags` has one.
+pub fn clone_for<'a>(tags: impl IntoIterator<Item = &'a String>) -> Option<(String, u64)> {
+    tags.into_iter().find_map(|t| {
+        let (name, expires) = t.strip_prefix(TAG_CLONE_FOR)?.split_once(':')?;
+        Some((unhex_text(name)?, expires.parse().ok()?))
+    })
 }
 
 pub const SNAPSHOT_PREFIX: &str = "snap-";
@@ -1393,6 +1425,48 @@ mod tests {
             p.chars()
                 .all(|c| c.is_ascii_alphanumeric() || "._=".contains(c)),
             "{p}"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_taken_for_a_clone_names_it_and_its_expiry() {
+        let t = vec![
+            "tpcsi.owner=d".to_string(),
+            clone_for_tag("pvc-9/x:y", 1_900_000_000),
+        ];
+        assert_eq!(
+            clone_for(&t),
+            Some(("pvc-9/x:y".to_string(), 1_900_000_000))
+        );
+        // Only what LVM takes in a tag.
+        assert!(
+            t[1].chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._=:-".contains(c)),
+            "{}",
+            t[1]
+        );
+        assert_eq!(clone_for(&t[..1]), None);
+        assert_eq!(
+            clone_for(&["tpcsi.clone-for=zz:1".to_string()]),
+            None,
+            "no hex: no clone"
+        );
+        let v = via_tag("nabcdef0123~snap-s1-0123456789abcdef");
+        assert!(v.starts_with(TAG_VIA) && !v.contains('~'), "{v}");
+        // Neither tag makes a snapshot or a volume of another LV.
+        let snap = SnapshotTags {
+            owner: "d".into(),
+            co_name: "s".into(),
+            source: lv_name_for("v"),
+            access: None,
+            group: None,
+            encrypted: false,
+        };
+        let mut tags = snap.encode();
+        tags.push(clone_for_tag("c", 1));
+        assert_eq!(
+            SnapshotTags::decode(tags.iter().map(String::as_str)),
+            Some(snap)
         );
     }
 

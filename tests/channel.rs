@@ -312,6 +312,7 @@ async fn a_peer_reads_only_a_granted_snapshot() {
             GrantRequest {
                 snapshot_id: id.into(),
                 ttl_secs: 0,
+                ..Default::default()
             },
             None,
         );
@@ -319,7 +320,28 @@ async fn a_peer_reads_only_a_granted_snapshot() {
     };
     let e = grant(p.clone(), &snap).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
-    assert_eq!(node.refused(), 2, "each refusal is counted");
+    // Nor take or remove a snapshot for a clone.
+    let vol = thinpool_csi::naming::lv_name_for("pvc-1");
+    let r = transfer_request(
+        thinpool_csi::proto::thinpool::cluster::v1::ReleaseRequest {
+            volume_id: vol.clone(),
+            clone_name: "c1".into(),
+        },
+        None,
+    );
+    let e = TransferClient::new(p.clone()).release(r).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let r = transfer_request(
+        GrantRequest {
+            volume_id: vol,
+            clone_name: "c1".into(),
+            ..Default::default()
+        },
+        None,
+    );
+    let e = TransferClient::new(p.clone()).grant(r).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert_eq!(node.refused(), 4, "each refusal is counted");
 
     // Its read needs a live grant of that snapshot.
     assert_eq!(read(p.clone(), &snap, None).await, Code::PermissionDenied);

@@ -29,7 +29,7 @@ use crate::proto::csi::v1::*;
 use crate::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
 use crate::proto::reclaimspace::{ControllerReclaimSpaceRequest, ControllerReclaimSpaceResponse};
 use crate::proto::thinpool::cluster::v1::transfer_client::TransferClient;
-use crate::proto::thinpool::cluster::v1::{CopyFrom, GrantRequest};
+use crate::proto::thinpool::cluster::v1::{CopyFrom, GrantRequest, ReleaseRequest};
 
 pub struct Cluster {
     pub cfg: ControllerConfig,
@@ -224,38 +224,52 @@ impl Cluster {
             &self.cfg.topology_key(),
             &node.id,
         );
-        if let (true, Some(("snapshot_id", id, _))) = (elsewhere, source) {
+        if let (true, Some((_, id, kind))) = (elsewhere, source) {
             let id = id.clone();
-            return self.pulled(&node, &id, req).await;
+            return self.pulled(&node, &id, kind, req).await;
         }
         self.on(&node, |mut c| async move { c.create_volume(req).await })
             .await
     }
 
-    /// CreateVolume of a copy of snapshot `id` of node `source` on the
-    /// node the requirements name (docs/moving.md): a grant of its reads
-    /// to a peer (`Transfer.Grant` on its node, which also says the
-    /// snapshot's size, access and encryption), and the CreateVolume
-    /// forwarded to the target with it (`channel::COPY_HEADER`); the
-    /// target pulls the data from the source node directly. A source that
-    /// gives no grant (away, or the snapshot gone) does not keep a retry
-    /// from finding a copy the target already made whole: its error goes
-    /// to the target, which answers with that copy, else with the error.
+    /// CreateVolume of a copy of snapshot `id` of node `source` (or, for
+    /// a clone, of volume `id`) on the node the requirements name
+    /// (docs/moving.md): a grant of its reads to a peer (`Transfer.Grant`
+    /// on its node, which also says the snapshot's size, access and
+    /// encryption; for a clone the source node first takes a read-only
+    /// snapshot of the volume, or reuses the one it took for this clone),
+    /// and the CreateVolume forwarded to the target with it
+    /// (`channel::COPY_HEADER`); the target pulls the data from the source
+    /// node directly. A source that gives no grant (away, or the snapshot
+    /// gone) does not keep a retry from finding a copy the target already
+    /// made whole: its error goes to the target, which answers with that
+    /// copy, else with the error. Once a clone is whole, the snapshot
+    /// taken for it is released (`Transfer.Release`); one left behind (the
+    /// release failed, or the clone was abandoned) expires on the source
+    /// node.
     async fn pulled(
         &self,
         source: &Arc<Node>,
         id: &str,
+        kind: Kind,
         req: CreateVolumeRequest,
     ) -> Reply<CreateVolumeResponse> {
         let target = self
             .named_node(req.accessibility_requirements.as_ref())
             .await?;
-        let grant = TransferClient::new(source.channel.clone())
-            .grant(GrantRequest {
+        let clone = matches!(kind, Kind::Volume);
+        let ask = match clone {
+            false => GrantRequest {
                 snapshot_id: id.to_string(),
-                ttl_secs: 0,
-            })
-            .await;
+                ..Default::default()
+            },
+            true => GrantRequest {
+                volume_id: id.to_string(),
+                clone_name: req.name.clone(),
+                ..Default::default()
+            },
+        };
+        let grant = TransferClient::new(source.channel.clone()).grant(ask).await;
         let mut copy = CopyFrom {
             node_id: source.id.clone(),
             address: source.address.clone(),
@@ -268,6 +282,9 @@ impl Cluster {
                 copy.snapshot_bytes = g.size_bytes;
                 copy.access = g.access;
                 copy.encrypted = g.encrypted;
+                if clone {
+                    copy.snapshot_id = g.snapshot_id;
+                }
             }
             Err(s) => {
                 copy.source_code = s.code() as i32;
@@ -275,20 +292,43 @@ impl Cluster {
             }
         }
         tracing::info!(
-            snapshot = id,
+            of = id,
+            via = copy.snapshot_id,
+            clone,
             source = source.id,
             target = target.id,
             size = copy.snapshot_bytes,
             granted = copy.source_code == 0,
-            "CreateVolume: a copy of another node's snapshot, pulled by the target node"
+            "CreateVolume: a copy of another node's snapshot or volume, pulled by the target node"
         );
+        let name = req.name.clone();
         let mut r = tonic::Request::new(req);
         r.metadata_mut().insert_bin(
             crate::channel::COPY_HEADER,
             tonic::metadata::MetadataValue::from_bytes(&prost::Message::encode_to_vec(&copy)),
         );
-        self.on(&target, |mut c| async move { c.create_volume(r).await })
-            .await
+        let made = self
+            .on(&target, |mut c| async move { c.create_volume(r).await })
+            .await;
+        if clone && made.is_ok() {
+            let release = TransferClient::new(source.channel.clone())
+                .release(ReleaseRequest {
+                    volume_id: id.to_string(),
+                    clone_name: name.clone(),
+                })
+                .await;
+            match self.answer(source, release).await {
+                Ok(r) => tracing::info!(
+                    volume = id,
+                    clone = name,
+                    removed = r.removed,
+                    "CreateVolume: the clone is whole; released the snapshot taken for it"
+                ),
+                Err(e) => tracing::warn!(volume = id, clone = name, error = %e.message(),
+                    "CreateVolume: could not release the snapshot taken for a clone; it expires on its node"),
+            }
+        }
+        made
     }
 
     /// The node the accessibility requirements name first.

@@ -12,11 +12,12 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::controller::{capacity_response, class_shapes};
+use crate::error::Error;
 use crate::proto::thinpool::cluster::v1::capacity_server::Capacity;
 use crate::proto::thinpool::cluster::v1::transfer_server::Transfer;
 use crate::proto::thinpool::cluster::v1::{
     read_item, CapacityState, ClassCapacity, DataRange, GrantRequest, GrantResponse, ReadHeader,
-    ReadItem, ReadRequest, ReadSummary, WatchCapacityRequest,
+    ReadItem, ReadRequest, ReadSummary, ReleaseRequest, ReleaseResponse, WatchCapacityRequest,
 };
 use crate::volume::classes::Classes;
 use crate::volume::controller::CachedCapacity;
@@ -146,6 +147,12 @@ impl TransferService {
         super::validate::snapshot_id("snapshot_id", id, self.classes.ids())?
             .ok_or_else(|| crate::error::Error::NotFound(format!("snapshot {id:?} does not exist")))
     }
+
+    /// The volume a transfer call names (NOT_FOUND as for a snapshot).
+    fn volume(&self, id: &str) -> crate::error::Result<crate::volume::VolumeId> {
+        super::validate::volume_id(id, self.classes.ids())?
+            .ok_or_else(|| crate::error::Error::NotFound(format!("volume {id:?} does not exist")))
+    }
 }
 
 #[tonic::async_trait]
@@ -154,18 +161,46 @@ impl Transfer for TransferService {
 
     async fn grant(&self, r: Request<GrantRequest>) -> Result<Response<GrantResponse>, Status> {
         let req = r.into_inner();
+        let ttl = std::time::Duration::from_secs(req.ttl_secs);
         let run = async {
-            let id = self.snapshot(&req.snapshot_id)?;
-            let ttl = std::time::Duration::from_secs(req.ttl_secs);
-            self.classes.grant(id, ttl).await
+            if req.volume_id.is_empty() {
+                let id = self.snapshot(&req.snapshot_id)?;
+                let (token, ttl, facts) = self.classes.grant(id.clone(), ttl).await?;
+                return Ok((id, token, ttl, facts));
+            }
+            if !req.snapshot_id.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "a grant names a snapshot or a volume to clone, not both".into(),
+                ));
+            }
+            let name = super::validate::required_string("clone_name", &req.clone_name)?;
+            let id = self.volume(&req.volume_id)?;
+            self.classes.grant_clone(id, name.to_string(), ttl).await
         };
-        let (token, ttl, facts) = run.await.map_err(Status::from)?;
+        let (id, token, ttl, facts) = run.await.map_err(Status::from)?;
         Ok(Response::new(GrantResponse {
             token,
             expires_in_secs: ttl.as_secs(),
             size_bytes: facts.size,
             access: facts.access.map(|a| a.as_text()).unwrap_or_default(),
             encrypted: facts.encrypted,
+            snapshot_id: self.classes.ids().public(id.to_string()),
+        }))
+    }
+
+    async fn release(
+        &self,
+        r: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        let req = r.into_inner();
+        let run = async {
+            let name = super::validate::required_string("clone_name", &req.clone_name)?;
+            let id = self.volume(&req.volume_id)?;
+            self.classes.release_clone(id, name.to_string()).await
+        };
+        let removed = run.await.map_err(Status::from)?;
+        Ok(Response::new(ReleaseResponse {
+            removed: removed as u32,
         }))
     }
 

@@ -147,14 +147,15 @@ impl ControllerService {
         for (k, v) in validate::io_limits(&req.parameters)? {
             mutable.entry(k).or_insert(v);
         }
-        // A copy of another node's snapshot, pulled from that node
-        // (docs/moving.md): the source is not this node's, and the new
-        // volume records none.
+        // A copy of another node's snapshot or volume, pulled from that
+        // node (docs/moving.md): the source is not this node's, and the
+        // new volume records none.
         let pulled = match &copy {
-            Some(c) => Some(validate::pulled_snapshot(
+            Some(c) => Some(validate::pulled_source(
                 req.volume_content_source.as_ref(),
                 self.classes.ids(),
                 &c.node_id,
+                &c.snapshot_id,
             )?),
             None => None,
         };
@@ -188,8 +189,8 @@ impl ControllerService {
             encrypted: validate::encrypted(&req.parameters)?,
         };
         let v = match (pulled, copy) {
-            (Some(id), Some(copy)) => {
-                let pull = super::peer::pull(&d.cfg, copy, id)?;
+            (Some(p), Some(copy)) => {
+                let pull = super::peer::pull(&d.cfg, copy, p)?;
                 d.create_pulled(spec, pull).await?
             }
             _ => d.create_volume(spec).await?,

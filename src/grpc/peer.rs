@@ -28,10 +28,15 @@ const KEEPALIVE: Duration = Duration::from_secs(10);
 /// How many pieces wait between the stream and the fill.
 const QUEUED: usize = 4;
 
-/// The copy the controller asked for: snapshot `id` of the node `copy`
+/// The copy the controller asked for: `pulled` (a snapshot, or a volume
+/// and the snapshot its node took for the clone) of the node `copy`
 /// names, what its grant said of it (or the source's error when it gave
 /// none), and the source to read it from.
-pub fn pull(cfg: &crate::config::Config, copy: CopyFrom, id: &str) -> Result<Pull<PeerSource>> {
+pub fn pull(
+    cfg: &crate::config::Config,
+    copy: CopyFrom,
+    pulled: crate::grpc::validate::Pulled,
+) -> Result<Pull<PeerSource>> {
     let facts = match copy.source_code {
         0 => Ok(SourceFacts {
             size: copy.snapshot_bytes,
@@ -52,10 +57,12 @@ pub fn pull(cfg: &crate::config::Config, copy: CopyFrom, id: &str) -> Result<Pul
             Status::new(Code::from_i32(code), copy.source_error.clone()),
         )),
     };
+    let read = pulled.via.clone().unwrap_or_else(|| pulled.id.clone());
     Ok(Pull {
-        id: id.to_string(),
+        id: pulled.id,
+        via: pulled.via,
         facts,
-        source: PeerSource::new(&cfg.cluster, cfg.command_timeout(), copy, id.to_string())?,
+        source: PeerSource::new(&cfg.cluster, cfg.command_timeout(), copy, read)?,
     })
 }
 

@@ -158,28 +158,56 @@ pub fn content_source(
 
 /// A CreateVolume's content source when the controller asked this node
 /// to pull a copy of it (`channel::COPY_HEADER`): a snapshot id with the
-/// key of `source_node`, which is not this node. The id as sent.
-pub fn pulled_snapshot<'a>(
-    src: Option<&'a VolumeContentSource>,
+/// key of `source_node`, which is not this node; or a volume id with that
+/// key and `via`, the snapshot of that node to read (a clone). As sent.
+pub fn pulled_source(
+    src: Option<&VolumeContentSource>,
     ids: &NodeIds,
     source_node: &str,
-) -> Result<&'a str> {
-    let Some(SourceType::Snapshot(s)) = src.and_then(|s| s.r#type.as_ref()) else {
-        return invalid("a copy from another node needs a snapshot as volume_content_source");
-    };
-    let id = s.snapshot_id.as_str();
-    match naming::split_node(id) {
-        (Some(key), rest)
-            if ids.foreign(id).is_some()
-                && key == naming::node_key(source_node)
-                && naming::is_snapshot_id(rest) =>
-        {
-            Ok(id)
+    via: &str,
+) -> Result<Pulled> {
+    let of_source = |id: &str, is: fn(&str) -> bool| match naming::split_node(id) {
+        (Some(key), rest) => {
+            ids.foreign(id).is_some() && key == naming::node_key(source_node) && is(rest)
         }
-        _ => invalid(format!(
+        _ => false,
+    };
+    let (id, snapshot) =
+        match src.and_then(|s| s.r#type.as_ref()) {
+            Some(SourceType::Snapshot(s)) => (s.snapshot_id.as_str(), true),
+            Some(SourceType::Volume(v)) => (v.volume_id.as_str(), false),
+            None => return invalid(
+                "a copy from another node needs a snapshot or a volume as volume_content_source",
+            ),
+        };
+    match snapshot {
+        true if of_source(id, naming::is_snapshot_id) && via.is_empty() => Ok(Pulled {
+            id: id.to_string(),
+            via: None,
+        }),
+        true => invalid(format!(
             "snapshot {id:?} is no snapshot id of node {source_node:?}, the node to copy from"
         )),
+        false if !of_source(id, naming::is_volume_id) => invalid(format!(
+            "volume {id:?} is no volume id of node {source_node:?}, the node to copy from"
+        )),
+        false if !of_source(via, naming::is_snapshot_id) => invalid(format!(
+            "the snapshot to read for a clone of {id:?}, {via:?}, is no snapshot id of node {source_node:?}"
+        )),
+        false => Ok(Pulled {
+            id: id.to_string(),
+            via: Some(via.to_string()),
+        }),
     }
+}
+
+/// What a copy from another node pulls: `id`, the content source (a
+/// snapshot, or the volume a clone is of), and for a clone `via`, the
+/// snapshot the source node took of the volume for it, which is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pulled {
+    pub id: String,
+    pub via: Option<String>,
 }
 
 /// The parameters of CreateSnapshot or CreateVolumeGroupSnapshot: this
@@ -1008,29 +1036,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pulled_copy_names_a_snapshot_of_its_source_node() {
+    fn a_pulled_copy_names_a_snapshot_or_a_volume_of_its_source_node() {
+        use crate::proto::csi::v1::volume_content_source::{SnapshotSource, VolumeSource};
         let here = NodeIds::new("n1", true);
         let snap = naming::snapshot_lv_name_for("s1");
+        let vol = naming::lv_name_for("v1");
         let src = |id: String| VolumeContentSource {
-            r#type: Some(SourceType::Snapshot(
-                crate::proto::csi::v1::volume_content_source::SnapshotSource { snapshot_id: id },
-            )),
+            r#type: Some(SourceType::Snapshot(SnapshotSource { snapshot_id: id })),
         };
-        let of_n2 = naming::with_node(&naming::node_key("n2"), &snap);
+        let vsrc = |id: String| VolumeContentSource {
+            r#type: Some(SourceType::Volume(VolumeSource { volume_id: id })),
+        };
+        let n2 = |id: &str| naming::with_node(&naming::node_key("n2"), id);
+        let of_n2 = n2(&snap);
         assert_eq!(
-            pulled_snapshot(Some(&src(of_n2.clone())), &here, "n2").unwrap(),
-            of_n2
+            pulled_source(Some(&src(of_n2.clone())), &here, "n2", "").unwrap(),
+            Pulled {
+                id: of_n2.clone(),
+                via: None
+            }
         );
         for (id, node) in [
             (of_n2.clone(), "n3"),                                     // another node's key
             (naming::with_node(&naming::node_key("n1"), &snap), "n1"), // this node's own
             (snap.clone(), "n2"),                                      // no key
-            (naming::with_node(&naming::node_key("n2"), "csi-x"), "n2"), // no snapshot
+            (n2("csi-x"), "n2"),                                       // no snapshot
         ] {
-            let e = pulled_snapshot(Some(&src(id.clone())), &here, node).unwrap_err();
+            let e = pulled_source(Some(&src(id.clone())), &here, node, "").unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id} {node}");
         }
-        assert!(pulled_snapshot(None, &here, "n2").is_err());
+        // A restore reads its own snapshot, never another.
+        assert!(pulled_source(Some(&src(of_n2.clone())), &here, "n2", &of_n2).is_err());
+        // A clone: the volume and the snapshot to read, both of n2.
+        let v2 = n2(&vol);
+        assert_eq!(
+            pulled_source(Some(&vsrc(v2.clone())), &here, "n2", &of_n2).unwrap(),
+            Pulled {
+                id: v2.clone(),
+                via: Some(of_n2.clone())
+            }
+        );
+        for (id, via) in [
+            (v2.clone(), String::new()), // nothing to read
+            (v2.clone(), snap.clone()),  // a snapshot without key
+            (
+                v2.clone(),
+                naming::with_node(&naming::node_key("n3"), &snap),
+            ), // of another node
+            (v2.clone(), v2.clone()),    // a volume to read
+            (n2(&snap), of_n2.clone()),  // no volume
+        ] {
+            let e = pulled_source(Some(&vsrc(id.clone())), &here, "n2", &via).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id} {via}");
+        }
+        assert!(pulled_source(None, &here, "n2", "").is_err());
     }
 
     /// A node that is not serving a cluster: ids go out without a key.

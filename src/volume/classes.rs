@@ -107,6 +107,31 @@ impl Classes {
         Ok((token, ttl, facts))
     }
 
+    /// `Transfer.Grant` for a clone named `clone_name` of volume `id` on
+    /// another node: the read-only snapshot taken for it
+    /// ([`Volumes::clone_source`]), and its grant as [`Classes::grant`]'s.
+    pub async fn grant_clone(
+        &self,
+        id: super::VolumeId,
+        clone_name: String,
+        ttl: std::time::Duration,
+    ) -> Result<(
+        super::SnapshotId,
+        String,
+        std::time::Duration,
+        super::fill::SourceFacts,
+    )> {
+        let snap = self.of(&id)?.clone_source(id, clone_name).await?;
+        let snap = super::SnapshotId::new_unchecked(snap);
+        let (token, ttl, facts) = self.grant(snap.clone(), ttl).await?;
+        Ok((snap, token, ttl, facts))
+    }
+
+    /// `Transfer.Release`: [`Volumes::release_clone_sources`].
+    pub async fn release_clone(&self, id: super::VolumeId, clone_name: String) -> Result<usize> {
+        self.of(&id)?.release_clone_sources(id, clone_name).await
+    }
+
     /// The index in [`Classes::all`] of `default_device_class`.
     pub fn default_index(&self) -> usize {
         self.default

@@ -71,6 +71,9 @@ pub struct SourceFacts {
 /// whole is answered), and where its data comes from.
 pub struct Pull<S> {
     pub id: String,
+    /// For a clone (`id` a volume): the snapshot its node took for it,
+    /// which `source` reads.
+    pub via: Option<String>,
     pub facts: Result<SourceFacts>,
     pub source: S,
 }
@@ -322,12 +325,16 @@ impl Volumes {
         self.detached(&lv_name.clone(), "CreateVolume", move |d, _| async move {
             let Pull {
                 id: source_id,
+                via,
                 facts,
                 source,
             } = pull;
             let name = spec.co_name.clone();
             let tags = d.tags_for(&spec);
             let pulled = naming::pulled_tag(&source_id);
+            let via = via.as_deref().map(naming::via_tag);
+            let mut filling_tags = vec![pulled.clone()];
+            filling_tags.extend(via.clone());
             let report = d.lvm.known().await?;
             let refuse = || {
                 Error::AlreadyExists(format!(
@@ -350,8 +357,21 @@ impl Volumes {
                     if !same || !lv.tags.contains(&pulled) || !fits(lv.size) {
                         return Err(refuse());
                     }
-                    facts?;
-                    tracing::info!(name, lv = lv_name, "CreateVolume: going on with a copy from another node");
+                    let facts = facts?;
+                    match via.as_ref().filter(|v| !lv.tags.contains(v)) {
+                        None => tracing::info!(name, lv = lv_name, "CreateVolume: going on with a copy from another node"),
+                        Some(_) => {
+                            // The snapshot the source took for this clone
+                            // is another one now (the first was released
+                            // or expired): another point in time, so the
+                            // copy starts again.
+                            let at = d.filling_here(lv).unwrap_or(0);
+                            d.lvm.remove_owned(&lv_name, &naming::filling_tag(at, &d.cfg.driver_name)).await?;
+                            tracing::warn!(name, lv = lv_name, at, "CreateVolume: the clone's source is another snapshot now; removed the partial copy, starting again from 0");
+                            d.make_filling(&lv_name, &tags, &filling_tags, spec.range.as_ref(), facts.size)
+                                .await?;
+                        }
+                    }
                 }
                 Some(_) => {
                     let existing = d.owned(&report, &lv_name).map_err(|_| refuse())?;
@@ -368,12 +388,12 @@ impl Volumes {
                 None => {
                     let facts = facts?;
                     super::controller::fits_source(
-                        &format!("snapshot {source_id}"),
+                        &format!("source {source_id}"),
                         facts.access.as_ref(),
                         facts.encrypted,
                         &tags,
                     )?;
-                    d.make_filling(&lv_name, &tags, &pulled, spec.range.as_ref(), facts.size)
+                    d.make_filling(&lv_name, &tags, &filling_tags, spec.range.as_ref(), facts.size)
                         .await?;
                 }
             };
@@ -386,8 +406,8 @@ impl Volumes {
     }
 
     /// Makes the LV a copy fills: checked and reserved as a new volume
-    /// is, with its tags but the owner's, the pulled tag and the filling
-    /// tag at 0. Its size: the request's, at least the source's. A pool
+    /// is, with its tags but the owner's, the `pulled` tags (and the via
+    /// tag of a clone) and the filling tag at 0. Its size: the request's, at least the source's. A pool
     /// that does not zero new chunks is refused: a range written into
     /// part of a chunk would leave a deleted volume's data beside it
     /// where the source reads zeros.
@@ -395,13 +415,13 @@ impl Volumes {
         &self,
         lv_name: &str,
         tags: &naming::VolumeTags,
-        pulled: &str,
+        pulled: &[String],
         range: Option<&super::SizeRange>,
         source_size: u64,
     ) -> Result<u64> {
         let owner = self.owner_tag();
         let mut all: Vec<String> = tags.encode().into_iter().filter(|t| *t != owner).collect();
-        all.push(pulled.to_string());
+        all.extend(pulled.iter().cloned());
         all.push(naming::filling_tag(0, &self.cfg.driver_name));
         let what = "a copy from another node";
         let size = self

@@ -60,6 +60,10 @@ impl SnapshotInfo {
     }
 }
 
+/// How long a snapshot taken for a clone on another node is kept when
+/// nobody releases it (the controller does, once the clone is whole).
+pub const CLONE_SOURCE_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 impl Volumes {
     /// Looks snapshot `id` up in `report` and proves it is ours; a foreign
     /// LV of that name is FAILED_PRECONDITION and never touched.
@@ -103,12 +107,128 @@ impl Volumes {
     ) -> Result<SnapshotInfo> {
         let id = self.in_class_id(naming::snapshot_lv_name_for(&co_name));
         self.detached(&id.clone(), "CreateSnapshot", move |d, _| async move {
-            d.snapshot_held(&id, co_name, &source).await
+            d.snapshot_held(&id, co_name, &source, None).await
         })
         .await
     }
 
-    async fn snapshot_held(&self, id: &str, co_name: String, source: &str) -> Result<SnapshotInfo> {
+    /// The read-only snapshot of volume `source` that a clone named
+    /// `clone_name` on another node is read from (docs/moving.md): the one
+    /// taken for it earlier while it is there (a retried clone goes on
+    /// reading the same point in time), else a new one, tagged
+    /// [`naming::TAG_CLONE_FOR`] and never listed. Its id. Snapshots of
+    /// this class taken for clones that have expired are removed first.
+    pub async fn clone_source(
+        self: &Arc<Self>,
+        source: VolumeId,
+        clone_name: String,
+    ) -> Result<String> {
+        self.remove_expired_clone_sources().await;
+        let key = format!("clone-source-{source}");
+        self.detached(&key, "Transfer.Grant of a clone", move |d, _| async move {
+            let report = d.lvm.fresh_report().await?;
+            if let Some((id, _)) = d.clone_sources(&report, &source, Some(&clone_name)).into_iter().next() {
+                tracing::info!(id, source = %source, clone = clone_name, "transfer: reading the snapshot taken for this clone again");
+                return Ok(id);
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            // A name of its own each time: a snapshot taken after an
+            // earlier one was released is another point in time, and the
+            // clone's via tag tells them apart.
+            let co_name = format!("clone-for:{clone_name}:{}", now.as_nanos());
+            let id = d.in_class_id(naming::snapshot_lv_name_for(&co_name));
+            let expires = now.as_secs() + CLONE_SOURCE_TTL.as_secs();
+            let tag = naming::clone_for_tag(&clone_name, expires);
+            d.snapshot_held(&id, co_name, &source, Some(tag)).await?;
+            tracing::info!(id, source = %source, clone = clone_name, expires, "transfer: took a snapshot of a volume for a clone on another node");
+            Ok(id)
+        })
+        .await
+    }
+
+    /// The snapshots taken of volume `source` for clones (of clone `name`
+    /// only, when given): their ids and expiry.
+    fn clone_sources(
+        &self,
+        report: &Report,
+        source: &str,
+        name: Option<&str>,
+    ) -> Vec<(String, u64)> {
+        self.owned_snapshots(report)
+            .into_iter()
+            .filter(|s| s.tags.source == source)
+            .filter_map(|s| {
+                let (of, expires) = naming::clone_for(&s.lv.tags)?;
+                name.is_none_or(|n| n == of)
+                    .then(|| (s.lv.name.clone(), expires))
+            })
+            .collect()
+    }
+
+    /// `Transfer.Release`: removes the snapshots taken of volume `source`
+    /// for clone `clone_name`; how many.
+    pub async fn release_clone_sources(
+        self: &Arc<Self>,
+        source: VolumeId,
+        clone_name: String,
+    ) -> Result<usize> {
+        let key = format!("clone-source-{source}");
+        self.detached(&key, "Transfer.Release", move |d, _| async move {
+            let report = d.lvm.fresh_report().await?;
+            let ids = d.clone_sources(&report, &source, Some(&clone_name));
+            for (id, _) in &ids {
+                d.lvm.remove(id).await?;
+                tracing::info!(id, source = %source, clone = clone_name, "transfer: removed the snapshot taken for a clone, which is whole");
+            }
+            Ok(ids.len())
+        })
+        .await
+    }
+
+    /// Removes the snapshots taken for clones that have expired (their
+    /// clone abandoned, or the controller gone before it released them);
+    /// a failure is logged, and the next grant tries again.
+    pub async fn remove_expired_clone_sources(&self) {
+        let report = match self.lvm.report().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "transfer: could not look for expired snapshots taken for clones");
+                return;
+            }
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let expired: Vec<String> = self
+            .owned_snapshots(&report)
+            .into_iter()
+            .filter(|s| naming::clone_for(&s.lv.tags).is_some_and(|(_, e)| e <= now))
+            .map(|s| s.lv.name.clone())
+            .collect();
+        drop(report);
+        for id in expired {
+            match self.lvm.remove(&id).await {
+                Ok(()) => tracing::info!(
+                    id,
+                    "transfer: removed an expired snapshot taken for a clone"
+                ),
+                Err(e) => {
+                    tracing::warn!(id, error = %e, "transfer: could not remove an expired snapshot taken for a clone")
+                }
+            }
+        }
+    }
+
+    async fn snapshot_held(
+        &self,
+        id: &str,
+        co_name: String,
+        source: &str,
+        clone_for: Option<String>,
+    ) -> Result<SnapshotInfo> {
         let report = self.lvm.fresh_report().await?;
         if let Some(existing) = self
             .owned_snapshot(&report, id)
@@ -150,9 +270,10 @@ impl Volumes {
             true => Some(self.freeze_crypt_mount(source, id).await?),
             false => None,
         };
+        let all: Vec<String> = tags.encode().into_iter().chain(clone_for).collect();
         let made = self
             .lvm
-            .create_snapshot(id, source, &tags.encode(), false, None)
+            .create_snapshot(id, source, &all, false, None)
             .await;
         if let Some(f) = frozen {
             let expired = f.expired();
@@ -243,6 +364,7 @@ impl Volumes {
                 .flatten()
                 .filter(|s| s.lv.is_thin_volume() && s.lv.pool == self.lvm.pool)
                 .filter(of_source)
+                .filter(|s| naming::clone_for(&s.lv.tags).is_none())
                 .filter(|s| token.is_empty() || s.lv.name.as_str() > token);
             return Ok((one.iter().map(SnapshotInfo::of).collect(), String::new()));
         }
@@ -257,6 +379,7 @@ impl Volumes {
                 lv.is_thin_volume() && lv.pool == self.lvm.pool && naming::is_snapshot_id(&lv.name)
             })
             .filter_map(|lv| self.owned_snapshot(&report, &lv.name).ok().flatten())
+            .filter(|s| naming::clone_for(&s.lv.tags).is_none())
             .filter(of_source);
         let page: Vec<OwnedSnapshot> = match max {
             0 => ours.by_ref().collect(),

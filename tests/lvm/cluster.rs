@@ -224,6 +224,9 @@ async fn one_controller_reaches_the_node_of_every_object() {
     // And the whole copy: node 2's snapshot restored on node 3, which
     // pulls it from node 2.
     let pulled = a_snapshot_is_restored_on_another_node(&rig, &mut c, &s).await;
+    // And a clone of node 2's volume on node 3, read from a snapshot node
+    // 2 takes for it and removes once the clone is whole.
+    let cloned = a_volume_is_cloned_on_another_node(&rig, &mut c, &a).await;
 
     // The CO cancels at its deadline and retries: through the controller,
     // a create and a delete cut short at growing deadlines end as one LV,
@@ -265,6 +268,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
     for id in [
         &restored.volume_id,
         &pulled.volume_id,
+        &cloned.volume_id,
         &b.volume_id,
         &far.volume_id,
         &a.volume_id,
@@ -335,6 +339,85 @@ async fn a_snapshot_is_restored_on_another_node(
     assert!(
         dst.2.abs_diff(src.2) <= chunk,
         "thin usage: source {}, copy {}, chunk {chunk}",
+        src.2,
+        dst.2
+    );
+    v
+}
+
+/// Node 2's volume `origin` cloned on node 3 through the controller
+/// (docs/moving.md): node 2 takes a read-only snapshot of it for the
+/// clone, node 3 pulls that, and the controller has node 2 remove it once
+/// the clone is whole. The clone holds the volume's bytes, records the
+/// volume as its source and the snapshot it read, and a retry answers
+/// the same volume (node 2 takes a new snapshot for it, and removes it
+/// again).
+async fn a_volume_is_cloned_on_another_node(
+    rig: &Rig,
+    c: &mut ControllerClient<Channel>,
+    origin: &Volume,
+) -> Volume {
+    let mut req = on_node("pvc-cloned", 3);
+    req.capacity_range = Some(CapacityRange {
+        required_bytes: origin.capacity_bytes,
+        limit_bytes: 0,
+    });
+    req.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Volume(
+            volume_content_source::VolumeSource {
+                volume_id: origin.volume_id.clone(),
+            },
+        )),
+    });
+    let v = create_volume(c, req.clone()).await;
+    assert_eq!(naming::split_node(&v.volume_id).0, Some(key(3).as_str()));
+    let (src_vg, dst_vg) = (&rig.nodes[1].vg, &rig.nodes[2].vg);
+    let taken_for_clones = || -> Vec<String> {
+        lvs(src_vg)
+            .lvs
+            .iter()
+            .filter(|l| naming::clone_for(&l.tags).is_some())
+            .map(|l| l.name.clone())
+            .collect()
+    };
+    assert_eq!(
+        taken_for_clones(),
+        Vec::<String>::new(),
+        "released once whole"
+    );
+    let again = create_volume(c, req).await;
+    assert_eq!(
+        again.volume_id, v.volume_id,
+        "a retry answers the same volume"
+    );
+    assert_eq!(
+        taken_for_clones(),
+        Vec::<String>::new(),
+        "released after the retry too"
+    );
+
+    let dst_lv = naming::split_node(&v.volume_id).1.to_string();
+    assert_whole_copy(dst_vg, &dst_lv);
+    let tags = lvs(dst_vg).find(&dst_lv).unwrap().tags.clone();
+    assert!(
+        tags.contains(&naming::pulled_tag(&origin.volume_id)),
+        "{tags:?}"
+    );
+    assert!(
+        tags.iter().any(|t| t.starts_with(naming::TAG_VIA)),
+        "{tags:?}"
+    );
+    let src_lv = naming::split_node(&origin.volume_id).1;
+    let (src, dst) = (read_lv(src_vg, src_lv), read_lv(dst_vg, &dst_lv));
+    assert_eq!(
+        (src.0, src.1),
+        (dst.0, dst.1),
+        "the clone holds the volume's bytes"
+    );
+    let chunk = lvs(dst_vg).find("pool").unwrap().chunk_size;
+    assert!(
+        src.2 > 0 && dst.2.abs_diff(src.2) <= chunk,
+        "thin usage: {} against {}",
         src.2,
         dst.2
     );
