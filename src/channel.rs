@@ -260,6 +260,10 @@ pub struct FromController;
 /// copy of another node's snapshot.
 pub const COPY_HEADER: &str = "x-thinpool-copy-from-bin";
 
+/// The binary response header (`CopyRound`) on a node's answer to such a
+/// CreateVolume: what the copy's last read carried.
+pub const ROUND_HEADER: &str = "x-thinpool-round-bin";
+
 /// The node's side, with `cluster.peer_ca` set: marks each call a peer
 /// makes ([`Peer`]) for [`PeerOnly`] to refuse. Without `Callers` (no
 /// `peer_ca`) every caller is the controller.

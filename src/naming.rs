@@ -69,6 +69,23 @@ pub const TAG_PULLED: &str = "tpcsi.pulled=";
 /// starts the copy again from 0: two points in time never mix.
 pub const TAG_VIA: &str = "tpcsi.via=";
 
+/// On a copy a move's delta round fills: `tpcsi.base=<hex of the id of
+/// the snapshot the copy held whole>` (of the same volume as the one
+/// pulled). Only what differs from it is read, and a resumed round reads
+/// against it again.
+pub const TAG_BASE: &str = "tpcsi.base=";
+
+/// The base tag of a copy filled against snapshot `id`.
+pub fn base_tag(id: &str) -> String {
+    format!("{TAG_BASE}{}", hex(id.as_bytes()))
+}
+
+/// The base snapshot's id a copy's base tag names.
+pub fn base_of<'a>(tags: impl IntoIterator<Item = &'a String>) -> Option<String> {
+    tags.into_iter()
+        .find_map(|t| unhex_text(t.strip_prefix(TAG_BASE)?))
+}
+
 /// On a read-only snapshot a node took of a volume for a clone on
 /// another node: `tpcsi.clone-for=<hex of the clone's CO name>:<unix
 /// seconds it expires at>`. Never listed; removed when the controller

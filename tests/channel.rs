@@ -274,6 +274,7 @@ async fn read(ch: Channel, snapshot: &str, token: Option<&str>) -> Code {
         ReadRequest {
             snapshot_id: snapshot.into(),
             start: 0,
+            ..Default::default()
         },
         token,
     );

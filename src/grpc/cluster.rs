@@ -232,8 +232,12 @@ impl Transfer for TransferService {
                 }
                 (id, None) => id?,
             };
+            let base = match req.base_snapshot_id.as_str() {
+                "" => None,
+                b => Some(self.snapshot(b)?),
+            };
             self.classes
-                .read_snapshot(id, req.start, self.stopping.clone())
+                .read_snapshot(id, req.start, base, self.stopping.clone())
                 .await
         };
         let pieces = run.await.map_err(Status::from)?;

@@ -13,7 +13,7 @@ use crate::proto::csi::v1::controller_server::Controller;
 use crate::proto::csi::v1::controller_service_capability::rpc::Type as RpcType;
 use crate::proto::csi::v1::controller_service_capability::{Rpc, Type as CapType};
 use crate::proto::csi::v1::*;
-use crate::proto::thinpool::cluster::v1::CopyFrom;
+use crate::proto::thinpool::cluster::v1::{CopyFrom, CopyRound};
 use crate::volume::classes::Classes;
 use crate::volume::controller::{CreateSpec, VolumeInfo};
 use crate::volume::snapshot::SnapshotInfo;
@@ -128,7 +128,7 @@ impl ControllerService {
         &self,
         req: CreateVolumeRequest,
         copy: Option<CopyFrom>,
-    ) -> Result<CreateVolumeResponse> {
+    ) -> Result<(CreateVolumeResponse, Option<CopyRound>)> {
         let name = validate::required_string("name", &req.name)?;
         let d = self
             .classes
@@ -188,16 +188,38 @@ impl ControllerService {
             mutable,
             encrypted: validate::encrypted(&req.parameters)?,
         };
-        let v = match (pulled, copy) {
-            (Some(p), Some(copy)) => {
-                let pull = super::peer::pull(&d.cfg, copy, p)?;
-                d.create_pulled(spec, pull).await?
+        let (p, copy) = match (pulled, copy) {
+            (Some(p), Some(copy)) => (p, copy),
+            _ => {
+                let v = d.create_volume(spec).await?;
+                let volume = Some(self.volume(v));
+                return Ok((CreateVolumeResponse { volume }, None));
             }
-            _ => d.create_volume(spec).await?,
         };
-        Ok(CreateVolumeResponse {
-            volume: Some(self.volume(v)),
-        })
+        validate::pulled_base(&copy.base_snapshot_id, self.classes.ids(), &copy.node_id)?;
+        let pull = super::peer::pull(&d.cfg, copy, p)?;
+        let made = d.create_pulled(spec, pull).await?;
+        let round = CopyRound {
+            ranges: made.round.ranges,
+            bytes: made.round.bytes,
+            base_snapshot_id: made.round.base.clone().unwrap_or_default(),
+            held: made.volume.is_none(),
+        };
+        let volume = match made.volume {
+            Some(v) => self.volume(v),
+            // Held back by a move: only the controller sees this answer.
+            None => Volume {
+                volume_id: self.classes.ids().public(made.lv),
+                capacity_bytes: made.size as i64,
+                ..Default::default()
+            },
+        };
+        Ok((
+            CreateVolumeResponse {
+                volume: Some(volume),
+            },
+            Some(round),
+        ))
     }
 
     async fn delete(&self, req: DeleteVolumeRequest) -> Result<DeleteVolumeResponse> {
@@ -551,11 +573,19 @@ impl Controller for ControllerService {
         &self,
         r: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        let copy = copy_from(&r);
-        match copy {
-            Ok(copy) => reply(self.create(r.into_inner(), copy).await),
-            Err(e) => reply(Err(e)),
+        let made = match copy_from(&r) {
+            Ok(copy) => self.create(r.into_inner(), copy).await,
+            Err(e) => Err(e),
+        };
+        let (answer, round) = made.map_err(Status::from)?;
+        let mut answer = Response::new(answer);
+        if let Some(round) = round {
+            answer.metadata_mut().insert_bin(
+                crate::channel::ROUND_HEADER,
+                tonic::metadata::MetadataValue::from_bytes(&prost::Message::encode_to_vec(&round)),
+            );
         }
+        Ok(answer)
     }
     async fn delete_volume(
         &self,

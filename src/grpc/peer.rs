@@ -58,9 +58,12 @@ pub fn pull(
         )),
     };
     let read = pulled.via.clone().unwrap_or_else(|| pulled.id.clone());
+    let base = Some(copy.base_snapshot_id.clone()).filter(|b| !b.is_empty());
     Ok(Pull {
         id: pulled.id,
         via: pulled.via,
+        base,
+        hold: copy.hold,
         facts,
         source: PeerSource::new(&cfg.cluster, cfg.command_timeout(), copy, read)?,
     })
@@ -127,10 +130,11 @@ impl PeerSource {
 }
 
 impl Source for PeerSource {
-    async fn read(&self, start: u64) -> Result<mpsc::Receiver<Result<Piece>>> {
+    async fn read(&self, start: u64, base: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
         let mut r = tonic::Request::new(ReadRequest {
             snapshot_id: self.snapshot_id.clone(),
             start,
+            base_snapshot_id: base.unwrap_or_default().to_string(),
         });
         let header = |v: &str| {
             v.parse()

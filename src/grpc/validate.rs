@@ -166,12 +166,7 @@ pub fn pulled_source(
     source_node: &str,
     via: &str,
 ) -> Result<Pulled> {
-    let of_source = |id: &str, is: fn(&str) -> bool| match naming::split_node(id) {
-        (Some(key), rest) => {
-            ids.foreign(id).is_some() && key == naming::node_key(source_node) && is(rest)
-        }
-        _ => false,
-    };
+    let of_source = |id: &str, is: fn(&str) -> bool| of_node(id, ids, source_node, is);
     let (id, snapshot) =
         match src.and_then(|s| s.r#type.as_ref()) {
             Some(SourceType::Snapshot(s)) => (s.snapshot_id.as_str(), true),
@@ -198,6 +193,27 @@ pub fn pulled_source(
             id: id.to_string(),
             via: Some(via.to_string()),
         }),
+    }
+}
+
+/// Whether `id` carries the key of `node`, which is not this node, and
+/// is of the shape `is` takes.
+fn of_node(id: &str, ids: &NodeIds, node: &str, is: fn(&str) -> bool) -> bool {
+    match naming::split_node(id) {
+        (Some(key), rest) => ids.foreign(id).is_some() && key == naming::node_key(node) && is(rest),
+        _ => false,
+    }
+}
+
+/// The base of a move's round (`CopyFrom.base_snapshot_id`): empty, or a
+/// snapshot id of `source_node`, as the snapshot pulled.
+pub fn pulled_base<'a>(base: &'a str, ids: &NodeIds, source_node: &str) -> Result<Option<&'a str>> {
+    match base {
+        "" => Ok(None),
+        b if of_node(b, ids, source_node, naming::is_snapshot_id) => Ok(Some(b)),
+        b => invalid(format!(
+            "base snapshot {b:?} is no snapshot id of node {source_node:?}, the node to copy from"
+        )),
     }
 }
 
@@ -1090,6 +1106,16 @@ mod tests {
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id} {via}");
         }
         assert!(pulled_source(None, &here, "n2", "").is_err());
+        // A move's base: a snapshot of the same node, or none.
+        assert_eq!(pulled_base("", &here, "n2").unwrap(), None);
+        assert_eq!(
+            pulled_base(&of_n2, &here, "n2").unwrap(),
+            Some(of_n2.as_str())
+        );
+        for b in [snap.clone(), v2.clone(), n2("x")] {
+            assert!(pulled_base(&b, &here, "n2").is_err(), "{b}");
+        }
+        assert!(pulled_base(&of_n2, &here, "n3").is_err());
     }
 
     /// A node that is not serving a cluster: ids go out without a key.

@@ -163,16 +163,27 @@ impl Lvm {
 
     /// Removes tag `del` and adds tag `add` in one lvchange.
     pub async fn retag(&self, name: &str, del: Option<&str>, add: Option<&str>) -> Result<()> {
+        let del: Vec<String> = del.into_iter().map(str::to_string).collect();
+        let add: Vec<String> = add.into_iter().map(str::to_string).collect();
+        self.retag_all(name, &del, &add).await
+    }
+
+    /// Removes every tag of `del` and adds every tag of `add`, in one
+    /// `lvchange` (one metadata commit: all of it happens, or none).
+    pub async fn retag_all(&self, name: &str, del: &[String], add: &[String]) -> Result<()> {
         let mut args = Vec::new();
-        retag_args(&mut args, del, add);
+        for t in del {
+            args.extend(crate::argv!["--deltag", t]);
+        }
+        add_tags(&mut args, add);
         if args.is_empty() {
             return Ok(());
         }
         args.push(self.lv_path(name));
         let write = Write::Retagged {
             name: name.to_string(),
-            del: del.map(str::to_string),
-            add: add.map(str::to_string),
+            del: del.to_vec(),
+            add: add.to_vec(),
         };
         self.change_with("lvchange", args, Some(write))
             .await

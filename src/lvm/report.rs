@@ -360,8 +360,8 @@ pub enum Write {
     Deactivated(String),
     Retagged {
         name: String,
-        del: Option<String>,
-        add: Option<String>,
+        del: Vec<String>,
+        add: Vec<String>,
     },
 }
 
@@ -489,13 +489,13 @@ impl Report {
             }
             Write::Retagged { name, del, add } => {
                 if let Some(lv) = self.find_mut(name) {
-                    lv.tags.retain(|t| Some(t) != del.as_ref());
-                    if let Some(a) = add {
+                    lv.tags.retain(|t| !del.contains(t));
+                    for a in add {
                         if !lv.tags.contains(a) {
                             lv.tags.push(a.clone());
-                            lv.tags.sort();
                         }
                     }
+                    lv.tags.sort();
                 }
             }
         }
@@ -1216,8 +1216,8 @@ mod tests {
         });
         r.apply(&Write::Retagged {
             name: "csi-new-1".into(),
-            del: Some("tpcsi.a=1".into()),
-            add: Some("tpcsi.a=2".into()),
+            del: vec!["tpcsi.a=1".into()],
+            add: vec!["tpcsi.a=2".into()],
         });
         let v = r.find("csi-new-1").unwrap();
         assert_eq!(v.size, 12 << 20);

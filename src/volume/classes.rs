@@ -81,10 +81,11 @@ impl Classes {
         &self,
         id: super::SnapshotId,
         start: u64,
+        base: Option<super::SnapshotId>,
         stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<super::transfer::Piece>>> {
         self.of(&id)?
-            .read_snapshot(id, start, self.transfers.clone(), stopping)
+            .read_snapshot(id, start, base, self.transfers.clone(), stopping)
             .await
     }
 

@@ -26,11 +26,13 @@ use crate::volume::Volumes;
 
 /// Where a copy's pieces come from: a read of the source snapshot from
 /// byte `start` on, as `Transfer.Read` sends it (a header, ranges in
-/// ascending order, then a summary of that read).
+/// ascending order, then a summary of that read); with `base` (a snapshot
+/// of the same volume the copy holds), only the ranges that differ.
 pub trait Source: Sync {
     fn read(
         &self,
         start: u64,
+        base: Option<&str>,
     ) -> impl Future<Output = Result<mpsc::Receiver<Result<Piece>>>> + Send;
 }
 
@@ -74,6 +76,12 @@ pub struct Pull<S> {
     /// For a clone (`id` a volume): the snapshot its node took for it,
     /// which `source` reads.
     pub via: Option<String>,
+    /// A move's round (docs/moving.md): the snapshot of the same volume
+    /// the copy may hold whole already; then only what differs is read.
+    pub base: Option<String>,
+    /// A move's round before the last: the copy, once whole, is held
+    /// back (still no volume) for the next round.
+    pub hold: bool,
     pub facts: Result<SourceFacts>,
     pub source: S,
 }
@@ -100,6 +108,29 @@ pub const RESUMES: u32 = 3;
 pub struct Filled {
     pub ranges: u64,
     pub bytes: u64,
+}
+
+/// The filling offset of a copy that is whole but held back by a move
+/// for its next round (`Pull::hold`).
+pub const WHOLE: u64 = u64::MAX;
+
+/// What a pulled CreateVolume made: the LV and its size, the volume
+/// (none while a move holds the copy back), and this call's round.
+#[derive(Debug, Clone)]
+pub struct PulledCopy {
+    pub lv: String,
+    pub size: u64,
+    pub volume: Option<super::controller::VolumeInfo>,
+    pub round: Round,
+}
+
+/// What the last read of a call carried, and the base it was read
+/// against (a move's delta round).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Round {
+    pub ranges: u64,
+    pub bytes: u64,
+    pub base: Option<String>,
 }
 
 /// Where the last record was made, and when.
@@ -132,7 +163,7 @@ fn resumable(e: &Error) -> bool {
 /// everything below `at` is written and verified. A
 /// cut read is resumed [`RESUMES`] times, after a second each time.
 pub async fn fill<S, K, R, F>(
-    source: &S,
+    (source, base): (&S, Option<&str>),
     sink: Arc<K>,
     size: u64,
     from: u64,
@@ -156,7 +187,7 @@ where
     };
     loop {
         let read = read_once(
-            source,
+            (source, base),
             &sink,
             size,
             at,
@@ -181,7 +212,7 @@ where
 /// One read from `start`: every range checked and written, and its
 /// summary checked.
 async fn read_once<S, K, R, F>(
-    source: &S,
+    (source, base): (&S, Option<&str>),
     sink: &Arc<K>,
     size: u64,
     start: u64,
@@ -202,7 +233,7 @@ where
             Ended::Failed(e)
         }
     };
-    let mut rx = source.read(start).await.map_err(|e| cut(start, e))?;
+    let mut rx = source.read(start, base).await.map_err(|e| cut(start, e))?;
     let mut next = start;
     let mut digest = Digest::default();
     let mut capacity = None;
@@ -320,12 +351,14 @@ impl Volumes {
         self: &Arc<Self>,
         spec: super::controller::CreateSpec,
         pull: Pull<S>,
-    ) -> Result<super::controller::VolumeInfo> {
+    ) -> Result<PulledCopy> {
         let lv_name = self.in_class_id(naming::lv_name_for(&spec.co_name));
         self.detached(&lv_name.clone(), "CreateVolume", move |d, _| async move {
             let Pull {
                 id: source_id,
                 via,
+                base,
+                hold,
                 facts,
                 source,
             } = pull;
@@ -354,23 +387,47 @@ impl Volumes {
                         .collect::<Vec<_>>();
                     let made = naming::VolumeTags::decode(&lv_name, with_owner.iter().map(String::as_str));
                     let same = made.is_some_and(|m| super::controller::same_request(&m, &tags));
-                    if !same || !lv.tags.contains(&pulled) || !fits(lv.size) {
+                    if !same || !fits(lv.size) {
                         return Err(refuse());
                     }
+                    let at = d.filling_here(lv).unwrap_or(0);
                     let facts = facts?;
-                    match via.as_ref().filter(|v| !lv.tags.contains(v)) {
-                        None => tracing::info!(name, lv = lv_name, "CreateVolume: going on with a copy from another node"),
-                        Some(_) => {
-                            // The snapshot the source took for this clone
-                            // is another one now (the first was released
-                            // or expired): another point in time, so the
-                            // copy starts again.
-                            let at = d.filling_here(lv).unwrap_or(0);
-                            d.lvm.remove_owned(&lv_name, &naming::filling_tag(at, &d.cfg.driver_name)).await?;
-                            tracing::warn!(name, lv = lv_name, at, "CreateVolume: the clone's source is another snapshot now; removed the partial copy, starting again from 0");
-                            d.make_filling(&lv_name, &tags, &filling_tags, spec.range.as_ref(), facts.size)
-                                .await?;
+                    // A move's next round: the copy holds the base snapshot
+                    // whole; only what differs from it is read.
+                    let delta_from = base
+                        .as_deref()
+                        .filter(|b| via.is_none() && at == WHOLE && lv.tags.contains(&naming::pulled_tag(b)));
+                    if let Some(b) = delta_from.filter(|_| !lv.tags.contains(&pulled)) {
+                        if facts.size > lv.size {
+                            return Err(Error::FailedPrecondition(format!(
+                                "snapshot {source_id} holds {} bytes, more than the copy's {}: the volume grew during the move",
+                                facts.size, lv.size
+                            ))
+                            .advise("delete the copy (DeleteVolume of its id) and move the volume again"));
                         }
+                        let driver = &d.cfg.driver_name;
+                        d.lvm
+                            .retag_all(
+                                &lv_name,
+                                &[naming::pulled_tag(b), naming::filling_tag(WHOLE, driver)],
+                                &[pulled.clone(), naming::base_tag(b), naming::filling_tag(0, driver)],
+                            )
+                            .await?;
+                        tracing::info!(name, lv = lv_name, base = b, snapshot = source_id,
+                            "CreateVolume: a move's next round: the copy holds the base; reading what differs from it");
+                    } else if !lv.tags.contains(&pulled) {
+                        return Err(refuse());
+                    } else if via.as_ref().is_some_and(|v| !lv.tags.contains(v)) {
+                        // The snapshot the source took for this clone is
+                        // another one now (the first was released or
+                        // expired): another point in time, so the copy
+                        // starts again.
+                        d.lvm.remove_owned(&lv_name, &naming::filling_tag(at, &d.cfg.driver_name)).await?;
+                        tracing::warn!(name, lv = lv_name, at, "CreateVolume: the clone's source is another snapshot now; removed the partial copy, starting again from 0");
+                        d.make_filling(&lv_name, &tags, &filling_tags, spec.range.as_ref(), facts.size)
+                            .await?;
+                    } else {
+                        tracing::info!(name, lv = lv_name, at, "CreateVolume: going on with a copy from another node");
                     }
                 }
                 Some(_) => {
@@ -383,7 +440,12 @@ impl Volumes {
                         return Err(refuse());
                     }
                     tracing::info!(name, lv = lv_name, "CreateVolume: already copied, returning it");
-                    return Ok(super::controller::VolumeInfo::of(&d, &report, existing));
+                    return Ok(PulledCopy {
+                        lv: lv_name.clone(),
+                        size: existing.lv.size,
+                        volume: Some(super::controller::VolumeInfo::of(&d, &report, existing)),
+                        round: Round::default(),
+                    });
                 }
                 None => {
                     let facts = facts?;
@@ -397,10 +459,16 @@ impl Volumes {
                         .await?;
                 }
             };
-            d.fill_copy(&lv_name, &source).await?;
-            let report = d.lvm.known().await?;
-            let vol = d.must_own(&report, &lv_name)?;
-            Ok(super::controller::VolumeInfo::of(&d, &report, vol))
+            let (round, size) = d.fill_copy(&lv_name, &source, hold).await?;
+            let volume = match hold {
+                true => None,
+                false => {
+                    let report = d.lvm.known().await?;
+                    let vol = d.must_own(&report, &lv_name)?;
+                    Some(super::controller::VolumeInfo::of(&d, &report, vol))
+                }
+            };
+            Ok(PulledCopy { lv: lv_name.clone(), size, volume, round })
         })
         .await
     }
@@ -458,7 +526,12 @@ impl Volumes {
     /// match is removed (its filling tag set back to 0 first, so a retry
     /// after a crash between the two starts again from 0); a cut one is
     /// left for the retry to resume.
-    async fn fill_copy<S: Source>(&self, lv_name: &str, source: &S) -> Result<Filled> {
+    async fn fill_copy<S: Source>(
+        &self,
+        lv_name: &str,
+        source: &S,
+        hold: bool,
+    ) -> Result<(Round, u64)> {
         let report = self.lvm.known().await?;
         let lv = report
             .find(lv_name)
@@ -466,8 +539,101 @@ impl Volumes {
             .ok_or_else(|| Error::Internal(format!("{lv_name} is no copy this driver fills")))?
             .clone();
         let from = self.filling_here(&lv).unwrap_or(0);
+        let base = naming::base_of(&lv.tags);
         let driver = self.cfg.driver_name.clone();
-        let (dev, _) = self.activate(&lv).await?;
+        let size = lv.size;
+        let tag = std::sync::Mutex::new(naming::filling_tag(from, &driver));
+        let filled = match from {
+            // Whole already (a round of a move held back, asked again):
+            // nothing to read.
+            WHOLE => Ok((
+                Filled {
+                    ranges: 0,
+                    bytes: 0,
+                },
+                None,
+            )),
+            _ => self
+                .fill_from(&lv, source, base.as_deref(), &tag)
+                .await
+                .map(|(f, dev)| (f, Some(dev))),
+        };
+        let last = tag.lock().unwrap().clone();
+        match filled {
+            Ok((f, dev)) => {
+                // One lvchange: the filling and base tags go, and the copy
+                // is the volume (or, held back by a move, marked whole).
+                let mut del = vec![last];
+                del.extend(base.as_deref().map(naming::base_tag));
+                let add = match hold {
+                    true => naming::filling_tag(WHOLE, &driver),
+                    false => self.owner_tag(),
+                };
+                self.lvm.retag_all(lv_name, &del, &[add]).await?;
+                // Left inactive, as every new volume is until it is staged.
+                if let Some(dev) = &dev {
+                    self.deactivate_if_unused(dev).await;
+                }
+                tracing::info!(
+                    lv = lv_name,
+                    from,
+                    base,
+                    held = hold,
+                    last_read_ranges = f.ranges,
+                    last_read_bytes = f.bytes,
+                    "{}",
+                    match hold {
+                        true => "copy: filled and verified; held back for the move's next round",
+                        false => "copy: filled and verified; the volume is served",
+                    }
+                );
+                Ok((
+                    Round {
+                        ranges: f.ranges,
+                        bytes: f.bytes,
+                        base,
+                    },
+                    size,
+                ))
+            }
+            Err((e, dev)) if e.code() == tonic::Code::DataLoss => {
+                tracing::error!(lv = lv_name, error = %e, "copy: the data did not match; removing the partial copy");
+                let zero = naming::filling_tag(0, &driver);
+                if let Err(r) = self.lvm.retag(lv_name, Some(&last), Some(&zero)).await {
+                    tracing::error!(lv = lv_name, error = %r, "copy: could not set the partial copy back to 0");
+                    return Err(e);
+                }
+                if let Some(dev) = &dev {
+                    self.deactivate_if_unused(dev).await;
+                }
+                if let Err(r) = self.lvm.remove_owned(lv_name, &zero).await {
+                    tracing::error!(lv = lv_name, error = %r, "copy: could not remove the partial copy; the retry starts it again from 0");
+                }
+                Err(e)
+            }
+            Err((e, _)) => {
+                tracing::warn!(lv = lv_name, error = %e, "copy: stopped; the retry resumes it");
+                Err(e)
+            }
+        }
+    }
+
+    /// The fill itself: `lv` activated and opened exclusively, filled
+    /// from its filling offset on (with `base`: what differs from it), the
+    /// offset recorded in `tag` as it goes ([`fill`]). Its device, to
+    /// deactivate, with the answer.
+    async fn fill_from<S: Source>(
+        &self,
+        lv: &crate::lvm::report::Lv,
+        source: &S,
+        base: Option<&str>,
+        tag: &std::sync::Mutex<String>,
+    ) -> std::result::Result<(Filled, crate::node::Device), (Error, Option<crate::node::Device>)>
+    {
+        let lv_name = lv.name.as_str();
+        let from = self.filling_here(lv).unwrap_or(0);
+        let driver = self.cfg.driver_name.clone();
+        let (dev, _) = self.activate(lv).await.map_err(|e| (e, None))?;
         let path = dev.path.clone();
         let metrics = self.metrics.clone();
         let sink = self
@@ -478,17 +644,18 @@ impl Volumes {
                     metrics,
                 }))
             })
-            .await?;
+            .await
+            .map_err(|e| (e, Some(dev.clone())))?;
         let _filling = self.metrics.filling();
         let started = Instant::now();
         let size = lv.size;
         tracing::info!(
             lv = lv_name,
             from,
-            size = lv.size,
+            size,
+            base,
             "copy: filling from the source node"
         );
-        let tag = std::sync::Mutex::new(naming::filling_tag(from, &driver));
         let record = |at: u64| {
             // Progress by offset (holes count as done): a rough rate, and
             // how long what is left takes at it.
@@ -507,50 +674,19 @@ impl Volumes {
             let old = std::mem::replace(&mut *tag.lock().unwrap(), new.clone());
             async move { self.lvm.retag(lv_name, Some(&old), Some(&new)).await }
         };
-        let filled = fill(
-            source,
+        match fill(
+            (source, base),
             sink,
-            lv.size,
+            size,
             from,
             self.cfg.command_timeout(),
             RECORD,
             record,
         )
-        .await;
-        let last = tag.lock().unwrap().clone();
-        match filled {
-            Ok(f) => {
-                self.lvm
-                    .retag(lv_name, Some(&last), Some(&self.owner_tag()))
-                    .await?;
-                // Left inactive, as every new volume is until it is staged.
-                self.deactivate_if_unused(&dev).await;
-                tracing::info!(
-                    lv = lv_name,
-                    from,
-                    last_read_ranges = f.ranges,
-                    last_read_bytes = f.bytes,
-                    "copy: filled and verified; the volume is served"
-                );
-                Ok(f)
-            }
-            Err(e) if e.code() == tonic::Code::DataLoss => {
-                tracing::error!(lv = lv_name, error = %e, "copy: the data did not match; removing the partial copy");
-                let zero = naming::filling_tag(0, &driver);
-                if let Err(r) = self.lvm.retag(lv_name, Some(&last), Some(&zero)).await {
-                    tracing::error!(lv = lv_name, error = %r, "copy: could not set the partial copy back to 0");
-                    return Err(e);
-                }
-                self.deactivate_if_unused(&dev).await;
-                if let Err(r) = self.lvm.remove_owned(lv_name, &zero).await {
-                    tracing::error!(lv = lv_name, error = %r, "copy: could not remove the partial copy; the retry starts it again from 0");
-                }
-                Err(e)
-            }
-            Err(e) => {
-                tracing::warn!(lv = lv_name, error = %e, "copy: stopped; the retry resumes it");
-                Err(e)
-            }
+        .await
+        {
+            Ok(f) => Ok((f, dev)),
+            Err(e) => Err((e, Some(dev))),
         }
     }
 
@@ -610,7 +746,7 @@ mod tests {
     }
 
     impl Source for Fake {
-        async fn read(&self, start: u64) -> Result<mpsc::Receiver<Result<Piece>>> {
+        async fn read(&self, start: u64, _: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
             self.starts.lock().unwrap().push(start);
             let (tx, rx) = mpsc::channel(1000);
             tx.try_send(Ok(Piece::Header {
@@ -698,7 +834,7 @@ mod tests {
     async fn run(src: &Fake, sink: Arc<Mem>, from: u64) -> (Result<Filled>, Vec<u64>) {
         let records = Mutex::new(vec![]);
         let r = fill(
-            src,
+            (src, None),
             sink,
             10_000,
             from,
@@ -826,7 +962,7 @@ mod tests {
         let sink = Mem::new(3 * big as usize);
         let events = sink.events.clone();
         fill(
-            &src,
+            (&src, None),
             sink,
             3 * big,
             0,
@@ -859,7 +995,7 @@ mod tests {
     async fn a_summary_without_a_header_is_no_copy() {
         struct Bare;
         impl Source for Bare {
-            async fn read(&self, _: u64) -> Result<mpsc::Receiver<Result<Piece>>> {
+            async fn read(&self, _: u64, _: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
                 let (tx, rx) = mpsc::channel(1);
                 tx.try_send(Ok(Piece::Summary {
                     ranges: 0,
@@ -871,7 +1007,7 @@ mod tests {
             }
         }
         let r = fill(
-            &Bare,
+            (&Bare, None),
             Mem::new(10),
             10,
             0,

@@ -257,8 +257,10 @@ impl Volumes {
         })
     }
 
-    /// Snapshot `id`'s mapped ranges from byte `start` on, read and hashed
-    /// (see the module documentation), as a stream of [`Piece`]s; an
+    /// Snapshot `id`'s mapped ranges from byte `start` on (with `base`, a
+    /// snapshot of the same volume: the ranges where the two differ, as
+    /// `id` holds them), read and hashed (see the module documentation),
+    /// as a stream of [`Piece`]s; an
     /// error ends it, and a stream that ends without its summary was cut
     /// short. The ranges are listed first (the pool's metadata snapshot
     /// is released before any data is read), then read one piece at a
@@ -272,6 +274,7 @@ impl Volumes {
         self: &Arc<Self>,
         id: SnapshotId,
         start: u64,
+        base: Option<SnapshotId>,
         transfers: Arc<Transfers>,
         stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Result<mpsc::Receiver<Result<Piece>>> {
@@ -281,9 +284,14 @@ impl Volumes {
             ))
             .advise("retry once one of them has ended")
         })?;
-        let listed = self
-            .snapshot_metadata(Ask::Allocated(id.clone()), start)
-            .await?;
+        let ask = match base.clone() {
+            None => Ask::Allocated(id.clone()),
+            Some(base) => Ask::Delta {
+                base,
+                target: id.clone(),
+            },
+        };
+        let listed = self.snapshot_metadata(ask, start).await?;
         let capacity = listed.capacity;
         let mut rx = listed.ranges;
         let mut ranges = Vec::new();
@@ -310,8 +318,8 @@ impl Volumes {
                 Ok(Arc::new(crate::sys::open_read_only(&path)?))
             })
             .await?;
-        tracing::info!(snapshot = %id, start, capacity, ranges = ranges.len(),
-            "transfer: reading a snapshot's mapped ranges");
+        tracing::info!(snapshot = %id, base = base.as_deref(), start, capacity, ranges = ranges.len(),
+            "transfer: reading a snapshot's mapped ranges (with a base: those that differ from it)");
         let (tx, out) = mpsc::channel(QUEUED);
         let d = self.clone();
         tokio::spawn(async move {

@@ -784,6 +784,7 @@ async fn a_snapshot_is_read_on_its_node(rig: &Rig, id: &str, origin: &str) {
             let mut r = tonic::Request::new(ReadRequest {
                 snapshot_id: id.to_string(),
                 start,
+                ..Default::default()
             });
             r.metadata_mut().insert(
                 thinpool_csi::channel::NODE_HEADER,
