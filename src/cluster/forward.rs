@@ -29,7 +29,9 @@ use crate::proto::csi::v1::*;
 use crate::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceControllerClient;
 use crate::proto::reclaimspace::{ControllerReclaimSpaceRequest, ControllerReclaimSpaceResponse};
 use crate::proto::thinpool::cluster::v1::transfer_client::TransferClient;
-use crate::proto::thinpool::cluster::v1::{CopyFrom, GrantRequest, ReleaseRequest};
+use crate::proto::thinpool::cluster::v1::{
+    CopyFrom, CopyRound, GrantRequest, ReleaseRequest, RoundRequest, RoundResponse,
+};
 
 pub struct Cluster {
     pub cfg: ControllerConfig,
@@ -226,7 +228,7 @@ impl Cluster {
         );
         if let (true, Some((_, id, kind))) = (elsewhere, source) {
             let id = id.clone();
-            return self.pulled(&node, &id, kind, req).await;
+            return Ok(self.pulled(&node, &id, kind, req, None).await?.0);
         }
         self.on(&node, |mut c| async move { c.create_volume(req).await })
             .await
@@ -247,13 +249,18 @@ impl Cluster {
     /// taken for it is released (`Transfer.Release`); one left behind (the
     /// release failed, or the clone was abandoned) expires on the source
     /// node.
+    ///
+    /// `round`, for a move's round (`Move.Round`): the base snapshot the
+    /// copy may hold, and whether to hold the copy back once whole. The
+    /// target's account of the round comes with its answer.
     async fn pulled(
         &self,
         source: &Arc<Node>,
         id: &str,
         kind: Kind,
         req: CreateVolumeRequest,
-    ) -> Reply<CreateVolumeResponse> {
+        round: Option<(&str, bool)>,
+    ) -> Reply<(CreateVolumeResponse, Option<CopyRound>)> {
         let target = self
             .named_node(req.accessibility_requirements.as_ref())
             .await?;
@@ -301,15 +308,24 @@ impl Cluster {
             granted = copy.source_code == 0,
             "CreateVolume: a copy of another node's snapshot or volume, pulled by the target node"
         );
+        if let Some((base, hold)) = round {
+            copy.base_snapshot_id = base.to_string();
+            copy.hold = hold;
+        }
         let name = req.name.clone();
         let mut r = tonic::Request::new(req);
         r.metadata_mut().insert_bin(
             crate::channel::COPY_HEADER,
             tonic::metadata::MetadataValue::from_bytes(&prost::Message::encode_to_vec(&copy)),
         );
-        let made = self
-            .on(&target, |mut c| async move { c.create_volume(r).await })
+        let answered = ControllerClient::new(target.channel.clone())
+            .create_volume(r)
             .await;
+        let told = answered.as_ref().ok().and_then(|a| {
+            let v = a.metadata().get_bin(crate::channel::ROUND_HEADER)?;
+            prost::Message::decode(v.to_bytes().ok()?).ok()
+        });
+        let made = self.answer(&target, answered).await.map(|m| (m, told));
         if clone && made.is_ok() {
             let release = TransferClient::new(source.channel.clone())
                 .release(ReleaseRequest {
@@ -329,6 +345,55 @@ impl Cluster {
             }
         }
         made
+    }
+
+    /// `Move.Round` (`tpcsi move`, docs/moving.md): the CreateVolume of
+    /// the round, whose content source is a snapshot on another node than
+    /// the one its requirements name, pulled by that node with the
+    /// round's base and hold ([`Cluster::pulled`]).
+    pub async fn move_round(&self, req: RoundRequest) -> Reply<RoundResponse> {
+        use volume_content_source::Type;
+        let create = req
+            .create
+            .ok_or_else(|| Status::invalid_argument("create is required"))?;
+        let Some(Type::Snapshot(s)) = create
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        else {
+            return Err(Status::invalid_argument(
+                "a move's round copies a snapshot: create.volume_content_source must name one",
+            ));
+        };
+        let id = s.snapshot_id.clone();
+        let Owner::Node(source) = self.owner(&id, Kind::Snapshot).await? else {
+            return Err(Status::not_found(format!(
+                "snapshot {id:?} is on no node this controller knows"
+            )));
+        };
+        if crate::grpc::validate::topology_allows(
+            create.accessibility_requirements.as_ref(),
+            &self.cfg.topology_key(),
+            &source.id,
+        ) {
+            return Err(Status::invalid_argument(format!(
+                "a move goes to another node: the requirements allow {:?}, the snapshot's own node",
+                source.id
+            )));
+        }
+        let (made, round) = self
+            .pulled(
+                &source,
+                &id,
+                Kind::Snapshot,
+                create,
+                Some((&req.base_snapshot_id, req.hold)),
+            )
+            .await?;
+        Ok(RoundResponse {
+            volume: made.volume,
+            round,
+        })
     }
 
     /// The node the accessibility requirements name first.

@@ -190,6 +190,17 @@ impl GroupController for ForwardService {
     }
 }
 
+/// `tpcsi move`'s rounds (docs/moving.md), on the controller's socket.
+#[tonic::async_trait]
+impl crate::proto::thinpool::cluster::v1::move_server::Move for ForwardService {
+    async fn round(
+        &self,
+        r: Request<crate::proto::thinpool::cluster::v1::RoundRequest>,
+    ) -> Reply<crate::proto::thinpool::cluster::v1::RoundResponse> {
+        reply(self.cluster.move_round(r.into_inner()).await)
+    }
+}
+
 #[tonic::async_trait]
 impl SnapshotMetadata for ForwardService {
     type GetMetadataAllocatedStream = Relay<GetMetadataAllocatedResponse>;

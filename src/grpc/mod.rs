@@ -182,8 +182,8 @@ where
 }
 
 /// Serves the cluster controller's CSI Identity, Controller,
-/// GroupController and SnapshotMetadata (`forward`) on `listener` until
-/// `shutdown` resolves.
+/// GroupController and SnapshotMetadata (`forward`), and the driver's own
+/// `Move` for `tpcsi move`, on `listener` until `shutdown` resolves.
 pub async fn serve_controller(
     cluster: Arc<crate::cluster::Cluster>,
     metrics: Arc<crate::metrics::Metrics>,
@@ -199,6 +199,7 @@ pub async fn serve_controller(
         .add_service(ControllerServer::new(svc()))
         .add_service(GroupControllerServer::new(svc()))
         .add_service(SnapshotMetadataServer::new(svc()))
+        .add_service(crate::proto::thinpool::cluster::v1::move_server::MoveServer::new(svc()))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| Error::Internal(format!("gRPC server: {e}")))

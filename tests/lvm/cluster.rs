@@ -1059,3 +1059,152 @@ async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
         );
     }
 }
+
+/// `tpcsi move` (docs/moving.md): node 2's volume moved to node 3 by
+/// rounds through the controller. While the "workload" writes, two rounds
+/// copy snapshots of it (the first whole, the next by what changed); the
+/// copy on node 3 is no volume meanwhile. Then 1 MiB more changes and
+/// `--final` copies only that and makes the copy the volume: it holds the
+/// volume's bytes, maps what the volume maps, and the move's snapshots
+/// are gone from node 2, whose volume is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
+    let rig = Rig::start(2, 96 * MIB, "").await;
+    let mut c = rig.ctl.controller().await;
+    let mut req = on_node("pvc-old", 2);
+    req.capacity_range = Some(CapacityRange {
+        required_bytes: 32 * MIB as i64,
+        limit_bytes: 0,
+    });
+    let old = create_volume(&mut c, req).await;
+    let (src_vg, dst_vg) = (rig.nodes[1].vg.clone(), rig.nodes[2].vg.clone());
+    let src_lv = naming::split_node(&old.volume_id).1.to_string();
+    // The workload: writes behind the driver, on node 2.
+    let write = |at: u64, len: u64, byte: u8| {
+        let path = format!("{src_vg}/{src_lv}");
+        lvm(&["lvchange", "-ay", "-K", &path]);
+        write_at(
+            std::path::Path::new(&format!("/dev/{path}")),
+            at,
+            &vec![byte; len as usize],
+        )
+        .unwrap();
+        lvm(&["lvchange", "-an", &path]);
+    };
+    write(0, 8 * MIB, 0x11);
+    write(20 * MIB, 2 * MIB, 0x22);
+
+    let tpcsi = |args: &[&str]| -> Vec<serde_json::Value> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tpcsi"))
+            .arg("--endpoint")
+            .arg(rig.ctl.uri())
+            .arg("--json")
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run tpcsi");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        eprintln!("$ tpcsi {}\n{stdout}{stderr}", args.join(" "));
+        assert!(out.status.success(), "tpcsi {args:?}: {stderr}");
+        serde_json::Deserializer::from_str(&stdout)
+            .into_iter::<serde_json::Value>()
+            .map(|v| v.unwrap())
+            .collect()
+    };
+    let field = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
+    let to = node_id(3);
+    let common = [
+        old.volume_id.as_str(),
+        "--to",
+        to.as_str(),
+        "--name",
+        "pvc-new",
+        "--fs",
+        "ext4",
+    ];
+
+    // While it runs: at most two rounds.
+    let mut args = common.to_vec();
+    args.extend(["--rounds", "2"]);
+    let rounds = tpcsi(&args);
+    assert_eq!(rounds.len(), 2, "{rounds:?}");
+    let whole: u64 = field(&rounds[0], "bytes").parse().unwrap();
+    assert_eq!(field(&rounds[0], "read"), "whole");
+    assert_eq!(whole, 10 * MIB, "the first round copies what is mapped");
+    assert_eq!(field(&rounds[1], "read"), "changes since the base");
+    assert_eq!(
+        field(&rounds[1], "bytes"),
+        "0",
+        "nothing changed between the rounds"
+    );
+    let base = field(&rounds[1], "snapshot_id");
+    // The copy on node 3 is no volume yet.
+    let held = naming::lv_name_for("pvc-new");
+    let tags = lvs(&dst_vg).find(&held).unwrap().tags.clone();
+    assert!(
+        !tags.iter().any(|t| t.starts_with(naming::TAG_OWNER)) && naming::filling(&tags).is_some(),
+        "{tags:?}"
+    );
+    let listed = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries.len(), 1, "only the old volume is listed");
+
+    // The workload changes 1 MiB, then stops: the last round.
+    write(4 * MIB, MIB, 0x33);
+    let mut args = common.to_vec();
+    args.extend(["--base", base.as_str(), "--final"]);
+    let last = tpcsi(&args);
+    assert_eq!(field(&last[0], "read"), "changes since the base");
+    let delta: u64 = field(&last[0], "bytes").parse().unwrap();
+    let chunk = lvs(&dst_vg).find("pool").unwrap().chunk_size;
+    assert!(
+        delta >= MIB && delta <= MIB + 2 * chunk,
+        "the last round copies the change alone: {delta} bytes"
+    );
+    let moved = field(&last[1], "volume_id");
+    assert_eq!(naming::split_node(&moved).0, Some(key(3).as_str()));
+
+    let dst_lv = naming::split_node(&moved).1.to_string();
+    assert_whole_copy(&dst_vg, &dst_lv);
+    let tags = lvs(&dst_vg).find(&dst_lv).unwrap().tags.clone();
+    assert!(
+        !tags.iter().any(|t| t.starts_with(naming::TAG_BASE)),
+        "{tags:?}"
+    );
+    let (src, dst) = (read_lv(&src_vg, &src_lv), read_lv(&dst_vg, &dst_lv));
+    assert_eq!(
+        (src.0, src.1),
+        (dst.0, dst.1),
+        "the new volume holds the old one's bytes"
+    );
+    assert!(
+        dst.2.abs_diff(src.2) <= 2 * chunk,
+        "thin usage: old {}, new {}",
+        src.2,
+        dst.2
+    );
+    assert_eq!(
+        lv_names(&src_vg),
+        std::slice::from_ref(&src_lv),
+        "the move's snapshots are gone"
+    );
+    get(&mut c, &moved).await.unwrap();
+
+    for id in [&moved, &old.volume_id] {
+        c.delete_volume(del(id)).await.unwrap();
+    }
+    for n in &rig.nodes {
+        assert!(
+            lv_names(&n.vg).is_empty(),
+            "{}: {:?}",
+            n.vg,
+            lv_names(&n.vg)
+        );
+    }
+}

@@ -85,6 +85,10 @@ pub enum Command {
     /// Snapshots: create, list, delete
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Move a volume to another node through the cluster's controller:
+    /// rounds of snapshots copied while its workload runs (each by what
+    /// changed), then --final once it is stopped (docs/moving.md)
+    Move(MoveArgs),
     /// Stage a volume on this node at a staging directory (NodeStageVolume)
     Stage(StageArgs),
     /// Unstage a volume (NodeUnstageVolume)
@@ -211,6 +215,37 @@ pub struct CreateArgs {
     /// pod's node): needed through the cluster's controller
     #[arg(long, value_name = "NODE_ID")]
     pub on_node: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct MoveArgs {
+    /// The volume to move (its id)
+    pub volume_id: String,
+    /// The node to move it to
+    #[arg(long, value_name = "NODE_ID")]
+    pub to: String,
+    /// The new volume's name (as a CO would give it, e.g. the new PV's)
+    #[arg(long)]
+    pub name: String,
+    #[command(flatten)]
+    pub access: AccessArgs,
+    /// Creation parameter (repeatable), as the volume was created with
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub params: Vec<(String, String)>,
+    /// The snapshot the copy on the target holds, as the run before
+    /// printed: only what changed since it is copied
+    #[arg(long, value_name = "SNAPSHOT_ID")]
+    pub base: Option<String>,
+    /// Resume a round that failed: copy this snapshot (as printed) rather
+    /// than take a new one
+    #[arg(long, value_name = "SNAPSHOT_ID")]
+    pub snapshot: Option<String>,
+    /// The last round (the workload is stopped): the copy becomes the volume
+    #[arg(long = "final")]
+    pub r#final: bool,
+    /// At most this many rounds while the workload runs
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
 }
 
 #[derive(Debug, Args)]

@@ -12,6 +12,7 @@ mod cluster;
 mod connect;
 mod failure;
 mod info;
+mod moving;
 mod node;
 mod output;
 mod pages;
@@ -101,6 +102,7 @@ async fn command(c: &mut Ctx, command: Command) -> Result<()> {
         Command::Expand(a) => volume::expand(c, a).await,
         Command::Delete { volume_id } => volume::delete(c, volume_id).await,
         Command::Snapshot(s) => snapshot::snapshot(c, s).await,
+        Command::Move(a) => moving::move_volume(c, a).await,
         Command::Stage(a) => node::stage(c, a).await,
         Command::Unstage {
             volume_id,

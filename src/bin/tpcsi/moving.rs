@@ -1,0 +1,244 @@
+//! `tpcsi move`: a volume moved to another node through the cluster's
+//! controller (`Move.Round`, docs/moving.md). While its workload runs,
+//! rounds copy snapshots of it to the target, each after the first by
+//! what changed since the one before, as long as that shrinks; the copy
+//! stays no volume. Once the workload is stopped, `--final` copies what
+//! changed since the last round and makes the copy the volume. The old
+//! volume is never touched: it goes only when its user deletes it, after
+//! the new one is checked.
+
+use std::time::Instant;
+
+use thinpool_csi::proto::csi::v1 as csi;
+use thinpool_csi::proto::thinpool::cluster::v1::move_client::MoveClient;
+use thinpool_csi::proto::thinpool::cluster::v1::{RoundRequest, RoundResponse};
+use tonic::Status;
+
+use crate::args::MoveArgs;
+use crate::connect::Ctx;
+use crate::failure::Result;
+use crate::output::Done;
+
+pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
+    let mut ctl = c.controller().await?;
+    let volume = ctl
+        .controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: a.volume_id.clone(),
+        })
+        .await?
+        .into_inner()
+        .volume
+        .ok_or_else(|| Status::internal("ControllerGetVolume answered no volume"))?;
+    let driver = crate::cluster::plugin_info(c).await?.name;
+    let node = csi::Topology {
+        segments: [(thinpool_csi::config::topology_key(&driver), a.to.clone())].into(),
+    };
+    let create = |snapshot_id: &str| csi::CreateVolumeRequest {
+        name: a.name.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: volume.capacity_bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![crate::capability::capability(&a.access, &[])],
+        parameters: a.params.iter().cloned().collect(),
+        accessibility_requirements: Some(csi::TopologyRequirement {
+            requisite: vec![node.clone()],
+            preferred: vec![node.clone()],
+        }),
+        volume_content_source: Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: snapshot_id.to_string(),
+                },
+            )),
+        }),
+        ..Default::default()
+    };
+    let mover = MoveClient::new(c.csi().await?);
+    let mut base = a.base.clone();
+    let mut last_bytes = None;
+    let rounds = if a.r#final { 1 } else { a.rounds.max(1) };
+    for k in 1..=rounds {
+        let hold = !a.r#final;
+        // A snapshot of this moment, named for the move and the time (or,
+        // resuming a round that failed, that round's).
+        let snap = match (k, &a.snapshot) {
+            (1, Some(id)) => id.clone(),
+            _ => take_snapshot(c, &mut ctl, &a, k).await?,
+        };
+        let started = Instant::now();
+        let req = RoundRequest {
+            create: Some(create(&snap)),
+            base_snapshot_id: base.clone().unwrap_or_default(),
+            hold,
+        };
+        let r: RoundResponse = match round_with_retries(c, &mover, &a.to, k, req).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The copy may be part way from the base to this snapshot:
+                // only the same round goes on from there.
+                eprintln!(
+                    "resume with: tpcsi move {} --to {} --name {}{} --snapshot {snap}{} (with the same --fs/--block and --param)",
+                    a.volume_id,
+                    a.to,
+                    a.name,
+                    base.as_ref().map(|b| format!(" --base {b}")).unwrap_or_default(),
+                    if a.r#final { " --final" } else { "" },
+                );
+                return Err(e);
+            }
+        };
+        let round = r.round.unwrap_or_default();
+        let secs = format!("{:.1}", started.elapsed().as_secs_f64());
+        let (bytes, ranges) = (round.bytes.to_string(), round.ranges.to_string());
+        let kind = match round.base_snapshot_id.is_empty() {
+            true => "whole",
+            false => "changes since the base",
+        };
+        c.show(&Done::new(
+            if hold {
+                "copied, held back"
+            } else {
+                "copied, the volume"
+            },
+            &[
+                ("round", &k.to_string()),
+                ("snapshot_id", &snap),
+                ("read", kind),
+                ("bytes", &bytes),
+                ("ranges", &ranges),
+                ("seconds", &secs),
+            ],
+        ));
+        // The copy holds this round's snapshot now: the base before it is
+        // of no more use.
+        if let Some(b) = base.replace(snap.clone()) {
+            forget(&mut ctl, &b).await;
+        }
+        if !hold {
+            forget(&mut ctl, &snap).await;
+            let v = r
+                .volume
+                .ok_or_else(|| Status::internal("the final round answered no volume"))?;
+            c.show(&Done::new(
+                "moved",
+                &[
+                    ("volume_id", &v.volume_id),
+                    ("node", &a.to),
+                    ("from_volume_id", &a.volume_id),
+                ],
+            ));
+            eprintln!(
+                "next: point a PersistentVolume at {} (node affinity: {}), bind the claim to it, check the data, then delete the old volume {} (docs/moving.md)",
+                v.volume_id, a.to, a.volume_id
+            );
+            return Ok(());
+        }
+        // While the workload runs, go on while what changed shrinks.
+        let shrinking = last_bytes.is_none_or(|l| round.bytes < l);
+        last_bytes = Some(round.bytes);
+        if !shrinking {
+            break;
+        }
+    }
+    let base = base.unwrap_or_default();
+    eprintln!(
+        "next: stop the volume's workload, then: tpcsi move {} --to {} --name {} --base {base} --final (with the same --fs/--block and --param)",
+        a.volume_id, a.to, a.name
+    );
+    Ok(())
+}
+
+/// Takes round `k`'s snapshot of the volume; its id.
+async fn take_snapshot(
+    c: &mut Ctx,
+    ctl: &mut csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    a: &MoveArgs,
+    k: u32,
+) -> Result<String> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let snap = c
+        .progress
+        .run(
+            &format!("round {k}: snapshotting {}", a.volume_id),
+            ctl.create_snapshot(csi::CreateSnapshotRequest {
+                source_volume_id: a.volume_id.clone(),
+                name: format!("{}-move-{stamp}", a.name),
+                ..Default::default()
+            }),
+        )
+        .await?
+        .into_inner()
+        .snapshot
+        .ok_or_else(|| Status::internal("CreateSnapshot answered no snapshot"))?;
+    Ok(snap.snapshot_id)
+}
+
+/// How often a round that failed for a passing reason (a node away, busy
+/// or slow, the call's deadline) is asked again, 2 s apart: the copy goes
+/// on where it stopped.
+const RETRIES: u32 = 3;
+
+/// `Move.Round`, asked again as [`RETRIES`] says.
+async fn round_with_retries(
+    c: &Ctx,
+    mover: &MoveClient<tonic::transport::Channel>,
+    to: &str,
+    k: u32,
+    req: RoundRequest,
+) -> Result<RoundResponse> {
+    use tonic::Code;
+    let mut tries = 0;
+    loop {
+        let answered = c
+            .progress
+            .run(
+                &format!("round {k}: copying to {to}"),
+                mover.clone().round(req.clone()),
+            )
+            .await;
+        match answered {
+            Ok(r) => return Ok(r.into_inner()),
+            Err(e)
+                if tries < RETRIES
+                    && matches!(
+                        e.code(),
+                        Code::Unavailable
+                            | Code::DeadlineExceeded
+                            | Code::Aborted
+                            | Code::ResourceExhausted
+                    ) =>
+            {
+                tries += 1;
+                eprintln!("round {k}: {} ({:?}); asking again", e.message(), e.code());
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Deletes a snapshot the move took; a failure is said, not fatal (the
+/// snapshot stays listed, for its user to delete).
+async fn forget(
+    ctl: &mut thinpool_csi::proto::csi::v1::controller_client::ControllerClient<
+        tonic::transport::Channel,
+    >,
+    id: &str,
+) {
+    let r = ctl
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: id.to_string(),
+            ..Default::default()
+        })
+        .await;
+    if let Err(e) = r {
+        eprintln!(
+            "warning: could not delete the move's snapshot {id}: {}",
+            e.message()
+        );
+    }
+}
