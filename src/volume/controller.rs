@@ -504,6 +504,11 @@ impl Volumes {
 
     /// DeleteVolume: removes the LV when it is ours; gone is success.
     pub async fn delete_volume(self: &Arc<Self>, id: VolumeId) -> Result<()> {
+        // A copy being filled stops at its next piece; this call meets it
+        // still running (ABORTED), and the retry removes it.
+        if self.copies.stop(&id) {
+            tracing::info!(%id, "DeleteVolume: stopping the copy being filled from another node");
+        }
         self.detached(&id.clone(), "DeleteVolume", move |d, _| async move {
             // The view as known refuses a foreign LV early (a delete starts
             // no background refresh, whose lvs would hold the VG lock its
@@ -612,6 +617,20 @@ impl Volumes {
     /// ControllerGetVolume.
     pub async fn get_volume(&self, id: &VolumeId) -> Result<VolumeInfo> {
         let report = self.lvm.report().await?;
+        if let Some(lv) = report.find(id) {
+            if let Some(at) = self.filling_here(lv) {
+                // A copy from another node: no volume yet, but its progress
+                // is what a caller of its id wants to see (docs/moving.md).
+                return Ok(VolumeInfo {
+                    id: id.to_string(),
+                    size: lv.size,
+                    access: None,
+                    problem: Some(self.copies.describe(id, at, lv.size)),
+                    from: None,
+                    mutable: BTreeMap::new(),
+                });
+            }
+        }
         let vol = self.must_own(&report, id)?;
         Ok(VolumeInfo::of(self, &report, vol))
     }

@@ -100,6 +100,9 @@ pub const RECORD: Every = Every {
     time: Duration::from_secs(5),
 };
 
+/// Turns true when a copy is to stop ([`Copies::stop`]).
+pub type Stop = tokio::sync::watch::Receiver<bool>;
+
 /// How many times one call resumes a read that was cut.
 pub const RESUMES: u32 = 3;
 
@@ -131,6 +134,104 @@ pub struct Round {
     pub ranges: u64,
     pub bytes: u64,
     pub base: Option<String>,
+}
+
+/// The copies a class fills now, by LV: how far each got (for its
+/// VolumeCondition, `ControllerGetVolume`) and how to stop it (a
+/// DeleteVolume of it).
+#[derive(Debug, Default)]
+pub struct Copies(std::sync::Mutex<std::collections::HashMap<String, Running>>);
+
+#[derive(Debug)]
+struct Running {
+    from: u64,
+    at: u64,
+    size: u64,
+    started: Instant,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// A copy counted in [`Copies`] while it fills; out of it when dropped.
+struct Counted<'a> {
+    copies: &'a Copies,
+    lv: String,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.copies.0.lock().unwrap().remove(&self.lv);
+    }
+}
+
+impl Copies {
+    /// `lv` fills from byte `from` of `size`: counted until the guard
+    /// drops; the receiver turns true when it is to stop.
+    fn start(&self, lv: &str, from: u64, size: u64) -> (Counted<'_>, Stop) {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let running = Running {
+            from,
+            at: from,
+            size,
+            started: Instant::now(),
+            stop,
+        };
+        self.0.lock().unwrap().insert(lv.to_string(), running);
+        (
+            Counted {
+                copies: self,
+                lv: lv.to_string(),
+            },
+            stopped,
+        )
+    }
+
+    fn reached(&self, lv: &str, at: u64) {
+        if let Some(r) = self.0.lock().unwrap().get_mut(lv) {
+            r.at = at;
+        }
+    }
+
+    /// Asks the fill of `lv` to stop at its next piece; whether one runs.
+    pub fn stop(&self, lv: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap()
+            .get(lv)
+            .map(|r| r.stop.send_replace(true))
+            .is_some()
+    }
+
+    /// What a copy at filling offset `recorded` of `size` bytes is doing,
+    /// in words: its progress while it fills (the offset reached, the
+    /// rate by offset, the time left at it), else where it stopped.
+    pub fn describe(&self, lv: &str, recorded: u64, size: u64) -> String {
+        if recorded == WHOLE {
+            return "a move's copy from another node, whole and held back for the move's next round: no volume until its last round".into();
+        }
+        let copies = self.0.lock().unwrap();
+        let Some(r) = copies.get(lv) else {
+            return format!(
+                "a copy from another node, stopped at byte {recorded} of {size} ({:.0} %): the CreateVolume retry goes on with it; no volume until it is whole",
+                recorded as f64 * 100.0 / size.max(1) as f64
+            );
+        };
+        let secs = r.started.elapsed().as_secs_f64().max(0.001);
+        let rate = (r.at - r.from) as f64 / secs;
+        let left = match rate > 0.0 {
+            true => format!(
+                ", about {:.0} s left",
+                r.size.saturating_sub(r.at) as f64 / rate
+            ),
+            false => String::new(),
+        };
+        format!(
+            "being copied from another node: byte {} of {} ({:.0} %), {:.1} MiB/s{left}; no volume until it is whole",
+            r.at,
+            r.size,
+            r.at as f64 * 100.0 / r.size.max(1) as f64,
+            rate / 1048576.0
+        )
+    }
 }
 
 /// Where the last record was made, and when.
@@ -167,8 +268,7 @@ pub async fn fill<S, K, R, F>(
     sink: Arc<K>,
     size: u64,
     from: u64,
-    bound: Duration,
-    every: Every,
+    (bound, every, mut stop): (Duration, Every, Stop),
     mut record: R,
 ) -> Result<Filled>
 where
@@ -191,7 +291,7 @@ where
             &sink,
             size,
             at,
-            (bound, every),
+            (bound, every, &mut stop),
             &mut record,
             &mut recorded,
         );
@@ -216,7 +316,7 @@ async fn read_once<S, K, R, F>(
     sink: &Arc<K>,
     size: u64,
     start: u64,
-    (bound, every): (Duration, Every),
+    (bound, every, stop): (Duration, Every, &mut Stop),
     record: &mut R,
     recorded: &mut Recorded,
 ) -> std::result::Result<Filled, Ended>
@@ -238,7 +338,15 @@ where
     let mut digest = Digest::default();
     let mut capacity = None;
     loop {
-        let piece = match rx.recv().await {
+        let next_piece = tokio::select! {
+            p = rx.recv() => p,
+            _ = stop.wait_for(|s| *s) => {
+                return Err(Ended::Failed(Error::Aborted(format!(
+                    "the copy was stopped at byte {next} (a DeleteVolume of it)"
+                ))))
+            }
+        };
+        let piece = match next_piece {
             Some(Ok(p)) => p,
             Some(Err(e)) => return Err(cut(next, e)),
             None => {
@@ -649,6 +757,7 @@ impl Volumes {
         let _filling = self.metrics.filling();
         let started = Instant::now();
         let size = lv.size;
+        let (_counted, stop) = self.copies.start(lv_name, from, size);
         tracing::info!(
             lv = lv_name,
             from,
@@ -670,21 +779,13 @@ impl Volumes {
                 eta_secs = eta.map(|e| e.round()),
                 "copy: progress recorded"
             );
+            self.copies.reached(lv_name, at);
             let new = naming::filling_tag(at, &driver);
             let old = std::mem::replace(&mut *tag.lock().unwrap(), new.clone());
             async move { self.lvm.retag(lv_name, Some(&old), Some(&new)).await }
         };
-        match fill(
-            (source, base),
-            sink,
-            size,
-            from,
-            self.cfg.command_timeout(),
-            RECORD,
-            record,
-        )
-        .await
-        {
+        let bounds = (self.cfg.command_timeout(), RECORD, stop);
+        match fill((source, base), sink, size, from, bounds, record).await {
             Ok(f) => Ok((f, dev)),
             Err(e) => Err((e, Some(dev))),
         }
@@ -831,6 +932,13 @@ mod tests {
 
     const RANGES: &[(u64, u64)] = &[(0, 100), (1000, 300), (4000, 64), (9000, 1000)];
 
+    /// A stop that never comes (its sender kept alive for the test).
+    fn never() -> Stop {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        std::mem::forget(tx);
+        rx
+    }
+
     async fn run(src: &Fake, sink: Arc<Mem>, from: u64) -> (Result<Filled>, Vec<u64>) {
         let records = Mutex::new(vec![]);
         let r = fill(
@@ -838,8 +946,7 @@ mod tests {
             sink,
             10_000,
             from,
-            Duration::from_secs(5),
-            RECORD,
+            (Duration::from_secs(5), RECORD, never()),
             |at| {
                 records.lock().unwrap().push(at);
                 async { Ok(()) }
@@ -966,8 +1073,7 @@ mod tests {
             sink,
             3 * big,
             0,
-            Duration::from_secs(5),
-            every,
+            (Duration::from_secs(5), every, never()),
             |at| {
                 events.lock().unwrap().push(format!("record {at}"));
                 async { Ok(()) }
@@ -1011,11 +1117,68 @@ mod tests {
             Mem::new(10),
             10,
             0,
-            Duration::from_secs(5),
-            RECORD,
+            (Duration::from_secs(5), RECORD, never()),
             |_| async { Ok(()) },
         )
         .await;
         assert_eq!(r.unwrap_err().code(), tonic::Code::DataLoss);
+    }
+
+    #[tokio::test]
+    async fn a_stopped_copy_ends_at_its_next_piece_and_is_not_resumed() {
+        // A source that sends its header and then nothing.
+        struct Silent(Mutex<Vec<mpsc::Sender<Result<Piece>>>>);
+        impl Source for Silent {
+            async fn read(&self, _: u64, _: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
+                let (tx, rx) = mpsc::channel(4);
+                tx.try_send(Ok(Piece::Header {
+                    capacity: 10,
+                    chunk: 64,
+                }))
+                .unwrap();
+                self.0.lock().unwrap().push(tx);
+                Ok(rx)
+            }
+        }
+        let src = Silent(Mutex::new(vec![]));
+        let copies = Copies::default();
+        let (counted, stop) = copies.start("csi-x", 0, 10);
+        let filling = fill(
+            (&src, None),
+            Mem::new(10),
+            10,
+            0,
+            (Duration::from_secs(5), RECORD, stop),
+            |_| async { Ok(()) },
+        );
+        let stopper = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(copies.stop("csi-x"), "the copy runs");
+        };
+        let (r, ()) = tokio::join!(filling, stopper);
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Aborted, "{e}");
+        assert!(e.to_string().contains("stopped at byte 0"), "{e}");
+        assert_eq!(src.0.lock().unwrap().len(), 1, "a stop is not resumed");
+        drop(counted);
+        assert!(!copies.stop("csi-x"), "no longer counted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_says_how_far_it_got() {
+        let copies = Copies::default();
+        let (_counted, _stop) = copies.start("csi-x", 0, 4 << 20);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        copies.reached("csi-x", 1 << 20);
+        let running = copies.describe("csi-x", 0, 4 << 20);
+        assert!(running.starts_with("being copied from another node: byte 1048576 of 4194304 (25 %), 0.5 MiB/s, about 6 s left"), "{running}");
+        let stopped = copies.describe("csi-y", 1 << 20, 4 << 20);
+        assert!(
+            stopped.contains("stopped at byte 1048576 of 4194304 (25 %)"),
+            "{stopped}"
+        );
+        assert!(copies
+            .describe("csi-y", WHOLE, 4 << 20)
+            .contains("held back"));
     }
 }

@@ -92,6 +92,8 @@ pub struct Volumes {
     pub autopilot: autopilot::AutopilotState,
     /// Volumes whose I/O limits could not be set, and why (`iolimits.rs`).
     io_unenforced: iolimits::Unenforced,
+    /// The copies from other nodes filling now (`fill.rs`).
+    pub(crate) copies: fill::Copies,
 }
 
 impl Volumes {
@@ -127,6 +129,7 @@ impl Volumes {
             metrics,
             autopilot: Default::default(),
             io_unenforced: Default::default(),
+            copies: Default::default(),
         }
     }
 

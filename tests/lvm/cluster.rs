@@ -1117,6 +1117,7 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
     let field = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
     let to = node_id(3);
     let common = [
+        "move",
         old.volume_id.as_str(),
         "--to",
         to.as_str(),
@@ -1154,6 +1155,19 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         .unwrap()
         .into_inner();
     assert_eq!(listed.entries.len(), 1, "only the old volume is listed");
+    // Its id shows what it is: a condition, not a volume to use.
+    let copy = c
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: naming::with_node(&key(3), &held),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let condition = copy.status.and_then(|s| s.volume_condition).unwrap();
+    assert!(
+        condition.abnormal && condition.message.contains("held back"),
+        "{condition:?}"
+    );
 
     // The workload changes 1 MiB, then stops: the last round.
     write(4 * MIB, MIB, 0x33);
