@@ -1441,6 +1441,17 @@ async fn run() -> usize {
         // Its own rig: the cluster phase leaves 500 volumes behind.
         let rig = cluster_rig::Rig::start(0, 512 * MIB, "overprovision_ratio = 50.0\n").await;
         cluster_restore(&mut table, &rig).await;
+        cluster_delta(&mut table, &rig).await;
+        drop(rig);
+        // The cap: a rig whose nodes read for copies at CAP_MIB MiB/s.
+        let rig = cluster_rig::Rig::start_with(
+            1,
+            512 * MIB,
+            "overprovision_ratio = 50.0\n",
+            &format!("transfer_mib_per_sec = {CAP_MIB}"),
+        )
+        .await;
+        cluster_cap(&mut table, &rig).await;
     }
 
     table.notes.push(format!(
@@ -2059,6 +2070,208 @@ async fn cluster_restore(table: &mut Table, rig: &cluster_rig::Rig) {
         beyond as f64,
         chunk as f64,
         format!("one chunk ({chunk} bytes)"),
+    );
+    c.delete_volume(del(&copy)).await.unwrap();
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: snap,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    c.delete_volume(del(&src)).await.unwrap();
+}
+
+/// A 1 GiB volume on node 2 with its first `mib` MiB written (a pattern
+/// shifted by `seed`, every `step`th MiB from `at` on), behind the driver.
+fn write_mib(vg: &str, id: &str, (at, mib, step): (u64, u64, u64), seed: u8) {
+    use std::os::unix::fs::FileExt;
+    let path = format!("{vg}/{}", thinpool_csi::naming::split_node(id).1);
+    harness::lvm(&["lvchange", "-ay", "-K", &path]);
+    let dev = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/{path}"))
+        .unwrap();
+    let data: Vec<u8> = (0..MIB)
+        .map(|i| ((i + seed as u64) % 251) as u8 + 1)
+        .collect();
+    for k in (0..mib).step_by(step.max(1) as usize) {
+        dev.write_all_at(&data, (at + k) * MIB).unwrap();
+    }
+    dev.sync_all().unwrap();
+    drop(dev);
+    harness::lvm(&["lvchange", "-an", &path]);
+}
+
+/// A move's round through the controller (`Move.Round`): CreateVolume
+/// `name` on node 3 from `snapshot` (node 2's), against `base`; its time
+/// and what it read.
+async fn move_round(
+    rig: &cluster_rig::Rig,
+    (name, snapshot, base): (&str, &str, &str),
+    hold: bool,
+) -> (f64, thinpool_csi::proto::thinpool::cluster::v1::CopyRound) {
+    use thinpool_csi::proto::thinpool::cluster::v1::{move_client::MoveClient, RoundRequest};
+    let mut m = MoveClient::connect(rig.ctl.uri()).await.unwrap();
+    let create = CreateVolumeRequest {
+        capacity_range: Some(CapacityRange {
+            required_bytes: 1024 * MIB as i64,
+            limit_bytes: 0,
+        }),
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: snapshot.to_string(),
+                },
+            )),
+        }),
+        ..cluster_rig::on_node(name, 3)
+    };
+    let t = Instant::now();
+    let r = m
+        .round(RoundRequest {
+            create: Some(create),
+            base_snapshot_id: base.to_string(),
+            hold,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (t.elapsed().as_secs_f64(), r.round.unwrap())
+}
+
+/// Issue 35's delta row (M2): a 1 GiB volume on node 2 with 100 MiB
+/// written is moved to node 3 by a whole round (held back), then 1 % of
+/// it (10 MiB, every tenth MiB of the written part) changes and the last
+/// round sends only that: its time ÷ the whole round's, judged ≤ 1/20.
+async fn cluster_delta(table: &mut Table, rig: &cluster_rig::Rig) {
+    let mut c = rig.ctl.controller().await;
+    let vg2 = rig.nodes[1].vg.clone();
+    let src = create_volume(
+        &mut c,
+        CreateVolumeRequest {
+            capacity_range: Some(CapacityRange {
+                required_bytes: 1024 * MIB as i64,
+                limit_bytes: 0,
+            }),
+            ..cluster_rig::on_node("delta-src", 2)
+        },
+    )
+    .await
+    .volume_id;
+    write_mib(&vg2, &src, (0, 100, 1), 0);
+    let s1 = fixtures::snapshot(&mut c, "delta-s1", &src).await;
+    let (whole, r1) = move_round(rig, ("delta-dst", &s1, ""), true).await;
+    write_mib(&vg2, &src, (0, 100, 10), 7);
+    let s2 = fixtures::snapshot(&mut c, "delta-s2", &src).await;
+    let (delta, r2) = move_round(rig, ("delta-dst", &s2, &s1), false).await;
+    assert_eq!(r1.bytes, 100 * MIB, "the whole round reads what is mapped");
+    assert!(!r2.base_snapshot_id.is_empty() && !r2.held, "{r2:?}");
+    for l in rig.nodes[2]
+        .log()
+        .lines()
+        .filter(|l| l.contains("copy:") || l.contains("move's"))
+    {
+        eprintln!("MEASURE delta: {l}");
+    }
+    let ratio = delta / whole;
+    table.at_most(
+        "M2",
+        format!(
+            "a move's delta round after 10 MiB of a 1 GiB volume changed ({} MiB read) ÷ its whole round ({} MiB read)",
+            r2.bytes / MIB,
+            r1.bytes / MIB
+        ),
+        format!("{ratio:.3} ({} against {})", secs(delta), secs(whole)),
+        ratio,
+        0.05,
+        "1/20".into(),
+    );
+    let moved = thinpool_csi::naming::with_node(
+        &cluster_rig::key(3),
+        &thinpool_csi::naming::lv_name_for("delta-dst"),
+    );
+    c.delete_volume(del(&moved)).await.unwrap();
+    for s in [s1, s2] {
+        c.delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: s,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    c.delete_volume(del(&src)).await.unwrap();
+}
+
+/// The source node's cap on copy reads in M3 (`cluster.transfer_mib_per_sec`).
+const CAP_MIB: u64 = 8;
+
+/// Seconds since midnight of a log line's RFC 3339 timestamp.
+fn log_secs(line: &str) -> Option<f64> {
+    let t = line.get(11..26)?;
+    let (h, rest) = t.split_once(':')?;
+    let (m, s) = rest.split_once(':')?;
+    Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
+}
+
+/// Issue 35's cap row (M3): node 2 reads for copies at [`CAP_MIB`] MiB/s;
+/// a restore on node 3 of a snapshot with 40 MiB mapped; the rate of the
+/// source's read (its log, from the read's start to its end), judged
+/// within 10 % of the cap.
+async fn cluster_cap(table: &mut Table, rig: &cluster_rig::Rig) {
+    let mut c = rig.ctl.controller().await;
+    let vg2 = rig.nodes[1].vg.clone();
+    let src = create_volume(
+        &mut c,
+        CreateVolumeRequest {
+            capacity_range: Some(CapacityRange {
+                required_bytes: 1024 * MIB as i64,
+                limit_bytes: 0,
+            }),
+            ..cluster_rig::on_node("cap-src", 2)
+        },
+    )
+    .await
+    .volume_id;
+    let mib = 40;
+    write_mib(&vg2, &src, (0, mib, 1), 3);
+    let snap = fixtures::snapshot(&mut c, "cap-snap", &src).await;
+    let copy = create_volume(
+        &mut c,
+        CreateVolumeRequest {
+            capacity_range: Some(CapacityRange {
+                required_bytes: 1024 * MIB as i64,
+                limit_bytes: 0,
+            }),
+            volume_content_source: Some(VolumeContentSource {
+                r#type: Some(volume_content_source::Type::Snapshot(
+                    volume_content_source::SnapshotSource {
+                        snapshot_id: snap.clone(),
+                    },
+                )),
+            }),
+            ..cluster_rig::on_node("cap-dst", 3)
+        },
+    )
+    .await
+    .volume_id;
+    let log = rig.nodes[1].log();
+    let at = |mark: &str| {
+        log.lines()
+            .filter(|l| l.contains(mark))
+            .filter_map(log_secs)
+            .next_back()
+            .unwrap_or_else(|| panic!("no {mark:?} in node 2's log"))
+    };
+    let took = at("transfer: snapshot read") - at("transfer: reading a snapshot's mapped ranges");
+    let rate = mib as f64 / took;
+    let off = (rate / CAP_MIB as f64 - 1.0).abs();
+    table.at_most(
+        "M3",
+        format!("a copy's read at a cap of {CAP_MIB} MiB/s ({mib} MiB mapped): its rate's distance from the cap"),
+        format!("{:.1} % ({rate:.2} MiB/s over {})", off * 100.0, secs(took)),
+        off,
+        0.10,
+        "10 %".into(),
     );
     c.delete_volume(del(&copy)).await.unwrap();
     c.delete_snapshot(DeleteSnapshotRequest {
