@@ -45,7 +45,9 @@ else
     # a loaded host; the scale phase gets a day.
     timeout=3600
     [[ $bench == scale ]] && timeout=86400
-    VM_TIMEOUT=${VM_TIMEOUT:-$timeout} \
+    # The restore phase's M2 holds a 1 GiB volume and its copy in the
+    # guest's RAM (its loop files): 6 GiB, of the machine's 24.
+    VM_MEM=${VM_MEM:-6144} VM_TIMEOUT=${VM_TIMEOUT:-$timeout} \
         CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/vm-cargo-runner.sh" \
         cargo bench --bench "$bench" || rc=$?
 fi

@@ -86,8 +86,9 @@ pub struct Pull<S> {
     pub source: S,
 }
 
-/// How often the offset reached is recorded: after `bytes`, or `time`,
-/// whichever comes first.
+/// How often the offset reached is recorded: after `bytes` written (not
+/// the distance in offsets: a sparse copy or a delta round jumps), or
+/// `time`, whichever comes first.
 #[derive(Debug, Clone, Copy)]
 pub struct Every {
     pub bytes: u64,
@@ -234,9 +235,9 @@ impl Copies {
     }
 }
 
-/// Where the last record was made, and when.
+/// Where the last record was made, when, and the bytes written since.
 struct Recorded {
-    at: u64,
+    written: u64,
     when: Instant,
 }
 
@@ -282,7 +283,7 @@ where
     // Carried across resumed reads: the bound on what is left unrecorded
     // holds for the call, not for each read.
     let mut recorded = Recorded {
-        at: from,
+        written: 0,
         when: Instant::now(),
     };
     loop {
@@ -401,11 +402,12 @@ where
                 .map_err(Ended::Failed)?;
                 digest.add(offset, length, &hash);
                 next = offset + length;
-                if next - recorded.at >= every.bytes || recorded.when.elapsed() >= every.time {
+                recorded.written += length;
+                if recorded.written >= every.bytes || recorded.when.elapsed() >= every.time {
                     sync(sink, bound).await.map_err(Ended::Failed)?;
                     record(next).await.map_err(Ended::Failed)?;
                     *recorded = Recorded {
-                        at: next,
+                        written: 0,
                         when: Instant::now(),
                     };
                 }
@@ -1180,5 +1182,34 @@ mod tests {
         assert!(copies
             .describe("csi-y", WHOLE, 4 << 20)
             .contains("held back"));
+    }
+
+    #[tokio::test]
+    async fn a_sparse_copy_records_by_bytes_written_not_by_offsets() {
+        let every = Every {
+            bytes: 1000,
+            time: Duration::from_secs(3600),
+        };
+        let src = Fake::new(100_000, &[(0, 10), (50_000, 10), (99_000, 995)]);
+        let sink = Mem::new(100_000);
+        let events = sink.events.clone();
+        fill(
+            (&src, None),
+            sink,
+            100_000,
+            0,
+            (Duration::from_secs(5), every, never()),
+            |at| {
+                events.lock().unwrap().push(format!("record {at}"));
+                async { Ok(()) }
+            },
+        )
+        .await
+        .unwrap();
+        // 1015 bytes written: one record, after the third range.
+        assert_eq!(
+            *events.lock().unwrap(),
+            ["w0", "w50000", "w99000", "sync", "record 99995", "sync"]
+        );
     }
 }
