@@ -30,7 +30,8 @@ use crate::proto::reclaimspace::reclaim_space_controller_client::ReclaimSpaceCon
 use crate::proto::reclaimspace::{ControllerReclaimSpaceRequest, ControllerReclaimSpaceResponse};
 use crate::proto::thinpool::cluster::v1::transfer_client::TransferClient;
 use crate::proto::thinpool::cluster::v1::{
-    CopyFrom, CopyRound, GrantRequest, ReleaseRequest, RoundRequest, RoundResponse,
+    CopyFrom, CopyRound, GrantRequest, HashRequest, ReleaseRequest, RoundRequest, RoundResponse,
+    VerifyRequest, VerifyResponse,
 };
 
 pub struct Cluster {
@@ -393,6 +394,67 @@ impl Cluster {
         Ok(RoundResponse {
             volume: made.volume,
             round,
+        })
+    }
+
+    /// `Move.Verify` (`tpcsi move --final`): the BLAKE3 of the new
+    /// volume's whole device on its node and of the snapshot's on its
+    /// node, read at once on both; equal, or DATA_LOSS naming both.
+    pub async fn move_verify(&self, req: VerifyRequest) -> Reply<VerifyResponse> {
+        let volume = self
+            .node_of("volume_id", &req.volume_id, Kind::Volume)
+            .await?;
+        let snapshot = self
+            .node_of("snapshot_id", &req.snapshot_id, Kind::Snapshot)
+            .await?;
+        let ask = |node: &Arc<Node>, r: HashRequest| {
+            let c = TransferClient::new(node.channel.clone());
+            async move { c.clone().hash(r).await }
+        };
+        let (v, s) = tokio::join!(
+            ask(
+                &volume,
+                HashRequest {
+                    volume_id: req.volume_id.clone(),
+                    ..Default::default()
+                }
+            ),
+            ask(
+                &snapshot,
+                HashRequest {
+                    snapshot_id: req.snapshot_id.clone(),
+                    ..Default::default()
+                }
+            )
+        );
+        let v = self.answer(&volume, v).await?;
+        let s = self.answer(&snapshot, s).await?;
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        if (v.size_bytes, &v.blake3) != (s.size_bytes, &s.blake3) {
+            tracing::error!(
+                volume = req.volume_id,
+                snapshot = req.snapshot_id,
+                "Move.Verify: the new volume does not hold the snapshot's bytes"
+            );
+            return Err(Status::data_loss(format!(
+                "volume {:?} ({} bytes, BLAKE3 {}) does not hold snapshot {:?} ({} bytes, BLAKE3 {}). What to do: delete the new volume and move again; the old one is as it was",
+                req.volume_id,
+                v.size_bytes,
+                hex(&v.blake3),
+                req.snapshot_id,
+                s.size_bytes,
+                hex(&s.blake3)
+            )));
+        }
+        tracing::info!(
+            volume = req.volume_id,
+            snapshot = req.snapshot_id,
+            size = v.size_bytes,
+            "Move.Verify: the new volume holds the snapshot's bytes"
+        );
+        Ok(VerifyResponse {
+            size_bytes: v.size_bytes,
+            blake3: v.blake3,
         })
     }
 

@@ -16,8 +16,9 @@ use crate::error::Error;
 use crate::proto::thinpool::cluster::v1::capacity_server::Capacity;
 use crate::proto::thinpool::cluster::v1::transfer_server::Transfer;
 use crate::proto::thinpool::cluster::v1::{
-    read_item, CapacityState, ClassCapacity, DataRange, GrantRequest, GrantResponse, ReadHeader,
-    ReadItem, ReadRequest, ReadSummary, ReleaseRequest, ReleaseResponse, WatchCapacityRequest,
+    read_item, CapacityState, ClassCapacity, DataRange, GrantRequest, GrantResponse, HashRequest,
+    HashResponse, ReadHeader, ReadItem, ReadRequest, ReadSummary, ReleaseRequest, ReleaseResponse,
+    WatchCapacityRequest,
 };
 use crate::volume::classes::Classes;
 use crate::volume::controller::CachedCapacity;
@@ -185,6 +186,30 @@ impl Transfer for TransferService {
             access: facts.access.map(|a| a.as_text()).unwrap_or_default(),
             encrypted: facts.encrypted,
             snapshot_id: self.classes.ids().public(id.to_string()),
+        }))
+    }
+
+    async fn hash(&self, r: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        let req = r.into_inner();
+        let run = async {
+            match (req.snapshot_id.as_str(), req.volume_id.as_str()) {
+                (s, "") if !s.is_empty() => {
+                    let id = self.snapshot(s)?;
+                    self.classes.hash_whole(&id, true).await
+                }
+                ("", v) if !v.is_empty() => {
+                    let id = self.volume(v)?;
+                    self.classes.hash_whole(&id, false).await
+                }
+                _ => Err(Error::InvalidArgument(
+                    "a hash names a snapshot or a volume, one of the two".into(),
+                )),
+            }
+        };
+        let (size, hash) = run.await.map_err(Status::from)?;
+        Ok(Response::new(HashResponse {
+            size_bytes: size,
+            blake3: hash.to_vec(),
         }))
     }
 

@@ -199,6 +199,12 @@ impl crate::proto::thinpool::cluster::v1::move_server::Move for ForwardService {
     ) -> Reply<crate::proto::thinpool::cluster::v1::RoundResponse> {
         reply(self.cluster.move_round(r.into_inner()).await)
     }
+    async fn verify(
+        &self,
+        r: Request<crate::proto::thinpool::cluster::v1::VerifyRequest>,
+    ) -> Reply<crate::proto::thinpool::cluster::v1::VerifyResponse> {
+        reply(self.cluster.move_verify(r.into_inner()).await)
+    }
 }
 
 #[tonic::async_trait]

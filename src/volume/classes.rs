@@ -128,6 +128,14 @@ impl Classes {
         Ok((snap, token, ttl, facts))
     }
 
+    /// `Transfer.Hash`: [`Volumes::hash_whole`] of snapshot `id`, or of
+    /// volume `id` when not `snapshot`.
+    pub async fn hash_whole(&self, id: &str, snapshot: bool) -> Result<(u64, [u8; 32])> {
+        self.of(id)?
+            .hash_whole(id, snapshot, self.transfers.clone())
+            .await
+    }
+
     /// `Transfer.Release`: [`Volumes::release_clone_sources`].
     pub async fn release_clone(&self, id: super::VolumeId, clone_name: String) -> Result<usize> {
         self.of(&id)?.release_clone_sources(id, clone_name).await

@@ -347,8 +347,66 @@ impl Volumes {
         Ok(out)
     }
 
+    /// The BLAKE3 of the whole device of snapshot `id` (or, not
+    /// `snapshot`, volume `id`) and its size, read here through a
+    /// read-only descriptor, 64 MiB a step (each step bounded by
+    /// `command_timeout_secs`), counted as one of the node's reads (the
+    /// first reader activates it, the last deactivates it).
+    pub async fn hash_whole(
+        self: &Arc<Self>,
+        id: &str,
+        snapshot: bool,
+        transfers: Arc<Transfers>,
+    ) -> Result<(u64, [u8; 32])> {
+        let slot = transfers.slots.clone().try_acquire_owned().map_err(|_| {
+            Error::ResourceExhausted(format!(
+                "this node already reads {MAX_READS} snapshots for copies"
+            ))
+            .advise("retry once one of them has ended")
+        })?;
+        let report = self.lvm.report().await?;
+        let lv = match snapshot {
+            true => self.must_own_snapshot(&report, id)?.lv.clone(),
+            false => self.must_own(&report, id)?.lv.clone(),
+        };
+        drop(report);
+        let reading = self.start_reading(&lv, &transfers, slot).await?;
+        let path = reading.dev.path.clone();
+        let device = self
+            .tools
+            .blocking("open a device to hash it", move || {
+                Ok(Arc::new(crate::sys::open_read_only(&path)?))
+            })
+            .await?;
+        let size = lv.size;
+        let mut hasher = blake3::Hasher::new();
+        let step = 64 * 1024 * 1024;
+        for at in (0..size).step_by(step as usize) {
+            let (device, mut h) = (device.clone(), hasher);
+            hasher = self
+                .tools
+                .blocking("hash a device", move || {
+                    let mut buf = vec![0u8; 1024 * 1024];
+                    let end = (at + step).min(size);
+                    let mut o = at;
+                    while o < end {
+                        let n = ((end - o) as usize).min(buf.len());
+                        device.read_exact_at(o, &mut buf[..n])?;
+                        h.update(&buf[..n]);
+                        o += n as u64;
+                    }
+                    Ok(h)
+                })
+                .await?;
+        }
+        drop(reading);
+        let hash = *hasher.finalize().as_bytes();
+        tracing::info!(id, size, blake3 = %blake3::Hash::from(hash).to_hex(), "transfer: hashed a whole device");
+        Ok((size, hash))
+    }
+
     /// Counts a reader of `lv`, activating it for the first one when it
-    /// is inactive. A snapshot gone meanwhile is NOT_FOUND.
+    /// is inactive. An LV gone meanwhile is NOT_FOUND.
     async fn start_reading(
         self: &Arc<Self>,
         lv: &crate::lvm::report::Lv,
@@ -360,9 +418,9 @@ impl Volumes {
             Ok(a) => a,
             Err(e) => {
                 let fresh = self.lvm.fresh_report().await?;
-                return Err(match self.must_own_snapshot(&fresh, &lv.name) {
-                    Err(gone) => gone,
-                    Ok(_) => e,
+                return Err(match fresh.find(&lv.name) {
+                    None => Error::NotFound(format!("{} does not exist", lv.name)),
+                    Some(_) => e,
                 });
             }
         };

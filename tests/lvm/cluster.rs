@@ -1182,6 +1182,12 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         "the last round copies the change alone: {delta} bytes"
     );
     let moved = field(&last[1], "volume_id");
+    assert_eq!(
+        field(&last[1], "verified_blake3").len(),
+        64,
+        "{:?}",
+        last[1]
+    );
     assert_eq!(naming::split_node(&moved).0, Some(key(3).as_str()));
 
     let dst_lv = naming::split_node(&moved).1.to_string();
@@ -1209,6 +1215,29 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         "the move's snapshots are gone"
     );
     get(&mut c, &moved).await.unwrap();
+
+    // The last check fails on a snapshot the new volume does not hold.
+    write(5 * MIB, MIB, 0x44);
+    let later = snapshot_of(&mut c, "later", &old.volume_id).await;
+    let mut m =
+        thinpool_csi::proto::thinpool::cluster::v1::move_client::MoveClient::connect(rig.ctl.uri())
+            .await
+            .unwrap();
+    let e = m
+        .verify(thinpool_csi::proto::thinpool::cluster::v1::VerifyRequest {
+            volume_id: moved.clone(),
+            snapshot_id: later.snapshot_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::DataLoss, "{e:?}");
+    assert!(e.message().contains("does not hold"), "{}", e.message());
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: later.snapshot_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 
     for id in [&moved, &old.volume_id] {
         c.delete_volume(del(id)).await.unwrap();

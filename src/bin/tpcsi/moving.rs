@@ -3,7 +3,8 @@
 //! rounds copy snapshots of it to the target, each after the first by
 //! what changed since the one before, as long as that shrinks; the copy
 //! stays no volume. Once the workload is stopped, `--final` copies what
-//! changed since the last round and makes the copy the volume. The old
+//! changed since the last round and makes the copy the volume, then
+//! checks it whole against the last snapshot (`Move.Verify`). The old
 //! volume is never touched: it goes only when its user deletes it, after
 //! the new one is checked.
 
@@ -11,7 +12,7 @@ use std::time::Instant;
 
 use thinpool_csi::proto::csi::v1 as csi;
 use thinpool_csi::proto::thinpool::cluster::v1::move_client::MoveClient;
-use thinpool_csi::proto::thinpool::cluster::v1::{RoundRequest, RoundResponse};
+use thinpool_csi::proto::thinpool::cluster::v1::{RoundRequest, RoundResponse, VerifyRequest};
 use tonic::Status;
 
 use crate::args::MoveArgs;
@@ -116,16 +117,32 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
             forget(&mut ctl, &b).await;
         }
         if !hold {
-            forget(&mut ctl, &snap).await;
             let v = r
                 .volume
                 .ok_or_else(|| Status::internal("the final round answered no volume"))?;
+            // The last check, before anything of the source goes: the new
+            // volume's whole device against the snapshot's, each read on
+            // its own node. On a mismatch the snapshot stays, for a look.
+            let verified = c
+                .progress
+                .run(
+                    &format!("checking {} against {snap}", v.volume_id),
+                    mover.clone().verify(VerifyRequest {
+                        volume_id: v.volume_id.clone(),
+                        snapshot_id: snap.clone(),
+                    }),
+                )
+                .await?
+                .into_inner();
+            forget(&mut ctl, &snap).await;
+            let hash: String = verified.blake3.iter().map(|b| format!("{b:02x}")).collect();
             c.show(&Done::new(
                 "moved",
                 &[
                     ("volume_id", &v.volume_id),
                     ("node", &a.to),
                     ("from_volume_id", &a.volume_id),
+                    ("verified_blake3", &hash),
                 ],
             ));
             eprintln!(
