@@ -330,6 +330,7 @@ async fn main() -> ExitCode {
                 // come in.
                 v.adopt_legacy().await;
                 v.clean_debris().await;
+                v.remove_expired_clone_sources().await;
                 // Bring back what was staged here (a rebooted node lost
                 // its mounts), while the sockets come up; the per-volume
                 // guard keeps it apart from calls the CO makes meanwhile.

@@ -269,6 +269,7 @@ impl Cluster {
         let ask = match clone {
             false => GrantRequest {
                 snapshot_id: id.to_string(),
+                base_snapshot_id: round.map(|r| r.0.to_string()).unwrap_or_default(),
                 ..Default::default()
             },
             true => GrantRequest {
@@ -309,6 +310,7 @@ impl Cluster {
             granted = copy.source_code == 0,
             "CreateVolume: a copy of another node's snapshot or volume, pulled by the target node"
         );
+        let copy_granted = copy.source_code == 0;
         if let Some((base, hold)) = round {
             copy.base_snapshot_id = base.to_string();
             copy.hold = hold;
@@ -327,7 +329,13 @@ impl Cluster {
             prost::Message::decode(v.to_bytes().ok()?).ok()
         });
         let made = self.answer(&target, answered).await.map(|m| (m, told));
-        if clone && made.is_ok() {
+        // Released once the clone is whole, or can no longer be made from
+        // it (a retry that is not a passing failure's grants anew); kept
+        // for a retry of a passing failure, which reads the same snapshot.
+        let settled = made
+            .as_ref()
+            .map_or_else(|s| !crate::cluster::nodes::passing(s), |_| true);
+        if clone && settled && copy_granted {
             let release = TransferClient::new(source.channel.clone())
                 .release(ReleaseRequest {
                     volume_id: id.to_string(),
@@ -397,8 +405,8 @@ impl Cluster {
         })
     }
 
-    /// `Move.Verify` (`tpcsi move --final`): the BLAKE3 of the new
-    /// volume's whole device on its node and of the snapshot's on its
+    /// `Move.Verify` (`tpcsi move --final`): the BLAKE3 of the snapshot's
+    /// whole device on its node and of as much of the new volume's on its
     /// node, read at once on both; equal, or DATA_LOSS naming both.
     pub async fn move_verify(&self, req: VerifyRequest) -> Reply<VerifyResponse> {
         let volume = self
@@ -407,6 +415,24 @@ impl Cluster {
         let snapshot = self
             .node_of("snapshot_id", &req.snapshot_id, Kind::Snapshot)
             .await?;
+        // The snapshot's size: the new volume may be larger (rounded up to
+        // its node's extents), and only that much of it is the copy.
+        let listed = ControllerClient::new(snapshot.channel.clone())
+            .list_snapshots(ListSnapshotsRequest {
+                snapshot_id: req.snapshot_id.clone(),
+                ..Default::default()
+            })
+            .await;
+        let length = self
+            .answer(&snapshot, listed)
+            .await?
+            .entries
+            .first()
+            .and_then(|e| e.snapshot.as_ref())
+            .map(|s| s.size_bytes as u64)
+            .ok_or_else(|| {
+                Status::not_found(format!("snapshot {:?} does not exist", req.snapshot_id))
+            })?;
         let ask = |node: &Arc<Node>, r: HashRequest| {
             let c = TransferClient::new(node.channel.clone());
             async move { c.clone().hash(r).await }
@@ -416,6 +442,7 @@ impl Cluster {
                 &volume,
                 HashRequest {
                     volume_id: req.volume_id.clone(),
+                    length_bytes: length,
                     ..Default::default()
                 }
             ),

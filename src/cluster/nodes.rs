@@ -66,6 +66,22 @@ pub fn unreached(s: &Status) -> bool {
         .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
 }
 
+/// Whether `s` is a passing failure, which a retry of the same call may
+/// get past: a node not reached, away, busy or slow, or the call cut.
+pub fn passing(s: &Status) -> bool {
+    use tonic::Code;
+    unreached(s)
+        || matches!(
+            s.code(),
+            Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Aborted
+                | Code::ResourceExhausted
+                | Code::Cancelled
+                | Code::Unknown
+        )
+}
+
 /// The nodes, and what connecting to one takes.
 pub struct Nodes {
     tls: ClientTlsConfig,
@@ -214,5 +230,32 @@ impl Nodes {
     /// Every node, in node key order (the order of keyed ids).
     pub fn all(&self) -> Vec<Arc<Node>> {
         self.by_key.read().unwrap().values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_passing_failure_is_one_a_retry_may_get_past() {
+        use tonic::Code;
+        for c in [
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Aborted,
+            Code::ResourceExhausted,
+        ] {
+            assert!(passing(&Status::new(c, "x")), "{c:?}");
+        }
+        for c in [
+            Code::InvalidArgument,
+            Code::AlreadyExists,
+            Code::FailedPrecondition,
+            Code::DataLoss,
+            Code::NotFound,
+        ] {
+            assert!(!passing(&Status::new(c, "x")), "{c:?}");
+        }
     }
 }

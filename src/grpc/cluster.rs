@@ -166,7 +166,11 @@ impl Transfer for TransferService {
         let run = async {
             if req.volume_id.is_empty() {
                 let id = self.snapshot(&req.snapshot_id)?;
-                let (token, ttl, facts) = self.classes.grant(id.clone(), ttl).await?;
+                let base = match req.base_snapshot_id.as_str() {
+                    "" => None,
+                    b => Some(self.snapshot(b)?),
+                };
+                let (token, ttl, facts) = self.classes.grant(id.clone(), base, ttl).await?;
                 return Ok((id, token, ttl, facts));
             }
             if !req.snapshot_id.is_empty() {
@@ -195,11 +199,13 @@ impl Transfer for TransferService {
             match (req.snapshot_id.as_str(), req.volume_id.as_str()) {
                 (s, "") if !s.is_empty() => {
                     let id = self.snapshot(s)?;
-                    self.classes.hash_whole(&id, true).await
+                    self.classes.hash_whole(&id, (true, req.length_bytes)).await
                 }
                 ("", v) if !v.is_empty() => {
                     let id = self.volume(v)?;
-                    self.classes.hash_whole(&id, false).await
+                    self.classes
+                        .hash_whole(&id, (false, req.length_bytes))
+                        .await
                 }
                 _ => Err(Error::InvalidArgument(
                     "a hash names a snapshot or a volume, one of the two".into(),
@@ -240,11 +246,23 @@ impl Transfer for TransferService {
         });
         let req = r.into_inner();
         let run = async {
+            let base = match req.base_snapshot_id.as_str() {
+                "" => Ok(None),
+                b => self.snapshot(b).map(Some),
+            };
             // A peer learns nothing of a snapshot without its grant: an id
-            // this node does not hold is refused as any ungranted one.
-            let id = match (self.snapshot(&req.snapshot_id), &token) {
-                (Ok(id), Some(t)) if self.classes.transfers().granted(t, id.as_str()) => id,
-                (_, Some(_)) => {
+            // this node does not hold, or a base the grant does not name,
+            // is refused as any ungranted one.
+            let id = match (self.snapshot(&req.snapshot_id), &base, &token) {
+                (Ok(id), Ok(b), Some(t))
+                    if self
+                        .classes
+                        .transfers()
+                        .granted(t, id.as_str(), b.as_deref()) =>
+                {
+                    id
+                }
+                (_, _, Some(_)) => {
                     tracing::warn!(
                         snapshot = req.snapshot_id,
                         "transfer: refused a peer's read without a live grant"
@@ -255,12 +273,9 @@ impl Transfer for TransferService {
                         crate::channel::GRANT_HEADER
                     )));
                 }
-                (id, None) => id?,
+                (id, _, None) => id?,
             };
-            let base = match req.base_snapshot_id.as_str() {
-                "" => None,
-                b => Some(self.snapshot(b)?),
-            };
+            let base = base?;
             self.classes
                 .read_snapshot(id, req.start, base, self.stopping.clone())
                 .await

@@ -156,6 +156,7 @@ impl ControllerService {
                 self.classes.ids(),
                 &c.node_id,
                 &c.snapshot_id,
+                c.source_code == 0,
             )?),
             None => None,
         };

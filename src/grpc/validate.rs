@@ -159,12 +159,14 @@ pub fn content_source(
 /// A CreateVolume's content source when the controller asked this node
 /// to pull a copy of it (`channel::COPY_HEADER`): a snapshot id with the
 /// key of `source_node`, which is not this node; or a volume id with that
-/// key and `via`, the snapshot of that node to read (a clone). As sent.
+/// key and `via`, the snapshot of that node to read (a clone; none when
+/// the source node gave no grant, `granted` false). As sent.
 pub fn pulled_source(
     src: Option<&VolumeContentSource>,
     ids: &NodeIds,
     source_node: &str,
     via: &str,
+    granted: bool,
 ) -> Result<Pulled> {
     let of_source = |id: &str, is: fn(&str) -> bool| of_node(id, ids, source_node, is);
     let (id, snapshot) =
@@ -186,6 +188,12 @@ pub fn pulled_source(
         false if !of_source(id, naming::is_volume_id) => invalid(format!(
             "volume {id:?} is no volume id of node {source_node:?}, the node to copy from"
         )),
+        // The source node gave no grant, so no snapshot to read: the
+        // target answers a clone it made whole, else the source's error.
+        false if via.is_empty() && !granted => Ok(Pulled {
+            id: id.to_string(),
+            via: None,
+        }),
         false if !of_source(via, naming::is_snapshot_id) => invalid(format!(
             "the snapshot to read for a clone of {id:?}, {via:?}, is no snapshot id of node {source_node:?}"
         )),
@@ -1066,7 +1074,7 @@ mod tests {
         let n2 = |id: &str| naming::with_node(&naming::node_key("n2"), id);
         let of_n2 = n2(&snap);
         assert_eq!(
-            pulled_source(Some(&src(of_n2.clone())), &here, "n2", "").unwrap(),
+            pulled_source(Some(&src(of_n2.clone())), &here, "n2", "", true).unwrap(),
             Pulled {
                 id: of_n2.clone(),
                 via: None
@@ -1078,15 +1086,15 @@ mod tests {
             (snap.clone(), "n2"),                                      // no key
             (n2("csi-x"), "n2"),                                       // no snapshot
         ] {
-            let e = pulled_source(Some(&src(id.clone())), &here, node, "").unwrap_err();
+            let e = pulled_source(Some(&src(id.clone())), &here, node, "", true).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id} {node}");
         }
         // A restore reads its own snapshot, never another.
-        assert!(pulled_source(Some(&src(of_n2.clone())), &here, "n2", &of_n2).is_err());
+        assert!(pulled_source(Some(&src(of_n2.clone())), &here, "n2", &of_n2, true).is_err());
         // A clone: the volume and the snapshot to read, both of n2.
         let v2 = n2(&vol);
         assert_eq!(
-            pulled_source(Some(&vsrc(v2.clone())), &here, "n2", &of_n2).unwrap(),
+            pulled_source(Some(&vsrc(v2.clone())), &here, "n2", &of_n2, true).unwrap(),
             Pulled {
                 id: v2.clone(),
                 via: Some(of_n2.clone())
@@ -1102,10 +1110,18 @@ mod tests {
             (v2.clone(), v2.clone()),    // a volume to read
             (n2(&snap), of_n2.clone()),  // no volume
         ] {
-            let e = pulled_source(Some(&vsrc(id.clone())), &here, "n2", &via).unwrap_err();
+            let e = pulled_source(Some(&vsrc(id.clone())), &here, "n2", &via, true).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id} {via}");
         }
-        assert!(pulled_source(None, &here, "n2", "").is_err());
+        assert!(pulled_source(None, &here, "n2", "", true).is_err());
+        // No grant: a clone names no snapshot to read, and is still one.
+        assert_eq!(
+            pulled_source(Some(&vsrc(v2.clone())), &here, "n2", "", false).unwrap(),
+            Pulled {
+                id: v2.clone(),
+                via: None
+            }
+        );
         // A move's base: a snapshot of the same node, or none.
         assert_eq!(pulled_base("", &here, "n2").unwrap(), None);
         assert_eq!(

@@ -169,10 +169,13 @@ impl Lvm {
     }
 
     /// Removes every tag of `del` and adds every tag of `add`, in one
-    /// `lvchange` (one metadata commit: all of it happens, or none).
+    /// `lvchange` (one metadata commit: all of it happens, or none). A tag
+    /// in both is kept: `lvchange` adds before it deletes, and would drop
+    /// it.
     pub async fn retag_all(&self, name: &str, del: &[String], add: &[String]) -> Result<()> {
+        let del: Vec<String> = del.iter().filter(|t| !add.contains(t)).cloned().collect();
         let mut args = Vec::new();
-        for t in del {
+        for t in &del {
             args.extend(crate::argv!["--deltag", t]);
         }
         add_tags(&mut args, add);
@@ -182,7 +185,7 @@ impl Lvm {
         args.push(self.lv_path(name));
         let write = Write::Retagged {
             name: name.to_string(),
-            del: del.to_vec(),
+            del,
             add: add.to_vec(),
         };
         self.change_with("lvchange", args, Some(write))

@@ -489,7 +489,7 @@ impl Report {
             }
             Write::Retagged { name, del, add } => {
                 if let Some(lv) = self.find_mut(name) {
-                    lv.tags.retain(|t| !del.contains(t));
+                    lv.tags.retain(|t| !del.contains(t) || add.contains(t));
                     for a in add {
                         if !lv.tags.contains(a) {
                             lv.tags.push(a.clone());
@@ -1222,6 +1222,19 @@ mod tests {
         let v = r.find("csi-new-1").unwrap();
         assert_eq!(v.size, 12 << 20);
         assert_eq!(v.tags, vec!["tpcsi.a=2", "tpcsi.owner=d.x"]);
+        // A tag both deleted and added stays (as `retag_all` sends it).
+        r.apply(&Write::Retagged {
+            name: "csi-new-1".into(),
+            del: vec!["tpcsi.a=2".into(), "tpcsi.b=1".into()],
+            add: vec!["tpcsi.a=2".into(), "tpcsi.c=1".into()],
+        });
+        let v = r.find("csi-new-1").unwrap();
+        assert_eq!(v.tags, vec!["tpcsi.a=2", "tpcsi.c=1", "tpcsi.owner=d.x"]);
+        r.apply(&Write::Retagged {
+            name: "csi-new-1".into(),
+            del: vec!["tpcsi.c=1".into()],
+            add: vec![],
+        });
         r.apply(&Write::Deactivated("csi-new-1".into()));
         let v = r.find("csi-new-1").unwrap();
         assert!(!v.is_active() && v.kernel.is_none());

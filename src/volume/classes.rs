@@ -101,10 +101,11 @@ impl Classes {
     pub async fn grant(
         &self,
         id: super::SnapshotId,
+        base: Option<super::SnapshotId>,
         ttl: std::time::Duration,
     ) -> Result<(String, std::time::Duration, super::fill::SourceFacts)> {
         let facts = self.of(&id)?.snapshot_facts(&id).await?;
-        let (token, ttl) = self.transfers.grant(id.as_str(), ttl)?;
+        let (token, ttl) = self.transfers.grant(id.as_str(), base.as_deref(), ttl)?;
         Ok((token, ttl, facts))
     }
 
@@ -124,15 +125,16 @@ impl Classes {
     )> {
         let snap = self.of(&id)?.clone_source(id, clone_name).await?;
         let snap = super::SnapshotId::new_unchecked(snap);
-        let (token, ttl, facts) = self.grant(snap.clone(), ttl).await?;
+        let (token, ttl, facts) = self.grant(snap.clone(), None, ttl).await?;
         Ok((snap, token, ttl, facts))
     }
 
     /// `Transfer.Hash`: [`Volumes::hash_whole`] of snapshot `id`, or of
-    /// volume `id` when not `snapshot`.
-    pub async fn hash_whole(&self, id: &str, snapshot: bool) -> Result<(u64, [u8; 32])> {
+    /// volume `id` when `what.0` is false; of its first `what.1` bytes
+    /// unless 0.
+    pub async fn hash_whole(&self, id: &str, what: (bool, u64)) -> Result<(u64, [u8; 32])> {
         self.of(id)?
-            .hash_whole(id, snapshot, self.transfers.clone())
+            .hash_whole(id, what, self.transfers.clone())
             .await
     }
 

@@ -107,12 +107,18 @@ pub type Stop = tokio::sync::watch::Receiver<bool>;
 /// How many times one call resumes a read that was cut.
 pub const RESUMES: u32 = 3;
 
-/// What a finished fill wrote: the ranges and bytes of its last read.
+/// What a finished fill wrote: the ranges and bytes of its last read,
+/// and the bytes written by all the reads of the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Filled {
     pub ranges: u64,
     pub bytes: u64,
+    pub written: u64,
 }
+
+/// A fill that failed: why, its device when it was activated (to
+/// deactivate), and whether a DeleteVolume stopped it.
+type FillFailed = (Error, Option<crate::node::Device>, bool);
 
 /// The filling offset of a copy that is whole but held back by a move
 /// for its next round (`Pull::hold`).
@@ -235,10 +241,12 @@ impl Copies {
     }
 }
 
-/// Where the last record was made, when, and the bytes written since.
+/// Where the last record was made, when, and the bytes written since;
+/// and the bytes the call wrote.
 struct Recorded {
     written: u64,
     when: Instant,
+    total: u64,
 }
 
 /// How a read ended that did not finish the copy.
@@ -285,6 +293,7 @@ where
     let mut recorded = Recorded {
         written: 0,
         when: Instant::now(),
+        total: 0,
     };
     loop {
         let read = read_once(
@@ -297,7 +306,12 @@ where
             &mut recorded,
         );
         match read.await {
-            Ok(filled) => return Ok(filled),
+            Ok(filled) => {
+                return Ok(Filled {
+                    written: recorded.total,
+                    ..filled
+                })
+            }
             Err(Ended::Cut(reached, e)) if resumed < RESUMES => {
                 resumed += 1;
                 tracing::warn!(from = at, reached, error = %e, resumed,
@@ -403,13 +417,12 @@ where
                 digest.add(offset, length, &hash);
                 next = offset + length;
                 recorded.written += length;
+                recorded.total += length;
                 if recorded.written >= every.bytes || recorded.when.elapsed() >= every.time {
                     sync(sink, bound).await.map_err(Ended::Failed)?;
                     record(next).await.map_err(Ended::Failed)?;
-                    *recorded = Recorded {
-                        written: 0,
-                        when: Instant::now(),
-                    };
+                    recorded.written = 0;
+                    recorded.when = Instant::now();
                 }
             }
             Piece::Summary { .. } if capacity.is_none() => {
@@ -430,7 +443,11 @@ where
                     ))));
                 }
                 sync(sink, bound).await.map_err(Ended::Failed)?;
-                return Ok(Filled { ranges, bytes });
+                return Ok(Filled {
+                    ranges,
+                    bytes,
+                    written: 0,
+                });
             }
         }
     }
@@ -660,6 +677,7 @@ impl Volumes {
                 Filled {
                     ranges: 0,
                     bytes: 0,
+                    written: 0,
                 },
                 None,
             )),
@@ -672,14 +690,17 @@ impl Volumes {
         match filled {
             Ok((f, dev)) => {
                 // One lvchange: the filling and base tags go, and the copy
-                // is the volume (or, held back by a move, marked whole).
+                // is the volume (or, held back by a move, marked whole;
+                // already so when it was whole: nothing to change).
                 let mut del = vec![last];
                 del.extend(base.as_deref().map(naming::base_tag));
                 let add = match hold {
                     true => naming::filling_tag(WHOLE, &driver),
                     false => self.owner_tag(),
                 };
-                self.lvm.retag_all(lv_name, &del, &[add]).await?;
+                if !(hold && from == WHOLE) {
+                    self.lvm.retag_all(lv_name, &del, &[add]).await?;
+                }
                 // Left inactive, as every new volume is until it is staged.
                 if let Some(dev) = &dev {
                     self.deactivate_if_unused(dev).await;
@@ -700,14 +721,24 @@ impl Volumes {
                 Ok((
                     Round {
                         ranges: f.ranges,
-                        bytes: f.bytes,
+                        bytes: f.written,
                         base,
                     },
                     size,
                 ))
             }
-            Err((e, dev)) if e.code() == tonic::Code::DataLoss => {
-                tracing::error!(lv = lv_name, error = %e, "copy: the data did not match; removing the partial copy");
+            // The data did not match, or a DeleteVolume stopped the copy:
+            // it goes now, so no CreateVolume retry resumes it before the
+            // DeleteVolume retry comes.
+            Err((e, dev, stopped)) if stopped || e.code() == tonic::Code::DataLoss => {
+                match stopped {
+                    true => {
+                        tracing::warn!(lv = lv_name, error = %e, "copy: stopped by a DeleteVolume; removing the partial copy")
+                    }
+                    false => {
+                        tracing::error!(lv = lv_name, error = %e, "copy: the data did not match; removing the partial copy")
+                    }
+                }
                 let zero = naming::filling_tag(0, &driver);
                 if let Err(r) = self.lvm.retag(lv_name, Some(&last), Some(&zero)).await {
                     tracing::error!(lv = lv_name, error = %r, "copy: could not set the partial copy back to 0");
@@ -721,7 +752,7 @@ impl Volumes {
                 }
                 Err(e)
             }
-            Err((e, _)) => {
+            Err((e, _, _)) => {
                 tracing::warn!(lv = lv_name, error = %e, "copy: stopped; the retry resumes it");
                 Err(e)
             }
@@ -738,12 +769,16 @@ impl Volumes {
         source: &S,
         base: Option<&str>,
         tag: &std::sync::Mutex<String>,
-    ) -> std::result::Result<(Filled, crate::node::Device), (Error, Option<crate::node::Device>)>
-    {
+    ) -> std::result::Result<(Filled, crate::node::Device), FillFailed> {
         let lv_name = lv.name.as_str();
         let from = self.filling_here(lv).unwrap_or(0);
         let driver = self.cfg.driver_name.clone();
-        let (dev, _) = self.activate(lv).await.map_err(|e| (e, None))?;
+        let size = lv.size;
+        // Counted first: a DeleteVolume from now on stops it.
+        let (_counted, stop) = self.copies.start(lv_name, from, size);
+        let stopped = stop.clone();
+        let failed = |e, dev| (e, dev, *stopped.borrow());
+        let (dev, _) = self.activate(lv).await.map_err(|e| failed(e, None))?;
         let path = dev.path.clone();
         let metrics = self.metrics.clone();
         let sink = self
@@ -755,11 +790,9 @@ impl Volumes {
                 }))
             })
             .await
-            .map_err(|e| (e, Some(dev.clone())))?;
+            .map_err(|e| failed(e, Some(dev.clone())))?;
         let _filling = self.metrics.filling();
         let started = Instant::now();
-        let size = lv.size;
-        let (_counted, stop) = self.copies.start(lv_name, from, size);
         tracing::info!(
             lv = lv_name,
             from,
@@ -789,7 +822,7 @@ impl Volumes {
         let bounds = (self.cfg.command_timeout(), RECORD, stop);
         match fill((source, base), sink, size, from, bounds, record).await {
             Ok(f) => Ok((f, dev)),
-            Err(e) => Err((e, Some(dev))),
+            Err(e) => Err(failed(e, Some(dev))),
         }
     }
 
@@ -977,7 +1010,8 @@ mod tests {
             r.unwrap(),
             Filled {
                 ranges: 4,
-                bytes: 1464
+                bytes: 1464,
+                written: 1464
             }
         );
         assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
@@ -1021,11 +1055,20 @@ mod tests {
         *src.cuts.lock().unwrap() = vec![2, 1];
         let sink = Mem::new(10_000);
         let (r, _) = run(&src, sink.clone(), 0).await;
-        r.unwrap();
+        let r = r.unwrap();
         // Cut after two ranges (the next byte 1300), then after one more
         // (4064).
         assert_eq!(*src.starts.lock().unwrap(), vec![0, 1300, 4064]);
         assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
+        // The last read's summary is its own; what the call wrote is all.
+        assert_eq!(
+            r,
+            Filled {
+                ranges: 1,
+                bytes: 1000,
+                written: 1464
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1046,7 +1089,8 @@ mod tests {
             r.unwrap(),
             Filled {
                 ranges: 3,
-                bytes: 1214
+                bytes: 1214,
+                written: 1214
             }
         );
         assert_eq!(*src.starts.lock().unwrap(), vec![1150]);

@@ -127,19 +127,23 @@ impl Volumes {
         let key = format!("clone-source-{source}");
         self.detached(&key, "Transfer.Grant of a clone", move |d, _| async move {
             let report = d.lvm.fresh_report().await?;
-            if let Some((id, _)) = d.clone_sources(&report, &source, Some(&clone_name)).into_iter().next() {
-                tracing::info!(id, source = %source, clone = clone_name, "transfer: reading the snapshot taken for this clone again");
-                return Ok(id);
-            }
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
+            let expires = now.as_secs() + CLONE_SOURCE_TTL.as_secs();
+            if let Some((id, was)) = d.clone_sources(&report, &source, Some(&clone_name)).into_iter().next() {
+                // Its life starts again: a clone that takes long, or is
+                // retried late, keeps reading the same point in time.
+                let (old, new) = (naming::clone_for_tag(&clone_name, was), naming::clone_for_tag(&clone_name, expires));
+                d.lvm.retag(&id, Some(&old), Some(&new)).await?;
+                tracing::info!(id, source = %source, clone = clone_name, expires, "transfer: reading the snapshot taken for this clone again");
+                return Ok(id);
+            }
             // A name of its own each time: a snapshot taken after an
             // earlier one was released is another point in time, and the
             // clone's via tag tells them apart.
             let co_name = format!("clone-for:{clone_name}:{}", now.as_nanos());
             let id = d.in_class_id(naming::snapshot_lv_name_for(&co_name));
-            let expires = now.as_secs() + CLONE_SOURCE_TTL.as_secs();
             let tag = naming::clone_for_tag(&clone_name, expires);
             d.snapshot_held(&id, co_name, &source, Some(tag)).await?;
             tracing::info!(id, source = %source, clone = clone_name, expires, "transfer: took a snapshot of a volume for a clone on another node");
@@ -188,9 +192,12 @@ impl Volumes {
     }
 
     /// Removes the snapshots taken for clones that have expired (their
-    /// clone abandoned, or the controller gone before it released them);
-    /// a failure is logged, and the next grant tries again.
-    pub async fn remove_expired_clone_sources(&self) {
+    /// clone abandoned, or the controller gone before it released them),
+    /// each under its volume's clone guard and selected by its exact
+    /// clone-for tag inside the locked `lvremove` (one a grant just gave
+    /// a new life is not removed); a failure is logged, and the next grant
+    /// or start tries again.
+    pub async fn remove_expired_clone_sources(self: &Arc<Self>) {
         let report = match self.lvm.report().await {
             Ok(r) => r,
             Err(e) => {
@@ -202,15 +209,30 @@ impl Volumes {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs();
-        let expired: Vec<String> = self
+        let expired: Vec<(String, String, String)> = self
             .owned_snapshots(&report)
             .into_iter()
-            .filter(|s| naming::clone_for(&s.lv.tags).is_some_and(|(_, e)| e <= now))
-            .map(|s| s.lv.name.clone())
+            .filter_map(|s| {
+                let (name, e) = naming::clone_for(&s.lv.tags).filter(|(_, e)| *e <= now)?;
+                Some((
+                    s.lv.name.clone(),
+                    s.tags.source.clone(),
+                    naming::clone_for_tag(&name, e),
+                ))
+            })
             .collect();
         drop(report);
-        for id in expired {
-            match self.lvm.remove(&id).await {
+        for (id, source, tag) in expired {
+            let key = format!("clone-source-{source}");
+            let i = id.clone();
+            let removed = self
+                .detached(
+                    &key,
+                    "remove an expired clone's snapshot",
+                    move |d, _| async move { d.lvm.remove_owned(&i, &tag).await },
+                )
+                .await;
+            match removed {
                 Ok(()) => tracing::info!(
                     id,
                     "transfer: removed an expired snapshot taken for a clone"

@@ -127,9 +127,18 @@ pub struct Transfers {
     /// Readers by the snapshot's LV path, and whether a reader activated
     /// it; held across the activation, so two first readers wait.
     readers: tokio::sync::Mutex<std::collections::HashMap<String, (usize, bool)>>,
-    /// Grants of reads to peers: token, the snapshot id it grants, and
-    /// its expiry.
-    grants: std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+    /// Grants of reads to peers: token, the snapshot id it grants, the
+    /// base it may be read against, and its expiry.
+    grants: std::sync::Mutex<std::collections::HashMap<String, Grant>>,
+}
+
+/// A grant of a snapshot's reads: the snapshot, the one base it may be
+/// read against (besides none), and its expiry.
+#[derive(Debug)]
+struct Grant {
+    of: String,
+    base: Option<String>,
+    until: std::time::Instant,
 }
 
 /// How many grants a node keeps at once; expired ones go first.
@@ -156,6 +165,7 @@ impl Transfers {
     pub fn grant(
         &self,
         id: &str,
+        base: Option<&str>,
         ttl: std::time::Duration,
     ) -> Result<(String, std::time::Duration)> {
         let ttl = match ttl {
@@ -170,14 +180,15 @@ impl Transfers {
         let token: String = bits.iter().map(|b| format!("{b:02x}")).collect();
         let now = std::time::Instant::now();
         let mut grants = self.grants.lock().unwrap();
-        grants.retain(|_, (_, until)| *until > now);
-        // A retried copy asks again: a live grant of the snapshot with at
-        // least half the asked life left serves it (no pile of grants).
-        if let Some((token, (_, until))) = grants
+        grants.retain(|_, g| g.until > now);
+        // A retried copy asks again: a live grant of the snapshot (and
+        // base) with at least half the asked life left serves it (no pile
+        // of grants).
+        if let Some((token, g)) = grants
             .iter()
-            .find(|(_, (of, until))| of == id && *until - now >= ttl / 2)
+            .find(|(_, g)| g.of == id && g.base.as_deref() == base && g.until - now >= ttl / 2)
         {
-            return Ok((token.clone(), *until - now));
+            return Ok((token.clone(), g.until - now));
         }
         if grants.len() >= MAX_GRANTS {
             return Err(Error::ResourceExhausted(format!(
@@ -185,7 +196,14 @@ impl Transfers {
             ))
             .advise("retry once some have expired"));
         }
-        grants.insert(token.clone(), (id.to_string(), now + ttl));
+        grants.insert(
+            token.clone(),
+            Grant {
+                of: id.to_string(),
+                base: base.map(str::to_string),
+                until: now + ttl,
+            },
+        );
         tracing::info!(
             snapshot = id,
             ttl_secs = ttl.as_secs(),
@@ -194,12 +212,15 @@ impl Transfers {
         Ok((token, ttl))
     }
 
-    /// Whether `token` is a live grant of snapshot `id`'s reads.
-    pub fn granted(&self, token: &str, id: &str) -> bool {
+    /// Whether `token` is a live grant of snapshot `id`'s reads, whole
+    /// or against `base` (the grant's base alone).
+    pub fn granted(&self, token: &str, id: &str, base: Option<&str>) -> bool {
         let grants = self.grants.lock().unwrap();
-        grants
-            .get(token)
-            .is_some_and(|(of, until)| of == id && *until > std::time::Instant::now())
+        grants.get(token).is_some_and(|g| {
+            g.of == id
+                && (base.is_none() || g.base.as_deref() == base)
+                && g.until > std::time::Instant::now()
+        })
     }
 }
 
@@ -348,14 +369,15 @@ impl Volumes {
     }
 
     /// The BLAKE3 of the whole device of snapshot `id` (or, not
-    /// `snapshot`, volume `id`) and its size, read here through a
+    /// `snapshot`, volume `id`; only its first `length` bytes unless 0)
+    /// and the bytes hashed, read here through a
     /// read-only descriptor, 64 MiB a step (each step bounded by
     /// `command_timeout_secs`), counted as one of the node's reads (the
     /// first reader activates it, the last deactivates it).
     pub async fn hash_whole(
         self: &Arc<Self>,
         id: &str,
-        snapshot: bool,
+        (snapshot, length): (bool, u64),
         transfers: Arc<Transfers>,
     ) -> Result<(u64, [u8; 32])> {
         let slot = transfers.slots.clone().try_acquire_owned().map_err(|_| {
@@ -370,6 +392,16 @@ impl Volumes {
             false => self.must_own(&report, id)?.lv.clone(),
         };
         drop(report);
+        let size = match length {
+            0 => lv.size,
+            l if l <= lv.size => l,
+            l => {
+                return Err(Error::OutOfRange(format!(
+                    "{id} holds {} bytes, fewer than the {l} to hash",
+                    lv.size
+                )))
+            }
+        };
         let reading = self.start_reading(&lv, &transfers, slot).await?;
         let path = reading.dev.path.clone();
         let device = self
@@ -378,7 +410,6 @@ impl Volumes {
                 Ok(Arc::new(crate::sys::open_read_only(&path)?))
             })
             .await?;
-        let size = lv.size;
         let mut hasher = blake3::Hasher::new();
         let step = 64 * 1024 * 1024;
         for at in (0..size).step_by(step as usize) {
@@ -578,34 +609,52 @@ mod tests {
     #[test]
     fn a_grant_names_one_snapshot_and_expires() {
         let t = Transfers::new(0);
-        let (token, ttl) = t.grant("snap-a", std::time::Duration::ZERO).unwrap();
+        let (token, ttl) = t.grant("snap-a", None, std::time::Duration::ZERO).unwrap();
         assert_eq!(ttl, GRANT_TTL);
         assert_eq!(token.len(), 64);
-        assert!(t.granted(&token, "snap-a"));
-        assert!(!t.granted(&token, "snap-b"), "another snapshot");
-        assert!(!t.granted("00", "snap-a"), "no such token");
+        assert!(t.granted(&token, "snap-a", None));
+        assert!(!t.granted(&token, "snap-b", None), "another snapshot");
+        assert!(!t.granted("00", "snap-a", None), "no such token");
+        assert!(
+            !t.granted(&token, "snap-a", Some("snap-0")),
+            "no base granted"
+        );
         // A retry is served the live grant.
-        let (again, _) = t.grant("snap-a", std::time::Duration::ZERO).unwrap();
+        let (again, _) = t.grant("snap-a", None, std::time::Duration::ZERO).unwrap();
         assert_eq!(again, token);
-        let (other, _) = t.grant("snap-b", std::time::Duration::ZERO).unwrap();
+        let (other, _) = t.grant("snap-b", None, std::time::Duration::ZERO).unwrap();
         assert_ne!(other, token, "random");
         let (short, _) = t
-            .grant("snap-c", std::time::Duration::from_nanos(1))
+            .grant("snap-c", None, std::time::Duration::from_nanos(1))
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(2));
-        assert!(!t.granted(&short, "snap-c"), "expired");
-        let (_, long) = t.grant("snap-d", 2 * GRANT_MAX_TTL).unwrap();
+        assert!(!t.granted(&short, "snap-c", None), "expired");
+        let (_, long) = t.grant("snap-d", None, 2 * GRANT_MAX_TTL).unwrap();
         assert_eq!(long, GRANT_MAX_TTL);
+        // A move's grant names its base: that base, or none, and no other.
+        let (moved, _) = t
+            .grant("snap-e", Some("snap-0"), std::time::Duration::ZERO)
+            .unwrap();
+        assert!(t.granted(&moved, "snap-e", Some("snap-0")));
+        assert!(
+            t.granted(&moved, "snap-e", None),
+            "whole, when the copy holds no base"
+        );
+        assert!(!t.granted(&moved, "snap-e", Some("snap-x")), "another base");
+        let (plain, _) = t.grant("snap-e", None, std::time::Duration::ZERO).unwrap();
+        assert_ne!(plain, moved, "a grant without the base is another");
     }
 
     #[test]
     fn grants_are_bounded() {
         let t = Transfers::new(0);
         for i in 0..MAX_GRANTS {
-            t.grant(&format!("snap-{i}"), std::time::Duration::ZERO)
+            t.grant(&format!("snap-{i}"), None, std::time::Duration::ZERO)
                 .unwrap();
         }
-        let e = t.grant("snap-more", std::time::Duration::ZERO).unwrap_err();
+        let e = t
+            .grant("snap-more", None, std::time::Duration::ZERO)
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
     }
 

@@ -67,15 +67,23 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
             (1, Some(id)) => id.clone(),
             _ => take_snapshot(c, &mut ctl, &a, k).await?,
         };
+        // Said at once: a move cut off (Ctrl-C, --timeout) leaves it.
+        eprintln!("round {k}: snapshot {snap}");
         let started = Instant::now();
         let req = RoundRequest {
             create: Some(create(&snap)),
             base_snapshot_id: base.clone().unwrap_or_default(),
             hold,
         };
-        let r: RoundResponse = match round_with_retries(c, &mover, &a.to, k, req).await {
+        let label = format!("round {k}: copying to {}", a.to);
+        let r: RoundResponse = match with_retries(c, &label, || {
+            let (mut m, r) = (mover.clone(), req.clone());
+            async move { m.round(r).await }
+        })
+        .await
+        {
             Ok(r) => r,
-            Err(e) => {
+            Err(e) if thinpool_csi::cluster::nodes::passing(&e) => {
                 // The copy may be part way from the base to this snapshot:
                 // only the same round goes on from there.
                 eprintln!(
@@ -86,7 +94,25 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
                     base.as_ref().map(|b| format!(" --base {b}")).unwrap_or_default(),
                     if a.r#final { " --final" } else { "" },
                 );
-                return Err(e);
+                return Err(e.into());
+            }
+            Err(e) => {
+                // Not a passing failure: this round's snapshot is of no
+                // use. The copy holds the base still, unless its data did
+                // not match (then it was removed).
+                forget(&mut ctl, &snap).await;
+                match (&base, e.code()) {
+                    (Some(b), tonic::Code::DataLoss) | (Some(b), tonic::Code::NotFound) => eprintln!(
+                        "the copy on {} is gone or unusable: move again from the start, and delete the base snapshot: tpcsi snapshot delete {b}",
+                        a.to
+                    ),
+                    (Some(b), _) => eprintln!(
+                        "the copy on {} still holds snapshot {b}: fix the cause and run again with --base {b}, or give it up: tpcsi delete <the copy's id> and tpcsi snapshot delete {b}",
+                        a.to
+                    ),
+                    (None, _) => eprintln!("nothing was copied to {}; the round's snapshot was deleted", a.to),
+                }
+                return Err(e.into());
             }
         };
         let round = r.round.unwrap_or_default();
@@ -123,17 +149,26 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
             // The last check, before anything of the source goes: the new
             // volume's whole device against the snapshot's, each read on
             // its own node. On a mismatch the snapshot stays, for a look.
-            let verified = c
-                .progress
-                .run(
-                    &format!("checking {} against {snap}", v.volume_id),
-                    mover.clone().verify(VerifyRequest {
-                        volume_id: v.volume_id.clone(),
-                        snapshot_id: snap.clone(),
-                    }),
-                )
-                .await?
-                .into_inner();
+            let check = VerifyRequest {
+                volume_id: v.volume_id.clone(),
+                snapshot_id: snap.clone(),
+            };
+            let label = format!("checking {} against {snap}", v.volume_id);
+            let verified = match with_retries(c, &label, || {
+                let (mut m, r) = (mover.clone(), check.clone());
+                async move { m.verify(r).await }
+            })
+            .await
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!(
+                        "the new volume {} is made but not checked: snapshot {snap} is kept; check again, or delete the new volume (tpcsi delete {}) and move again; the old volume is as it was",
+                        v.volume_id, v.volume_id
+                    );
+                    return Err(e.into());
+                }
+            };
             forget(&mut ctl, &snap).await;
             let hash: String = verified.blake3.iter().map(|b| format!("{b:02x}")).collect();
             c.show(&Done::new(
@@ -199,41 +234,23 @@ async fn take_snapshot(
 /// on where it stopped.
 const RETRIES: u32 = 3;
 
-/// `Move.Round`, asked again as [`RETRIES`] says.
-async fn round_with_retries(
-    c: &Ctx,
-    mover: &MoveClient<tonic::transport::Channel>,
-    to: &str,
-    k: u32,
-    req: RoundRequest,
-) -> Result<RoundResponse> {
-    use tonic::Code;
+/// A call of the move, asked again as [`RETRIES`] says on a passing
+/// failure (`cluster::nodes::passing`): the copy goes on where it stopped.
+async fn with_retries<T, F, Fut>(c: &Ctx, label: &str, call: F) -> std::result::Result<T, Status>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+{
     let mut tries = 0;
     loop {
-        let answered = c
-            .progress
-            .run(
-                &format!("round {k}: copying to {to}"),
-                mover.clone().round(req.clone()),
-            )
-            .await;
-        match answered {
+        match c.progress.run(label, call()).await {
             Ok(r) => return Ok(r.into_inner()),
-            Err(e)
-                if tries < RETRIES
-                    && matches!(
-                        e.code(),
-                        Code::Unavailable
-                            | Code::DeadlineExceeded
-                            | Code::Aborted
-                            | Code::ResourceExhausted
-                    ) =>
-            {
+            Err(e) if tries < RETRIES && thinpool_csi::cluster::nodes::passing(&e) => {
                 tries += 1;
-                eprintln!("round {k}: {} ({:?}); asking again", e.message(), e.code());
+                eprintln!("{label}: {} ({:?}); asking again", e.message(), e.code());
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
     }
 }
