@@ -1251,3 +1251,167 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         );
     }
 }
+
+/// A move's delta round under a fault (docs/moving.md): node 2's volume,
+/// its first round held whole on node 3, then 4 MiB changed; the last
+/// round, capped at 1 MiB/s, is cut by a kill -9 of node 3 at a seeded
+/// point (`TPCSI_CLUSTER_SEED`). Meanwhile the copy is no volume, and its
+/// id's condition says where it stopped; the same round asked again goes
+/// on against the same base from the recorded offset, and the new
+/// volume holds the last snapshot's bytes (`Move.Verify`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_s_delta_round_survives_a_killed_target() {
+    use thinpool_csi::proto::thinpool::cluster::v1::move_client::MoveClient;
+    use thinpool_csi::proto::thinpool::cluster::v1::{RoundRequest, VerifyRequest};
+    let seed: u64 = std::env::var("TPCSI_CLUSTER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x00c0_91e5);
+    // After the round's fill has begun, at a seeded point of its 4 s.
+    let kill_after = (seed.wrapping_mul(6364136223846793005) >> 33) % 2500;
+    let mut rig = Rig::start_with(4, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
+    let mut c = rig.ctl.controller().await;
+    let old = create_volume(&mut c, on_node("pvc-src", 2)).await;
+    let path = format!(
+        "{}/{}",
+        rig.nodes[1].vg,
+        naming::split_node(&old.volume_id).1
+    );
+    let write = |at: u64, len: u64, byte: u8| {
+        lvm(&["lvchange", "-ay", "-K", &path]);
+        write_at(
+            std::path::Path::new(&format!("/dev/{path}")),
+            at,
+            &vec![byte; len as usize],
+        )
+        .unwrap();
+        lvm(&["lvchange", "-an", &path]);
+    };
+    write(0, 2 * MIB, 0x51);
+    let s1 = snapshot_of(&mut c, "move-s1", &old.volume_id).await;
+    let mut m = MoveClient::connect(rig.ctl.uri()).await.unwrap();
+    let round = |snap: &str, base: &str, hold: bool| {
+        let mut create = on_node("pvc-dst", 3);
+        create.volume_content_source = Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: snap.to_string(),
+                },
+            )),
+        });
+        RoundRequest {
+            create: Some(create),
+            base_snapshot_id: base.to_string(),
+            hold,
+        }
+    };
+    let r1 = m
+        .round(round(&s1.snapshot_id, "", true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r1.round.unwrap().held);
+    write(2 * MIB, 4 * MIB, 0x52);
+    let s2 = snapshot_of(&mut c, "move-s2", &old.volume_id).await;
+
+    // The last round, cut by a kill of node 3.
+    let last = round(&s2.snapshot_id, &s1.snapshot_id, false);
+    let first = {
+        let mut m = m.clone();
+        let last = last.clone();
+        tokio::spawn(async move { m.round(last).await })
+    };
+    let lv = naming::lv_name_for("pvc-dst");
+    let id = naming::with_node(&key(3), &lv);
+    let condition = |c: ControllerClient<Channel>| {
+        let id = id.clone();
+        async move {
+            let mut c = c;
+            c.controller_get_volume(ControllerGetVolumeRequest { volume_id: id })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+                .and_then(|s| s.volume_condition)
+                .unwrap()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition(c.clone())
+        .await
+        .message
+        .starts_with("being copied")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the last round's fill never began"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(kill_after)).await;
+    rig.nodes[2].kill9_with_children();
+    let e = first.await.unwrap().unwrap_err();
+    assert!(retried(&e), "the cut call: {e:?}");
+    rig.nodes[2].spawn().await;
+    let tags = lvs(&rig.nodes[2].vg).find(&lv).unwrap().tags.clone();
+    let at = naming::filling(&tags).map(|f| f.0);
+    assert!(
+        tags.iter().any(|t| t.starts_with(naming::TAG_BASE))
+            && !tags.iter().any(|t| t.starts_with(naming::TAG_OWNER))
+            && at.is_some_and(|a| a < u64::MAX),
+        "mid-round: against its base, no volume: {tags:?}"
+    );
+    let stopped = condition(c.clone()).await;
+    assert!(
+        stopped.abnormal && stopped.message.contains("stopped at byte"),
+        "{stopped:?}"
+    );
+
+    // The same round again: it goes on against the same base.
+    let answered = until_answered("Move.Round pvc-dst", || {
+        let mut m = m.clone();
+        let last = last.clone();
+        async move { m.round(last).await }
+    })
+    .await
+    .expect("the round ends after a kill");
+    let r = answered.round.unwrap();
+    assert!(!r.held && r.base_snapshot_id == s1.snapshot_id, "{r:?}");
+    let node3 = rig.nodes[2].log();
+    assert!(
+        node3.contains("going on with a copy from another node"),
+        "resumed"
+    );
+    let v = answered.volume.unwrap();
+    let verified = m
+        .verify(VerifyRequest {
+            volume_id: v.volume_id.clone(),
+            snapshot_id: s2.snapshot_id.clone(),
+        })
+        .await
+        .expect("the new volume holds the last snapshot's bytes");
+    println!(
+        "MEASURE move round fault: node 3 killed {kill_after} ms into the round's fill, recorded offset {at:?}, resumed round read {} bytes; verified {} bytes",
+        r.bytes,
+        verified.into_inner().size_bytes
+    );
+    for s in [s1, s2] {
+        c.delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: s.snapshot_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    for id in [&v.volume_id, &old.volume_id] {
+        c.delete_volume(del(id)).await.unwrap();
+    }
+    for n in &rig.nodes {
+        assert!(
+            lv_names(&n.vg).is_empty(),
+            "{}: {:?}",
+            n.vg,
+            lv_names(&n.vg)
+        );
+    }
+}
