@@ -1340,7 +1340,7 @@ async fn a_move_s_delta_round_survives_a_killed_target() {
     while !condition(c.clone())
         .await
         .message
-        .starts_with("being copied")
+        .contains(": being copied")
     {
         assert!(
             Instant::now() < deadline,

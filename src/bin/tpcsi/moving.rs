@@ -15,6 +15,8 @@ use thinpool_csi::proto::thinpool::cluster::v1::move_client::MoveClient;
 use thinpool_csi::proto::thinpool::cluster::v1::{RoundRequest, RoundResponse, VerifyRequest};
 use tonic::Status;
 
+use thinpool_csi::naming;
+
 use crate::args::MoveArgs;
 use crate::connect::Ctx;
 use crate::failure::Result;
@@ -56,6 +58,17 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
         ..Default::default()
     };
     let mover = MoveClient::new(c.csi().await?);
+    // The copy's id on the target: its condition tells how far a round got.
+    let class = a
+        .params
+        .iter()
+        .find(|(k, _)| k == "deviceClass")
+        .map(|(_, v)| v.as_str())
+        .filter(|c| *c != naming::DEFAULT_CLASS);
+    let copy_id = naming::with_node(
+        &naming::node_key(&a.to),
+        &naming::in_class(class, naming::lv_name_for(&a.name)),
+    );
     let mut base = a.base.clone();
     let mut last_bytes = None;
     let rounds = if a.r#final { 1 } else { a.rounds.max(1) };
@@ -76,12 +89,12 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
             hold,
         };
         let label = format!("round {k}: copying to {}", a.to);
-        let r: RoundResponse = match with_retries(c, &label, || {
+        let detail = std::sync::Mutex::new(String::new());
+        let asked = with_retries(c, &label, &detail, || {
             let (mut m, r) = (mover.clone(), req.clone());
             async move { m.round(r).await }
-        })
-        .await
-        {
+        });
+        let r: RoundResponse = match watching(&mut ctl, &copy_id, &detail, asked).await {
             Ok(r) => r,
             Err(e) if thinpool_csi::cluster::nodes::passing(&e) => {
                 // The copy may be part way from the base to this snapshot:
@@ -154,7 +167,8 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
                 snapshot_id: snap.clone(),
             };
             let label = format!("checking {} against {snap}", v.volume_id);
-            let verified = match with_retries(c, &label, || {
+            let none = std::sync::Mutex::new(String::new());
+            let verified = match with_retries(c, &label, &none, || {
                 let (mut m, r) = (mover.clone(), check.clone());
                 async move { m.verify(r).await }
             })
@@ -236,14 +250,19 @@ const RETRIES: u32 = 3;
 
 /// A call of the move, asked again as [`RETRIES`] says on a passing
 /// failure (`cluster::nodes::passing`): the copy goes on where it stopped.
-async fn with_retries<T, F, Fut>(c: &Ctx, label: &str, call: F) -> std::result::Result<T, Status>
+async fn with_retries<T, F, Fut>(
+    c: &Ctx,
+    label: &str,
+    detail: &std::sync::Mutex<String>,
+    call: F,
+) -> std::result::Result<T, Status>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
 {
     let mut tries = 0;
     loop {
-        match c.progress.run(label, call()).await {
+        match c.progress.run_with(label, detail, call()).await {
             Ok(r) => return Ok(r.into_inner()),
             Err(e) if tries < RETRIES && thinpool_csi::cluster::nodes::passing(&e) => {
                 tries += 1;
@@ -252,6 +271,37 @@ where
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// `call`, with the copy's progress (its condition, asked of the
+/// controller every second) kept in `detail` for the spinner.
+async fn watching<T>(
+    ctl: &mut csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    copy_id: &str,
+    detail: &std::sync::Mutex<String>,
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    let watch = async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let asked = ctl
+                .controller_get_volume(csi::ControllerGetVolumeRequest {
+                    volume_id: copy_id.to_string(),
+                })
+                .await;
+            let said = asked
+                .ok()
+                .and_then(|r| r.into_inner().status)
+                .and_then(|s| s.volume_condition)
+                .map(|v| v.message)
+                .unwrap_or_default();
+            *detail.lock().unwrap() = said;
+        }
+    };
+    tokio::select! {
+        out = call => out,
+        never = watch => never,
     }
 }
 

@@ -33,6 +33,18 @@ impl Progress {
 
     /// Runs `fut`, showing `label` and the time it has taken meanwhile.
     pub async fn run<F: Future>(self, label: &str, fut: F) -> F::Output {
+        self.run_with(label, &std::sync::Mutex::new(String::new()), fut)
+            .await
+    }
+
+    /// [`Progress::run`], with `detail` (which the caller may change
+    /// meanwhile) after the label.
+    pub async fn run_with<F: Future>(
+        self,
+        label: &str,
+        detail: &std::sync::Mutex<String>,
+        fut: F,
+    ) -> F::Output {
         if self == Progress::Off {
             return fut.await;
         }
@@ -52,7 +64,8 @@ impl Progress {
                 out = &mut fut => break out,
                 _ = tick.tick() => {
                     n += 1;
-                    self.draw(&line(label, n, start.elapsed()));
+                    let label = labelled(label, &detail.lock().unwrap());
+                    self.draw(&line(&label, n, start.elapsed()));
                 }
             }
         };
@@ -88,6 +101,14 @@ impl Drop for Erase {
     }
 }
 
+/// A label and what the caller says of its progress, if anything.
+pub fn labelled(label: &str, detail: &str) -> String {
+    match detail.is_empty() {
+        true => label.to_string(),
+        false => format!("{label}: {detail}"),
+    }
+}
+
 /// One frame: `| reclaiming csi-x  3s`.
 pub fn line(label: &str, frame: usize, elapsed: Duration) -> String {
     format!(
@@ -118,6 +139,15 @@ mod tests {
         assert_eq!(
             line("reclaiming v", 5, Duration::from_millis(2900)),
             "/ reclaiming v  2s"
+        );
+    }
+
+    #[test]
+    fn a_detail_follows_the_label() {
+        assert_eq!(labelled("round 1", ""), "round 1");
+        assert_eq!(
+            labelled("round 1", "byte 5 of 10 (50 %)"),
+            "round 1: byte 5 of 10 (50 %)"
         );
     }
 
