@@ -101,6 +101,14 @@ pub const RECORD: Every = Every {
     time: Duration::from_secs(5),
 };
 
+/// Why a copy a DeleteVolume stopped at byte `at` ends: not a passing
+/// failure (no retry resumes it: the copy is removed).
+fn stopped_at(at: u64) -> Error {
+    Error::FailedPrecondition(format!(
+        "the copy was cancelled at byte {at} by a DeleteVolume of it, and removed"
+    ))
+}
+
 /// Turns true when a copy is to stop ([`Copies::stop`]).
 pub type Stop = tokio::sync::watch::Receiver<bool>;
 
@@ -317,7 +325,10 @@ where
                 tracing::warn!(from = at, reached, error = %e, resumed,
                     "copy: the read was cut; resuming where it stopped");
                 at = reached;
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.wait_for(|s| *s) => return Err(stopped_at(at)),
+                }
             }
             Err(Ended::Cut(_, e)) | Err(Ended::Failed(e)) => return Err(e),
         }
@@ -348,18 +359,17 @@ where
             Ended::Failed(e)
         }
     };
-    let mut rx = source.read(start, base).await.map_err(|e| cut(start, e))?;
+    let mut rx = tokio::select! {
+        rx = source.read(start, base) => rx.map_err(|e| cut(start, e))?,
+        _ = stop.wait_for(|s| *s) => return Err(Ended::Failed(stopped_at(start))),
+    };
     let mut next = start;
     let mut digest = Digest::default();
     let mut capacity = None;
     loop {
         let next_piece = tokio::select! {
             p = rx.recv() => p,
-            _ = stop.wait_for(|s| *s) => {
-                return Err(Ended::Failed(Error::Aborted(format!(
-                    "the copy was stopped at byte {next} (a DeleteVolume of it)"
-                ))))
-            }
+            _ = stop.wait_for(|s| *s) => return Err(Ended::Failed(stopped_at(next))),
         };
         let piece = match next_piece {
             Some(Ok(p)) => p,
@@ -1203,8 +1213,8 @@ mod tests {
         };
         let (r, ()) = tokio::join!(filling, stopper);
         let e = r.unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Aborted, "{e}");
-        assert!(e.to_string().contains("stopped at byte 0"), "{e}");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(e.to_string().contains("cancelled at byte 0"), "{e}");
         assert_eq!(src.0.lock().unwrap().len(), 1, "a stop is not resumed");
         drop(counted);
         assert!(!copies.stop("csi-x"), "no longer counted");

@@ -372,9 +372,25 @@ impl Volumes {
     /// `snapshot`, volume `id`; only its first `length` bytes unless 0)
     /// and the bytes hashed, read here through a
     /// read-only descriptor, 64 MiB a step (each step bounded by
-    /// `command_timeout_secs`), counted as one of the node's reads (the
-    /// first reader activates it, the last deactivates it).
+    /// `command_timeout_secs`), under the object's guard, counted as one
+    /// of the node's reads (the first reader activates it, the last
+    /// deactivates it). Not paced by `cluster.transfer_mib_per_sec`: it
+    /// reads locally and sends nothing.
     pub async fn hash_whole(
+        self: &Arc<Self>,
+        id: &str,
+        what: (bool, u64),
+        transfers: Arc<Transfers>,
+    ) -> Result<(u64, [u8; 32])> {
+        // Under the object's guard: no stage, delete or grow meanwhile.
+        let id = id.to_string();
+        self.detached(&id.clone(), "Transfer.Hash", move |d, _| async move {
+            d.hash_held(&id, what, transfers).await
+        })
+        .await
+    }
+
+    async fn hash_held(
         self: &Arc<Self>,
         id: &str,
         (snapshot, length): (bool, u64),
@@ -430,6 +446,8 @@ impl Volumes {
                 })
                 .await?;
         }
+        // Closed before the last reader's deactivation.
+        drop(device);
         drop(reading);
         let hash = *hasher.finalize().as_bytes();
         tracing::info!(id, size, blake3 = %blake3::Hash::from(hash).to_hex(), "transfer: hashed a whole device");

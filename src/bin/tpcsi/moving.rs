@@ -96,35 +96,28 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
         });
         let r: RoundResponse = match watching(&mut ctl, &copy_id, &detail, asked).await {
             Ok(r) => r,
-            Err(e) if thinpool_csi::cluster::nodes::passing(&e) => {
+            Err(e) if e.code() == tonic::Code::DataLoss => {
+                // The copy's data did not match: the target removed it.
+                forget(&mut ctl, &snap).await;
+                let base = base
+                    .map(|b| format!(", and delete the base: tpcsi snapshot delete {b}"))
+                    .unwrap_or_default();
+                eprintln!("the copy on {} was removed (its data did not match): move again from the start{base}", a.to);
+                return Err(e.into());
+            }
+            Err(e) => {
                 // The copy may be part way from the base to this snapshot:
-                // only the same round goes on from there.
+                // only the same round goes on from there, once the cause
+                // is gone. Nothing is deleted here.
+                let also = base.as_ref().map(|b| format!(" {b}")).unwrap_or_default();
                 eprintln!(
-                    "resume with: tpcsi move {} --to {} --name {}{} --snapshot {snap}{} (with the same --fs/--block and --param)",
+                    "resume with: tpcsi move {} --to {} --name {}{} --snapshot {snap}{} (with the same --fs/--block and --param); or give the move up: tpcsi delete {copy_id}, then tpcsi snapshot delete {snap}{also}",
                     a.volume_id,
                     a.to,
                     a.name,
                     base.as_ref().map(|b| format!(" --base {b}")).unwrap_or_default(),
                     if a.r#final { " --final" } else { "" },
                 );
-                return Err(e.into());
-            }
-            Err(e) => {
-                // Not a passing failure: this round's snapshot is of no
-                // use. The copy holds the base still, unless its data did
-                // not match (then it was removed).
-                forget(&mut ctl, &snap).await;
-                match (&base, e.code()) {
-                    (Some(b), tonic::Code::DataLoss) | (Some(b), tonic::Code::NotFound) => eprintln!(
-                        "the copy on {} is gone or unusable: move again from the start, and delete the base snapshot: tpcsi snapshot delete {b}",
-                        a.to
-                    ),
-                    (Some(b), _) => eprintln!(
-                        "the copy on {} still holds snapshot {b}: fix the cause and run again with --base {b}, or give it up: tpcsi delete <the copy's id> and tpcsi snapshot delete {b}",
-                        a.to
-                    ),
-                    (None, _) => eprintln!("nothing was copied to {}; the round's snapshot was deleted", a.to),
-                }
                 return Err(e.into());
             }
         };
@@ -177,8 +170,8 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
                 Ok(v) => v,
                 Err(e) => {
                     eprintln!(
-                        "the new volume {} is made but not checked: snapshot {snap} is kept; check again, or delete the new volume (tpcsi delete {}) and move again; the old volume is as it was",
-                        v.volume_id, v.volume_id
+                        "the new volume {} is made but not checked: snapshot {snap} is kept; check again: tpcsi move {} --to {} --name {} --snapshot {snap} --final (it answers the volume made and checks it); or delete the new volume (tpcsi delete {}) and move again; the old volume is as it was",
+                        v.volume_id, a.volume_id, a.to, a.name, v.volume_id
                     );
                     return Err(e.into());
                 }
@@ -249,7 +242,9 @@ async fn take_snapshot(
 const RETRIES: u32 = 3;
 
 /// A call of the move, asked again as [`RETRIES`] says on a passing
-/// failure (`cluster::nodes::passing`): the copy goes on where it stopped.
+/// failure (`cluster::nodes::passing`) or an expired grant, and for as
+/// long as ABORTED says the copy still runs: the copy goes on where it
+/// stopped.
 async fn with_retries<T, F, Fut>(
     c: &Ctx,
     label: &str,
@@ -264,7 +259,20 @@ where
     loop {
         match c.progress.run_with(label, detail, call()).await {
             Ok(r) => return Ok(r.into_inner()),
-            Err(e) if tries < RETRIES && thinpool_csi::cluster::nodes::passing(&e) => {
+            // The copy still runs (a call before this one was cut, and its
+            // work goes on on the node): asked again until it ends, bounded
+            // by --timeout.
+            Err(e) if e.code() == tonic::Code::Aborted => {
+                eprintln!("{label}: {}; asking again in 5 s", e.message());
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+            // A passing failure, or a grant that expired meanwhile (a new
+            // call gets a new one).
+            Err(e)
+                if tries < RETRIES
+                    && (thinpool_csi::cluster::nodes::passing(&e)
+                        || e.code() == tonic::Code::PermissionDenied) =>
+            {
                 tries += 1;
                 eprintln!("{label}: {} ({:?}); asking again", e.message(), e.code());
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
