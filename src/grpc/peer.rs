@@ -222,7 +222,12 @@ pub fn error_of(node: &str, s: Status) -> Error {
         Code::ResourceExhausted => Error::ResourceExhausted(what),
         Code::Aborted => Error::Aborted(what),
         Code::DeadlineExceeded => Error::DeadlineExceeded(what),
-        Code::PermissionDenied => Error::PermissionDenied(what),
+        // The source forgot the grant (it restarted: grants live in its
+        // memory) or it expired: a retry of the CreateVolume gets a new
+        // one from the controller, and the copy goes on where it stopped.
+        Code::PermissionDenied => Error::Unavailable(what).advise(
+            "retry: the source node no longer knows the grant (it restarted, or the grant expired); the controller asks a new one",
+        ),
         Code::DataLoss => Error::DataLoss(what),
         Code::Unavailable | Code::Cancelled => Error::Unavailable(what),
         _ => Error::Internal(what),
@@ -241,7 +246,7 @@ mod tests {
             (Code::DeadlineExceeded, Code::DeadlineExceeded),
             (Code::ResourceExhausted, Code::ResourceExhausted),
             (Code::NotFound, Code::NotFound),
-            (Code::PermissionDenied, Code::PermissionDenied),
+            (Code::PermissionDenied, Code::Unavailable),
             (Code::DataLoss, Code::DataLoss),
             (Code::Unknown, Code::Internal),
         ] {

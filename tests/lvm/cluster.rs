@@ -1565,3 +1565,109 @@ async fn filesystems_and_an_encrypted_volume_arrive_clean_on_another_node() {
         }
     }
 }
+
+/// A restore across nodes whose source node plugin is killed (-9) at a
+/// seeded point of the copy (`TPCSI_CLUSTER_SEED`), capped at 1 MiB/s:
+/// its grants die with it, so the target's resumed reads are refused and
+/// the call answers a passing failure; once node 2 is back, the retry
+/// gets a new grant from the controller and goes on from the recorded
+/// offset, and the copy holds the snapshot's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_across_nodes_survives_a_killed_source() {
+    let seed: u64 = std::env::var("TPCSI_CLUSTER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x00c0_91e5);
+    let kill_after = 500 + (seed.wrapping_mul(6364136223846793005) >> 33) % 4000;
+    let mut rig = Rig::start_with(6, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
+    let mut c = rig.ctl.controller().await;
+    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
+    let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
+    lvm(&["lvchange", "-ay", "-K", &path]);
+    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 13 % 251) as u8).collect();
+    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
+    lvm(&["lvchange", "-an", &path]);
+    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let mut req = on_node("pvc-copy", 3);
+    req.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Snapshot(
+            volume_content_source::SnapshotSource {
+                snapshot_id: s.snapshot_id.clone(),
+            },
+        )),
+    });
+    let lv = naming::lv_name_for("pvc-copy");
+    let id = naming::with_node(&key(3), &lv);
+    let first = {
+        let mut c = c.clone();
+        let req = req.clone();
+        tokio::spawn(async move { c.create_volume(req).await })
+    };
+    // Once the fill runs, at a seeded point of its 8 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let said = c
+            .controller_get_volume(ControllerGetVolumeRequest {
+                volume_id: id.clone(),
+            })
+            .await
+            .ok()
+            .and_then(|r| r.into_inner().status)
+            .and_then(|s| s.volume_condition)
+            .map(|v| v.message)
+            .unwrap_or_default();
+        if said.contains(": being copied") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the copy's fill never began");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(kill_after)).await;
+    rig.nodes[1].kill9_with_children();
+    let e = first.await.unwrap().unwrap_err();
+    assert!(retried(&e), "the cut call: {e:?}");
+    let tags = lvs(&rig.nodes[2].vg).find(&lv).unwrap().tags.clone();
+    assert!(
+        naming::filling(&tags).is_some() && !tags.iter().any(|t| t.starts_with(naming::TAG_OWNER)),
+        "the partial copy is no volume: {tags:?}"
+    );
+    rig.nodes[1].spawn().await;
+    let v = until_answered("CreateVolume pvc-copy", || {
+        let mut c = c.clone();
+        let req = req.clone();
+        async move { c.create_volume(req).await }
+    })
+    .await
+    .expect("the copy ends after its source was killed")
+    .volume
+    .unwrap();
+    let node3 = rig.nodes[2].log();
+    assert!(
+        node3.contains("going on with a copy from another node"),
+        "resumed"
+    );
+    assert_whole_copy(&rig.nodes[2].vg, &lv);
+    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
+    let (src, dst) = (
+        read_lv(&rig.nodes[1].vg, &src_lv),
+        read_lv(&rig.nodes[2].vg, &lv),
+    );
+    assert_eq!(
+        (src.0, src.1),
+        (dst.0, dst.1),
+        "the copy holds the snapshot's bytes"
+    );
+    println!(
+        "MEASURE copy source fault: node 2 killed {kill_after} ms into the fill; the first call: {:?}",
+        e.code()
+    );
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: s.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for id in [&v.volume_id, &a.volume_id] {
+        c.delete_volume(del(id)).await.unwrap();
+    }
+}
