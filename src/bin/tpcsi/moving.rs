@@ -109,7 +109,10 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
                 // The copy may be part way from the base to this snapshot:
                 // only the same round goes on from there, once the cause
                 // is gone. Nothing is deleted here.
-                let also = base.as_ref().map(|b| format!(" {b}")).unwrap_or_default();
+                let also = base
+                    .as_ref()
+                    .map(|b| format!(" and tpcsi snapshot delete {b}"))
+                    .unwrap_or_default();
                 eprintln!(
                     "resume with: tpcsi move {} --to {} --name {}{} --snapshot {snap}{} (with the same --fs/--block and --param); or give the move up: tpcsi delete {copy_id}, then tpcsi snapshot delete {snap}{also}",
                     a.volume_id,
