@@ -1123,8 +1123,6 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         to.as_str(),
         "--name",
         "pvc-new",
-        "--fs",
-        "ext4",
     ];
 
     // While it runs: at most two rounds.

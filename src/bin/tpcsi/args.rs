@@ -227,6 +227,7 @@ pub struct MoveArgs {
     /// The new volume's name (as a CO would give it, e.g. the new PV's)
     #[arg(long)]
     pub name: String,
+    /// --fs/--block: the volume's own access when neither is given
     #[command(flatten)]
     pub access: AccessArgs,
     /// Creation parameter (repeatable), as the volume was created with

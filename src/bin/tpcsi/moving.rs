@@ -36,13 +36,18 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     let node = csi::Topology {
         segments: [(thinpool_csi::config::topology_key(&driver), a.to.clone())].into(),
     };
+    // As given, or else the volume's own access (its context's fsType;
+    // none means block), as stage and publish take it.
+    let capability = crate::capability::given_capability(&a.access).unwrap_or_else(|| {
+        crate::capability::capability(&crate::node::access_of(&volume, &a.access), &[])
+    });
     let create = |snapshot_id: &str| csi::CreateVolumeRequest {
         name: a.name.clone(),
         capacity_range: Some(csi::CapacityRange {
             required_bytes: volume.capacity_bytes,
             limit_bytes: 0,
         }),
-        volume_capabilities: vec![crate::capability::capability(&a.access, &[])],
+        volume_capabilities: vec![capability.clone()],
         parameters: a.params.iter().cloned().collect(),
         accessibility_requirements: Some(csi::TopologyRequirement {
             requisite: vec![node.clone()],
@@ -114,7 +119,7 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
                     .map(|b| format!(" and tpcsi snapshot delete {b}"))
                     .unwrap_or_default();
                 eprintln!(
-                    "resume with: tpcsi move {} --to {} --name {}{} --snapshot {snap}{} (with the same --fs/--block and --param); or give the move up: tpcsi delete {copy_id}, then tpcsi snapshot delete {snap}{also}",
+                    "resume with: tpcsi move {} --to {} --name {}{} --snapshot {snap}{} (with the same --param); or give the move up: tpcsi delete {copy_id}, then tpcsi snapshot delete {snap}{also}",
                     a.volume_id,
                     a.to,
                     a.name,
@@ -205,7 +210,7 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     }
     let base = base.unwrap_or_default();
     eprintln!(
-        "next: stop the volume's workload, then: tpcsi move {} --to {} --name {} --base {base} --final (with the same --fs/--block and --param)",
+        "next: stop the volume's workload, then: tpcsi move {} --to {} --name {} --base {base} --final (with the same --param)",
         a.volume_id, a.to, a.name
     );
     Ok(())

@@ -133,7 +133,7 @@ async fn node_capability(
 }
 
 /// `--fs`/`--block` as the volume's context says.
-fn access_of(v: &csi::Volume, given: &AccessArgs) -> AccessArgs {
+pub(crate) fn access_of(v: &csi::Volume, given: &AccessArgs) -> AccessArgs {
     let fs = v.volume_context.get("fsType").cloned();
     AccessArgs {
         block: fs.is_none(),
