@@ -32,6 +32,24 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshakes that may run at once; more connections wait to be accepted.
 const HANDSHAKES: usize = 64;
 
+/// A client's TLS settings for a node's channel: the CA to check the
+/// node's certificate against, the client's own certificate and key, and
+/// the name the node's certificate carries. A file that cannot be read is
+/// named in the error.
+pub fn client_tls(
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    server_name: &str,
+) -> std::result::Result<tonic::transport::ClientTlsConfig, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("TLS file {}: {e}", p.display()));
+    Ok(ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(ca)?))
+        .identity(Identity::from_pem(read(cert)?, read(key)?))
+        .domain_name(server_name.to_string()))
+}
+
 /// The node's TLS settings: its certificate and key, and the CA whose
 /// client certificates it takes. Read at start-up; a file that cannot be
 /// read or parsed stops the start with the file named.

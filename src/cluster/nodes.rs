@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::Status;
 
 use super::config::ControllerConfig;
@@ -99,16 +99,12 @@ pub struct Nodes {
 impl Nodes {
     /// Reads the TLS files; one that cannot be read is named.
     pub fn new(cfg: &ControllerConfig) -> Result<Nodes, String> {
-        let read = |p: &std::path::Path| {
-            std::fs::read(p).map_err(|e| format!("TLS file {}: {e}", p.display()))
-        };
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(read(&cfg.nodes_ca)?))
-            .identity(Identity::from_pem(
-                read(&cfg.tls_cert)?,
-                read(&cfg.tls_key)?,
-            ))
-            .domain_name(cfg.node_server_name.clone());
+        let tls = crate::channel::client_tls(
+            &cfg.nodes_ca,
+            &cfg.tls_cert,
+            &cfg.tls_key,
+            &cfg.node_server_name,
+        )?;
         let nodes = Nodes {
             tls,
             connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use crate::config::Cluster;
@@ -95,19 +95,17 @@ impl PeerSource {
             )
             .advise("set cluster.peer_ca (the nodes' CA) on every node plugin, as the deployment does"));
         }
-        let read = |p: &std::path::Path| {
-            std::fs::read(p).map_err(|e| {
-                Error::FailedPrecondition(format!("TLS file {}: {e}", p.display()))
-                    .advise("point cluster.tls_cert, cluster.tls_key and cluster.peer_ca at PEM files the driver can read")
-            })
-        };
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(read(&cluster.peer_ca)?))
-            .identity(Identity::from_pem(
-                read(&cluster.tls_cert)?,
-                read(&cluster.tls_key)?,
-            ))
-            .domain_name(copy.server_name.clone());
+        let tls = crate::channel::client_tls(
+            &cluster.peer_ca,
+            &cluster.tls_cert,
+            &cluster.tls_key,
+            &copy.server_name,
+        )
+        .map_err(|e| {
+            Error::FailedPrecondition(e).advise(
+                "point cluster.tls_cert, cluster.tls_key and cluster.peer_ca at PEM files the driver can read",
+            )
+        })?;
         let channel = Endpoint::from_shared(format!("https://{}", copy.address))
             .and_then(|e| e.tls_config(tls))
             .map_err(|e| {

@@ -977,6 +977,29 @@ mod tests {
 
     const RANGES: &[(u64, u64)] = &[(0, 100), (1000, 300), (4000, 64), (9000, 1000)];
 
+    /// What a whole fill of `src` did, in order (`w<offset>`, `sync`,
+    /// `record <at>`), recording as `every` says.
+    async fn events_of(src: &Fake, every: Every) -> Vec<String> {
+        let size = src.capacity;
+        let sink = Mem::new(size as usize);
+        let events = sink.events.clone();
+        fill(
+            (src, None),
+            sink,
+            size,
+            0,
+            (Duration::from_secs(5), every, never()),
+            |at| {
+                events.lock().unwrap().push(format!("record {at}"));
+                async { Ok(()) }
+            },
+        )
+        .await
+        .unwrap();
+        let done = events.lock().unwrap().clone();
+        done
+    }
+
     /// A stop that never comes (its sender kept alive for the test).
     fn never() -> Stop {
         let (tx, rx) = tokio::sync::watch::channel(false);
@@ -1122,24 +1145,9 @@ mod tests {
             time: Duration::from_secs(3600),
         };
         let src = Fake::new(3 * big, &[(0, big), (big, big), (2 * big + 10, 10)]);
-        let sink = Mem::new(3 * big as usize);
-        let events = sink.events.clone();
-        fill(
-            (&src, None),
-            sink,
-            3 * big,
-            0,
-            (Duration::from_secs(5), every, never()),
-            |at| {
-                events.lock().unwrap().push(format!("record {at}"));
-                async { Ok(()) }
-            },
-        )
-        .await
-        .unwrap();
         // Each record after a sync of what it covers; the end synced too.
         assert_eq!(
-            *events.lock().unwrap(),
+            events_of(&src, every).await,
             [
                 "w0",
                 "sync",
@@ -1245,24 +1253,9 @@ mod tests {
             time: Duration::from_secs(3600),
         };
         let src = Fake::new(100_000, &[(0, 10), (50_000, 10), (99_000, 995)]);
-        let sink = Mem::new(100_000);
-        let events = sink.events.clone();
-        fill(
-            (&src, None),
-            sink,
-            100_000,
-            0,
-            (Duration::from_secs(5), every, never()),
-            |at| {
-                events.lock().unwrap().push(format!("record {at}"));
-                async { Ok(()) }
-            },
-        )
-        .await
-        .unwrap();
         // 1015 bytes written: one record, after the third range.
         assert_eq!(
-            *events.lock().unwrap(),
+            events_of(&src, every).await,
             ["w0", "w50000", "w99000", "sync", "record 99995", "sync"]
         );
     }

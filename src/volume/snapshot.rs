@@ -126,7 +126,7 @@ impl Volumes {
         self.remove_expired_clone_sources().await;
         let key = format!("clone-source-{source}");
         self.detached(&key, "Transfer.Grant of a clone", move |d, _| async move {
-            let report = d.lvm.fresh_report().await?;
+            let report = d.lvm.known().await?;
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
@@ -180,7 +180,7 @@ impl Volumes {
     ) -> Result<usize> {
         let key = format!("clone-source-{source}");
         self.detached(&key, "Transfer.Release", move |d, _| async move {
-            let report = d.lvm.fresh_report().await?;
+            let report = d.lvm.known().await?;
             let ids = d.clone_sources(&report, &source, Some(&clone_name));
             for (id, _) in &ids {
                 d.lvm.remove(id).await?;

@@ -212,6 +212,17 @@ impl Transfers {
         Ok((token, ttl))
     }
 
+    /// One of the node's [`MAX_READS`] reads; RESOURCE_EXHAUSTED when all
+    /// are taken.
+    fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().map_err(|_| {
+            Error::ResourceExhausted(format!(
+                "this node already reads {MAX_READS} snapshots for copies"
+            ))
+            .advise("retry once one of them has ended")
+        })
+    }
+
     /// Whether `token` is a live grant of snapshot `id`'s reads, whole
     /// or against `base` (the grant's base alone).
     pub fn granted(&self, token: &str, id: &str, base: Option<&str>) -> bool {
@@ -299,12 +310,7 @@ impl Volumes {
         transfers: Arc<Transfers>,
         stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Result<mpsc::Receiver<Result<Piece>>> {
-        let slot = transfers.slots.clone().try_acquire_owned().map_err(|_| {
-            Error::ResourceExhausted(format!(
-                "this node already reads {MAX_READS} snapshots for copies"
-            ))
-            .advise("retry once one of them has ended")
-        })?;
+        let slot = transfers.slot()?;
         let ask = match base.clone() {
             None => Ask::Allocated(id.clone()),
             Some(base) => Ask::Delta {
@@ -331,14 +337,7 @@ impl Volumes {
         let report = self.lvm.report().await?;
         let chunk = self.pool(&report)?.chunk_size;
         let lv = self.must_own_snapshot(&report, &id)?.lv.clone();
-        let reading = self.start_reading(&lv, &transfers, slot).await?;
-        let path = reading.dev.path.clone();
-        let device = self
-            .tools
-            .blocking("open a snapshot to read it", move || {
-                Ok(Arc::new(crate::sys::open_read_only(&path)?))
-            })
-            .await?;
+        let (reading, device) = self.open_reading(&lv, &transfers, slot).await?;
         tracing::info!(snapshot = %id, base = base.as_deref(), start, capacity, ranges = ranges.len(),
             "transfer: reading a snapshot's mapped ranges (with a base: those that differ from it)");
         let (tx, out) = mpsc::channel(QUEUED);
@@ -396,12 +395,7 @@ impl Volumes {
         (snapshot, length): (bool, u64),
         transfers: Arc<Transfers>,
     ) -> Result<(u64, [u8; 32])> {
-        let slot = transfers.slots.clone().try_acquire_owned().map_err(|_| {
-            Error::ResourceExhausted(format!(
-                "this node already reads {MAX_READS} snapshots for copies"
-            ))
-            .advise("retry once one of them has ended")
-        })?;
+        let slot = transfers.slot()?;
         let report = self.lvm.report().await?;
         let lv = match snapshot {
             true => self.must_own_snapshot(&report, id)?.lv.clone(),
@@ -418,14 +412,7 @@ impl Volumes {
                 )))
             }
         };
-        let reading = self.start_reading(&lv, &transfers, slot).await?;
-        let path = reading.dev.path.clone();
-        let device = self
-            .tools
-            .blocking("open a device to hash it", move || {
-                Ok(Arc::new(crate::sys::open_read_only(&path)?))
-            })
-            .await?;
+        let (reading, device) = self.open_reading(&lv, &transfers, slot).await?;
         let mut hasher = blake3::Hasher::new();
         let step = 64 * 1024 * 1024;
         for at in (0..size).step_by(step as usize) {
@@ -452,6 +439,26 @@ impl Volumes {
         let hash = *hasher.finalize().as_bytes();
         tracing::info!(id, size, blake3 = %blake3::Hash::from(hash).to_hex(), "transfer: hashed a whole device");
         Ok((size, hash))
+    }
+
+    /// [`Volumes::start_reading`], and `lv`'s device opened read-only: to
+    /// be closed before the reader is dropped (its last reader deactivates
+    /// it).
+    async fn open_reading(
+        self: &Arc<Self>,
+        lv: &crate::lvm::report::Lv,
+        transfers: &Arc<Transfers>,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<(Reading, Arc<crate::sys::ReadOnlyDevice>)> {
+        let reading = self.start_reading(lv, transfers, slot).await?;
+        let path = reading.dev.path.clone();
+        let device = self
+            .tools
+            .blocking("open a device to read it", move || {
+                Ok(Arc::new(crate::sys::open_read_only(&path)?))
+            })
+            .await?;
+        Ok((reading, device))
     }
 
     /// Counts a reader of `lv`, activating it for the first one when it
