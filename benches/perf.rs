@@ -1798,13 +1798,7 @@ async fn cluster_metadata(table: &mut Table, rig: &cluster_rig::Rig, n: usize) {
     let mut direct = owner.controller().await;
     let id = create_volume(
         &mut direct,
-        CreateVolumeRequest {
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 * MIB as i64,
-                limit_bytes: 0,
-            }),
-            ..cluster_rig::on_node("meta", 2)
-        },
+        cluster_rig::sized(cluster_rig::on_node("meta", 2), 64 * MIB as i64),
     )
     .await
     .volume_id;
@@ -1963,17 +1957,13 @@ async fn cluster_restore(table: &mut Table, rig: &cluster_rig::Rig) {
     let t = Instant::now();
     let copy = create_volume(
         &mut c,
-        CreateVolumeRequest {
-            capacity_range: Some(gib),
-            volume_content_source: Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Snapshot(
-                    volume_content_source::SnapshotSource {
-                        snapshot_id: snap.clone(),
-                    },
-                )),
-            }),
-            ..cluster_rig::on_node("restore-dst", 3)
-        },
+        cluster_rig::restoring(
+            CreateVolumeRequest {
+                capacity_range: Some(gib),
+                ..cluster_rig::on_node("restore-dst", 3)
+            },
+            &snap,
+        ),
     )
     .await
     .volume_id;
@@ -2116,20 +2106,10 @@ async fn move_round(
 ) -> (f64, thinpool_csi::proto::thinpool::cluster::v1::CopyRound) {
     use thinpool_csi::proto::thinpool::cluster::v1::{move_client::MoveClient, RoundRequest};
     let mut m = MoveClient::connect(rig.ctl.uri()).await.unwrap();
-    let create = CreateVolumeRequest {
-        capacity_range: Some(CapacityRange {
-            required_bytes: 1024 * MIB as i64,
-            limit_bytes: 0,
-        }),
-        volume_content_source: Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: snapshot.to_string(),
-                },
-            )),
-        }),
-        ..cluster_rig::on_node(name, 3)
-    };
+    let create = cluster_rig::restoring(
+        cluster_rig::sized(cluster_rig::on_node(name, 3), 1024 * MIB as i64),
+        snapshot,
+    );
     let t = Instant::now();
     let r = m
         .round(RoundRequest {
@@ -2152,13 +2132,7 @@ async fn cluster_delta(table: &mut Table, rig: &cluster_rig::Rig) {
     let vg2 = rig.nodes[1].vg.clone();
     let src = create_volume(
         &mut c,
-        CreateVolumeRequest {
-            capacity_range: Some(CapacityRange {
-                required_bytes: 1024 * MIB as i64,
-                limit_bytes: 0,
-            }),
-            ..cluster_rig::on_node("delta-src", 2)
-        },
+        cluster_rig::sized(cluster_rig::on_node("delta-src", 2), 1024 * MIB as i64),
     )
     .await
     .volume_id;
@@ -2230,13 +2204,7 @@ async fn cluster_cap(table: &mut Table, rig: &cluster_rig::Rig) {
     let vg2 = rig.nodes[1].vg.clone();
     let src = create_volume(
         &mut c,
-        CreateVolumeRequest {
-            capacity_range: Some(CapacityRange {
-                required_bytes: 1024 * MIB as i64,
-                limit_bytes: 0,
-            }),
-            ..cluster_rig::on_node("cap-src", 2)
-        },
+        cluster_rig::sized(cluster_rig::on_node("cap-src", 2), 1024 * MIB as i64),
     )
     .await
     .volume_id;
@@ -2245,20 +2213,10 @@ async fn cluster_cap(table: &mut Table, rig: &cluster_rig::Rig) {
     let snap = fixtures::snapshot(&mut c, "cap-snap", &src).await;
     let copy = create_volume(
         &mut c,
-        CreateVolumeRequest {
-            capacity_range: Some(CapacityRange {
-                required_bytes: 1024 * MIB as i64,
-                limit_bytes: 0,
-            }),
-            volume_content_source: Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Snapshot(
-                    volume_content_source::SnapshotSource {
-                        snapshot_id: snap.clone(),
-                    },
-                )),
-            }),
-            ..cluster_rig::on_node("cap-dst", 3)
-        },
+        cluster_rig::restoring(
+            cluster_rig::sized(cluster_rig::on_node("cap-dst", 3), 1024 * MIB as i64),
+            &snap,
+        ),
     )
     .await
     .volume_id;
@@ -2302,13 +2260,10 @@ async fn cluster_idle(table: &mut Table, rig: &cluster_rig::Rig) {
         .map(|i| {
             let mut c = cs[i % cs.len()].clone();
             tokio::spawn(async move {
-                let req = CreateVolumeRequest {
-                    capacity_range: Some(CapacityRange {
-                        required_bytes: 4 * MIB as i64,
-                        limit_bytes: 0,
-                    }),
-                    ..cluster_rig::on_node(&format!("idle-{i}"), 1 + i % 3)
-                };
+                let req = cluster_rig::sized(
+                    cluster_rig::on_node(&format!("idle-{i}"), 1 + i % 3),
+                    4 * MIB as i64,
+                );
                 c.create_volume(req).await.unwrap();
             })
         })

@@ -14,7 +14,7 @@ use thinpool_csi::proto::csi::v1::*;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::cluster_rig::{key, node_id, on_node, Rig, NODES};
+use crate::cluster_rig::{cloning, key, node_id, on_node, restoring, sized, Rig, NODES};
 use crate::fixtures::{allocated_batches, create_volume, del, snapshot_of, write_at};
 use crate::harness::{lvm, lvs, DRIVER_NAME, MIB};
 
@@ -37,6 +37,78 @@ async fn get(c: &mut ControllerClient<Channel>, id: &str) -> Result<Volume, toni
     })
     .await
     .map(|r| r.into_inner().volume.unwrap())
+}
+
+/// `byte` written `len` times at `at` into volume `id` of `vg`, behind
+/// the driver (the workload), the LV active only meanwhile.
+fn write_behind(vg: &str, id: &str, at: u64, len: u64, byte: u8) {
+    let path = format!("{vg}/{}", naming::split_node(id).1);
+    lvm(&["lvchange", "-ay", "-K", &path]);
+    write_at(
+        std::path::Path::new(&format!("/dev/{path}")),
+        at,
+        &vec![byte; len as usize],
+    )
+    .unwrap();
+    lvm(&["lvchange", "-an", &path]);
+}
+
+/// The condition ControllerGetVolume answers for `id` through the
+/// controller (the copy of a volume being filled has one too).
+async fn condition_of(c: &ControllerClient<Channel>, id: &str) -> VolumeCondition {
+    c.clone()
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .and_then(|s| s.volume_condition)
+        .unwrap()
+}
+
+/// Until `id`'s condition says a fill runs (at most a minute).
+async fn until_filling(c: &ControllerClient<Channel>, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition_of(c, id).await.message.contains(": being copied") {
+        assert!(Instant::now() < deadline, "the copy's fill never began");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Deletes `snapshots` and `volumes` through the controller, then finds
+/// every node's VG empty.
+async fn remove_all(
+    c: &mut ControllerClient<Channel>,
+    rig: &Rig,
+    snapshots: &[&str],
+    volumes: &[&str],
+) {
+    for s in snapshots {
+        c.delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: s.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    for v in volumes {
+        c.delete_volume(del(v)).await.unwrap();
+    }
+    assert_nodes_empty(rig);
+}
+
+/// Every node's VG holds no LV of ours.
+fn assert_nodes_empty(rig: &Rig) {
+    for n in &rig.nodes {
+        assert!(
+            lv_names(&n.vg).is_empty(),
+            "{}: {:?}",
+            n.vg,
+            lv_names(&n.vg)
+        );
+    }
 }
 
 /// The LV names of the volumes and snapshots in `vg`.
@@ -116,14 +188,7 @@ async fn one_controller_reaches_the_node_of_every_object() {
     let s = snapshot_of(&mut c, "snap-a", &a.volume_id).await;
     assert_eq!(naming::split_node(&s.snapshot_id).0, Some(key(2).as_str()));
     assert_eq!(s.source_volume_id, a.volume_id);
-    let mut restore = on_node("pvc-restored", 2);
-    restore.volume_content_source = Some(VolumeContentSource {
-        r#type: Some(volume_content_source::Type::Snapshot(
-            volume_content_source::SnapshotSource {
-                snapshot_id: s.snapshot_id.clone(),
-            },
-        )),
-    });
+    let restore = restoring(on_node("pvc-restored", 2), &s.snapshot_id);
     let restored = create_volume(&mut c, restore).await;
     assert_eq!(
         naming::split_node(&restored.volume_id).0,
@@ -259,30 +324,20 @@ async fn one_controller_reaches_the_node_of_every_object() {
     })
     .await
     .unwrap();
-    c.delete_snapshot(DeleteSnapshotRequest {
-        snapshot_id: s.snapshot_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    for id in [
-        &restored.volume_id,
-        &pulled.volume_id,
-        &cloned.volume_id,
-        &b.volume_id,
-        &far.volume_id,
-        &a.volume_id,
-    ] {
-        c.delete_volume(del(id)).await.unwrap();
-    }
-    for n in &rig.nodes {
-        assert!(
-            lv_names(&n.vg).is_empty(),
-            "{}: {:?}",
-            n.vg,
-            lv_names(&n.vg)
-        );
-    }
+    remove_all(
+        &mut c,
+        &rig,
+        &[&s.snapshot_id],
+        &[
+            &restored.volume_id,
+            &pulled.volume_id,
+            &cloned.volume_id,
+            &b.volume_id,
+            &far.volume_id,
+            &a.volume_id,
+        ],
+    )
+    .await;
 }
 
 /// Node 2's snapshot `snap` restored on node 3 through the controller
@@ -296,18 +351,10 @@ async fn a_snapshot_is_restored_on_another_node(
     c: &mut ControllerClient<Channel>,
     snap: &Snapshot,
 ) -> Volume {
-    let mut req = on_node("pvc-pulled", 3);
-    req.capacity_range = Some(CapacityRange {
-        required_bytes: snap.size_bytes,
-        limit_bytes: 0,
-    });
-    req.volume_content_source = Some(VolumeContentSource {
-        r#type: Some(volume_content_source::Type::Snapshot(
-            volume_content_source::SnapshotSource {
-                snapshot_id: snap.snapshot_id.clone(),
-            },
-        )),
-    });
+    let req = restoring(
+        sized(on_node("pvc-pulled", 3), snap.size_bytes),
+        &snap.snapshot_id,
+    );
     let v = create_volume(c, req.clone()).await;
     assert_eq!(
         naming::split_node(&v.volume_id).0,
@@ -357,18 +404,10 @@ async fn a_volume_is_cloned_on_another_node(
     c: &mut ControllerClient<Channel>,
     origin: &Volume,
 ) -> Volume {
-    let mut req = on_node("pvc-cloned", 3);
-    req.capacity_range = Some(CapacityRange {
-        required_bytes: origin.capacity_bytes,
-        limit_bytes: 0,
-    });
-    req.volume_content_source = Some(VolumeContentSource {
-        r#type: Some(volume_content_source::Type::Volume(
-            volume_content_source::VolumeSource {
-                volume_id: origin.volume_id.clone(),
-            },
-        )),
-    });
+    let req = cloning(
+        sized(on_node("pvc-cloned", 3), origin.capacity_bytes),
+        &origin.volume_id,
+    );
     let v = create_volume(c, req.clone()).await;
     assert_eq!(naming::split_node(&v.volume_id).0, Some(key(3).as_str()));
     let (src_vg, dst_vg) = (&rig.nodes[1].vg, &rig.nodes[2].vg);
@@ -422,6 +461,14 @@ async fn a_volume_is_cloned_on_another_node(
         dst.2
     );
     v
+}
+
+/// The fault tests' seed: `TPCSI_CLUSTER_SEED`, or a fixed one.
+fn seed() -> u64 {
+    std::env::var("TPCSI_CLUSTER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x00c0_91e5)
 }
 
 /// A copy made whole: the owner tag, no filling tag.
@@ -750,14 +797,7 @@ async fn kills_of_a_node_and_the_controller_mid_call_lose_and_duplicate_nothing(
     tokio::time::sleep(Duration::from_millis(next())).await;
     rig.ctl.kill9_and_restart().await;
     deletes.await.unwrap();
-    for n in &rig.nodes {
-        assert!(
-            lv_names(&n.vg).is_empty(),
-            "{}: {:?}",
-            n.vg,
-            lv_names(&n.vg)
-        );
-    }
+    assert_nodes_empty(&rig);
 }
 
 /// `Transfer.Read` of snapshot `id` on node 2's channel (the
@@ -942,10 +982,7 @@ async fn a_snapshot_is_read_on_its_node(rig: &Rig, id: &str, origin: &str) {
 /// `TPCSI_CLUSTER_SEED` picks other points.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
-    let mut seed: u64 = std::env::var("TPCSI_CLUSTER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x00c0_91e5);
+    let mut seed = seed();
     let mut next_ms = |lo: u64, hi: u64| {
         seed = seed
             .wrapping_mul(6364136223846793005)
@@ -962,14 +999,7 @@ async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
     write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
     lvm(&["lvchange", "-an", &path]);
     let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
-    let mut req = on_node("pvc-moved", 3);
-    req.volume_content_source = Some(VolumeContentSource {
-        r#type: Some(volume_content_source::Type::Snapshot(
-            volume_content_source::SnapshotSource {
-                snapshot_id: s.snapshot_id.clone(),
-            },
-        )),
-    });
+    let req = restoring(on_node("pvc-moved", 3), &s.snapshot_id);
     let lv = naming::lv_name_for("pvc-moved");
     let dst_vg = rig.nodes[2].vg.clone();
     let tags_of = |vg: &str, lv: &str| lvs(vg).find(lv).map(|l| l.tags.clone());
@@ -1041,23 +1071,13 @@ async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
         "the copy holds the snapshot's bytes"
     );
 
-    c.delete_snapshot(DeleteSnapshotRequest {
-        snapshot_id: s.snapshot_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    for id in [&v.volume_id, &a.volume_id] {
-        c.delete_volume(del(id)).await.unwrap();
-    }
-    for n in &rig.nodes {
-        assert!(
-            lv_names(&n.vg).is_empty(),
-            "{}: {:?}",
-            n.vg,
-            lv_names(&n.vg)
-        );
-    }
+    remove_all(
+        &mut c,
+        &rig,
+        &[&s.snapshot_id],
+        &[&v.volume_id, &a.volume_id],
+    )
+    .await;
 }
 
 /// `tpcsi move` (docs/moving.md): node 2's volume moved to node 3 by
@@ -1071,26 +1091,12 @@ async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
 async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
     let rig = Rig::start(2, 96 * MIB, "").await;
     let mut c = rig.ctl.controller().await;
-    let mut req = on_node("pvc-old", 2);
-    req.capacity_range = Some(CapacityRange {
-        required_bytes: 32 * MIB as i64,
-        limit_bytes: 0,
-    });
+    let req = sized(on_node("pvc-old", 2), 32 * MIB as i64);
     let old = create_volume(&mut c, req).await;
     let (src_vg, dst_vg) = (rig.nodes[1].vg.clone(), rig.nodes[2].vg.clone());
     let src_lv = naming::split_node(&old.volume_id).1.to_string();
     // The workload: writes behind the driver, on node 2.
-    let write = |at: u64, len: u64, byte: u8| {
-        let path = format!("{src_vg}/{src_lv}");
-        lvm(&["lvchange", "-ay", "-K", &path]);
-        write_at(
-            std::path::Path::new(&format!("/dev/{path}")),
-            at,
-            &vec![byte; len as usize],
-        )
-        .unwrap();
-        lvm(&["lvchange", "-an", &path]);
-    };
+    let write = |at: u64, len: u64, byte: u8| write_behind(&src_vg, &old.volume_id, at, len, byte);
     write(0, 8 * MIB, 0x11);
     write(20 * MIB, 2 * MIB, 0x22);
 
@@ -1154,14 +1160,7 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         .into_inner();
     assert_eq!(listed.entries.len(), 1, "only the old volume is listed");
     // Its id shows what it is: a condition, not a volume to use.
-    let copy = c
-        .controller_get_volume(ControllerGetVolumeRequest {
-            volume_id: naming::with_node(&key(3), &held),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let condition = copy.status.and_then(|s| s.volume_condition).unwrap();
+    let condition = condition_of(&c, &naming::with_node(&key(3), &held)).await;
     assert!(
         condition.abnormal && condition.message.contains("held back"),
         "{condition:?}"
@@ -1230,24 +1229,13 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         .unwrap_err();
     assert_eq!(e.code(), Code::DataLoss, "{e:?}");
     assert!(e.message().contains("does not hold"), "{}", e.message());
-    c.delete_snapshot(DeleteSnapshotRequest {
-        snapshot_id: later.snapshot_id,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-
-    for id in [&moved, &old.volume_id] {
-        c.delete_volume(del(id)).await.unwrap();
-    }
-    for n in &rig.nodes {
-        assert!(
-            lv_names(&n.vg).is_empty(),
-            "{}: {:?}",
-            n.vg,
-            lv_names(&n.vg)
-        );
-    }
+    remove_all(
+        &mut c,
+        &rig,
+        &[&later.snapshot_id],
+        &[&moved, &old.volume_id],
+    )
+    .await;
 }
 
 /// A move's delta round under a fault (docs/moving.md): node 2's volume,
@@ -1261,42 +1249,19 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
 async fn a_move_s_delta_round_survives_a_killed_target() {
     use thinpool_csi::proto::thinpool::cluster::v1::move_client::MoveClient;
     use thinpool_csi::proto::thinpool::cluster::v1::{RoundRequest, VerifyRequest};
-    let seed: u64 = std::env::var("TPCSI_CLUSTER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x00c0_91e5);
+    let seed = seed();
     // After the round's fill has begun, at a seeded point of its 4 s.
     let kill_after = (seed.wrapping_mul(6364136223846793005) >> 33) % 2500;
     let mut rig = Rig::start_with(4, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
     let mut c = rig.ctl.controller().await;
     let old = create_volume(&mut c, on_node("pvc-src", 2)).await;
-    let path = format!(
-        "{}/{}",
-        rig.nodes[1].vg,
-        naming::split_node(&old.volume_id).1
-    );
-    let write = |at: u64, len: u64, byte: u8| {
-        lvm(&["lvchange", "-ay", "-K", &path]);
-        write_at(
-            std::path::Path::new(&format!("/dev/{path}")),
-            at,
-            &vec![byte; len as usize],
-        )
-        .unwrap();
-        lvm(&["lvchange", "-an", &path]);
-    };
+    let vg2 = rig.nodes[1].vg.clone();
+    let write = |at: u64, len: u64, byte: u8| write_behind(&vg2, &old.volume_id, at, len, byte);
     write(0, 2 * MIB, 0x51);
     let s1 = snapshot_of(&mut c, "move-s1", &old.volume_id).await;
     let mut m = MoveClient::connect(rig.ctl.uri()).await.unwrap();
     let round = |snap: &str, base: &str, hold: bool| {
-        let mut create = on_node("pvc-dst", 3);
-        create.volume_content_source = Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: snap.to_string(),
-                },
-            )),
-        });
+        let create = restoring(on_node("pvc-dst", 3), snap);
         RoundRequest {
             create: Some(create),
             base_snapshot_id: base.to_string(),
@@ -1321,31 +1286,7 @@ async fn a_move_s_delta_round_survives_a_killed_target() {
     };
     let lv = naming::lv_name_for("pvc-dst");
     let id = naming::with_node(&key(3), &lv);
-    let condition = |c: ControllerClient<Channel>| {
-        let id = id.clone();
-        async move {
-            let mut c = c;
-            c.controller_get_volume(ControllerGetVolumeRequest { volume_id: id })
-                .await
-                .unwrap()
-                .into_inner()
-                .status
-                .and_then(|s| s.volume_condition)
-                .unwrap()
-        }
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition(c.clone())
-        .await
-        .message
-        .contains(": being copied")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the last round's fill never began"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_filling(&c, &id).await;
     tokio::time::sleep(Duration::from_millis(kill_after)).await;
     rig.nodes[2].kill9_with_children();
     let e = first.await.unwrap().unwrap_err();
@@ -1359,7 +1300,7 @@ async fn a_move_s_delta_round_survives_a_killed_target() {
             && at.is_some_and(|a| a < u64::MAX),
         "mid-round: against its base, no volume: {tags:?}"
     );
-    let stopped = condition(c.clone()).await;
+    let stopped = condition_of(&c, &id).await;
     assert!(
         stopped.abnormal && stopped.message.contains("stopped at byte"),
         "{stopped:?}"
@@ -1393,25 +1334,13 @@ async fn a_move_s_delta_round_survives_a_killed_target() {
         r.bytes,
         verified.into_inner().size_bytes
     );
-    for s in [s1, s2] {
-        c.delete_snapshot(DeleteSnapshotRequest {
-            snapshot_id: s.snapshot_id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
-    for id in [&v.volume_id, &old.volume_id] {
-        c.delete_volume(del(id)).await.unwrap();
-    }
-    for n in &rig.nodes {
-        assert!(
-            lv_names(&n.vg).is_empty(),
-            "{}: {:?}",
-            n.vg,
-            lv_names(&n.vg)
-        );
-    }
+    remove_all(
+        &mut c,
+        &rig,
+        &[&s1.snapshot_id, &s2.snapshot_id],
+        &[&v.volume_id, &old.volume_id],
+    )
+    .await;
 }
 
 /// What a copy across nodes carries is the volume's blocks, whatever is
@@ -1461,11 +1390,7 @@ async fn filesystems_and_an_encrypted_volume_arrive_clean_on_another_node() {
         ("pvc-x", "xfs", false, 320),
         ("pvc-l", "ext4", true, 32),
     ] {
-        let mut req = on_node(name, 2);
-        req.capacity_range = Some(CapacityRange {
-            required_bytes: (mib * MIB) as i64,
-            limit_bytes: 0,
-        });
+        let mut req = sized(on_node(name, 2), (mib * MIB) as i64);
         req.volume_capabilities = vec![crate::fixtures::mount_cap(fs)];
         let old = create_volume(&mut c, req.clone()).await;
         let lv = format!(
@@ -1508,13 +1433,7 @@ async fn filesystems_and_an_encrypted_volume_arrive_clean_on_another_node() {
         let mut create = on_node(&format!("{name}-moved"), 3);
         create.capacity_range = req.capacity_range;
         create.volume_capabilities = req.volume_capabilities.clone();
-        create.volume_content_source = Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: s.snapshot_id.clone(),
-                },
-            )),
-        });
+        create = restoring(create, &s.snapshot_id);
         let moved = m
             .round(RoundRequest {
                 create: Some(create),
@@ -1572,10 +1491,7 @@ async fn filesystems_and_an_encrypted_volume_arrive_clean_on_another_node() {
 /// offset, and the copy holds the snapshot's bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_across_nodes_survives_a_killed_source() {
-    let seed: u64 = std::env::var("TPCSI_CLUSTER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x00c0_91e5);
+    let seed = seed();
     let kill_after = 500 + (seed.wrapping_mul(6364136223846793005) >> 33) % 4000;
     let mut rig = Rig::start_with(6, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
     let mut c = rig.ctl.controller().await;
@@ -1586,14 +1502,7 @@ async fn a_copy_across_nodes_survives_a_killed_source() {
     write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
     lvm(&["lvchange", "-an", &path]);
     let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
-    let mut req = on_node("pvc-copy", 3);
-    req.volume_content_source = Some(VolumeContentSource {
-        r#type: Some(volume_content_source::Type::Snapshot(
-            volume_content_source::SnapshotSource {
-                snapshot_id: s.snapshot_id.clone(),
-            },
-        )),
-    });
+    let req = restoring(on_node("pvc-copy", 3), &s.snapshot_id);
     let lv = naming::lv_name_for("pvc-copy");
     let id = naming::with_node(&key(3), &lv);
     let first = {
@@ -1602,24 +1511,7 @@ async fn a_copy_across_nodes_survives_a_killed_source() {
         tokio::spawn(async move { c.create_volume(req).await })
     };
     // Once the fill runs, at a seeded point of its 8 s.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let said = c
-            .controller_get_volume(ControllerGetVolumeRequest {
-                volume_id: id.clone(),
-            })
-            .await
-            .ok()
-            .and_then(|r| r.into_inner().status)
-            .and_then(|s| s.volume_condition)
-            .map(|v| v.message)
-            .unwrap_or_default();
-        if said.contains(": being copied") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the copy's fill never began");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_filling(&c, &id).await;
     tokio::time::sleep(Duration::from_millis(kill_after)).await;
     rig.nodes[1].kill9_with_children();
     let e = first.await.unwrap().unwrap_err();

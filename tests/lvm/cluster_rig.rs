@@ -226,6 +226,43 @@ pub fn on_node(name: &str, i: usize) -> CreateVolumeRequest {
     }
 }
 
+/// `req` asking for at least `bytes`.
+pub fn sized(req: CreateVolumeRequest, bytes: i64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        ..req
+    }
+}
+
+/// `req` restoring snapshot `id`.
+pub fn restoring(req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest {
+    use volume_content_source::{SnapshotSource, Type};
+    CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(Type::Snapshot(SnapshotSource {
+                snapshot_id: id.to_string(),
+            })),
+        }),
+        ..req
+    }
+}
+
+/// `req` cloning volume `id`.
+pub fn cloning(req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest {
+    use volume_content_source::{Type, VolumeSource};
+    CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(Type::Volume(VolumeSource {
+                volume_id: id.to_string(),
+            })),
+        }),
+        ..req
+    }
+}
+
 /// The controller and its nodes; dropped in this order (the namespaces
 /// last).
 pub struct Rig {
