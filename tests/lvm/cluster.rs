@@ -54,24 +54,30 @@ fn write_behind(vg: &str, id: &str, at: u64, len: u64, byte: u8) {
 }
 
 /// The condition ControllerGetVolume answers for `id` through the
-/// controller (the copy of a volume being filled has one too).
-async fn condition_of(c: &ControllerClient<Channel>, id: &str) -> VolumeCondition {
-    c.clone()
+/// controller (the copy of a volume being filled has one too), or its
+/// error (a copy not made yet is NOT_FOUND).
+async fn condition_of(
+    c: &ControllerClient<Channel>,
+    id: &str,
+) -> Result<VolumeCondition, tonic::Status> {
+    let v = c
+        .clone()
         .controller_get_volume(ControllerGetVolumeRequest {
             volume_id: id.into(),
         })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .and_then(|s| s.volume_condition)
-        .unwrap()
+        .await?
+        .into_inner();
+    Ok(v.status.and_then(|s| s.volume_condition).unwrap())
 }
 
 /// Until `id`'s condition says a fill runs (at most a minute).
 async fn until_filling(c: &ControllerClient<Channel>, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition_of(c, id).await.message.contains(": being copied") {
+    // Before its CreateVolume made the copy: NOT_FOUND.
+    while !condition_of(c, id)
+        .await
+        .is_ok_and(|v| v.message.contains(": being copied"))
+    {
         assert!(Instant::now() < deadline, "the copy's fill never began");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -1160,7 +1166,9 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         .into_inner();
     assert_eq!(listed.entries.len(), 1, "only the old volume is listed");
     // Its id shows what it is: a condition, not a volume to use.
-    let condition = condition_of(&c, &naming::with_node(&key(3), &held)).await;
+    let condition = condition_of(&c, &naming::with_node(&key(3), &held))
+        .await
+        .unwrap();
     assert!(
         condition.abnormal && condition.message.contains("held back"),
         "{condition:?}"
@@ -1300,7 +1308,7 @@ async fn a_move_s_delta_round_survives_a_killed_target() {
             && at.is_some_and(|a| a < u64::MAX),
         "mid-round: against its base, no volume: {tags:?}"
     );
-    let stopped = condition_of(&c, &id).await;
+    let stopped = condition_of(&c, &id).await.unwrap();
     assert!(
         stopped.abnormal && stopped.message.contains("stopped at byte"),
         "{stopped:?}"
