@@ -23,6 +23,7 @@
 #   VM_TIMEOUT=1800        seconds for the whole VM before qemu is killed
 #   VM_MEM=2048            guest memory in MiB (guest /tmp and overlay use it)
 #   VM_CPUS=2              guest CPUs
+#   VM_CPU=Nehalem         guest CPU model under TCG (under KVM: host)
 #   VM_ACCEL=auto          auto | kvm | tcg
 #   VM_KEEP=0              1 keeps .vm/runs/<run>/ (job, console log, output)
 #   VM_LOCK_TIMEOUT=3600   seconds to wait for another VM run to finish
@@ -208,7 +209,7 @@ main() {
 		# TCG emulates AVX/XSAVE slowly; an older CPU model makes libraries
 		# pick SSE code paths (dd and lvm ran about 10x faster than with
 		# -cpu max). Nehalem still has SSE4.2 for crc32c-intel.
-		cpu=Nehalem
+		cpu=${VM_CPU:-Nehalem}
 	fi
 
 	# shellcheck disable=SC2054 # the commas belong to QEMU's option syntax

@@ -59,7 +59,7 @@ pub fn server_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<Arc<Se
 
 /// [`server_config`], also taking the client certificates `peer_ca`
 /// signed (`cluster.peer_ca`, the nodes' CA): other node plugins, which
-/// [`PeerGate`] lets reach `Transfer.Read` alone.
+/// [`PeerGate`] lets reach `Transfer.Read` and `Transfer.Hash` alone.
 pub fn server_config_with_peers(
     cert: &Path,
     key: &Path,
@@ -252,15 +252,18 @@ impl Callers {
     }
 }
 
-/// The one method a peer may call.
-pub const PEER_METHOD: &str = "/thinpool.cluster.v1.Transfer/Read";
+/// The methods a peer may call: each asks for a grant of the snapshot.
+pub const PEER_METHODS: [&str; 2] = [
+    "/thinpool.cluster.v1.Transfer/Read",
+    "/thinpool.cluster.v1.Transfer/Hash",
+];
 
 /// The request header with a peer's transfer grant (`Transfer.Grant`).
 pub const GRANT_HEADER: &str = "x-thinpool-transfer-token";
 
 /// Marks a request a peer made (in its extensions), and whether it is
-/// the one method a peer may call: `Transfer.Read` then asks for a grant
-/// of the snapshot.
+/// one of the methods a peer may call ([`PEER_METHODS`]), which then ask
+/// for a grant of the snapshot.
 #[derive(Debug, Clone, Copy)]
 pub struct Peer {
     pub allowed: bool,
@@ -327,7 +330,7 @@ where
             !chain.as_deref().is_some_and(|c| callers.is_controller(c))
         });
         if peer {
-            let allowed = req.uri().path() == PEER_METHOD;
+            let allowed = PEER_METHODS.contains(&req.uri().path());
             req.extensions_mut().insert(Peer { allowed });
         } else {
             req.extensions_mut().insert(FromController);
@@ -336,7 +339,7 @@ where
     }
 }
 
-/// The node's side: a peer's call to anything but [`PEER_METHOD`] is
+/// The node's side: a peer's call to anything but [`PEER_METHODS`] is
 /// PERMISSION_DENIED, logged and counted, before any service sees it.
 #[derive(Clone)]
 pub struct PeerOnly(pub Arc<Metrics>);
@@ -346,10 +349,11 @@ impl tonic::service::Interceptor for PeerOnly {
         match r.extensions().get::<Peer>() {
             Some(Peer { allowed: false }) => {
                 tracing::warn!(peer = ?r.remote_addr(),
-                    "channel: refused a peer's call: a peer may only read a snapshot granted to it");
+                    "channel: refused a peer's call: a peer may only read or hash a snapshot granted to it");
                 self.0.channel_refused();
                 Err(Status::permission_denied(format!(
-                    "this method is not open to another node plugin: a peer may call {PEER_METHOD} only"
+                    "this method is not open to another node plugin: a peer may call {} only",
+                    PEER_METHODS.join(" and ")
                 )))
             }
             _ => Ok(r),

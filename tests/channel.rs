@@ -287,8 +287,26 @@ async fn read(ch: Channel, snapshot: &str, token: Option<&str>) -> Code {
     }
 }
 
+/// A peer's `Transfer.Hash` (a copy's whole check) of `snapshot`, or of
+/// volume `volume`.
+async fn hash(ch: Channel, (snapshot, volume): (&str, &str), token: Option<&str>) -> Code {
+    let r = transfer_request(
+        thinpool_csi::proto::thinpool::cluster::v1::HashRequest {
+            snapshot_id: snapshot.into(),
+            volume_id: volume.into(),
+            segments: true,
+            ..Default::default()
+        },
+        token,
+    );
+    match TransferClient::new(ch).hash(r).await {
+        Ok(_) => Code::Ok,
+        Err(e) => e.code(),
+    }
+}
+
 /// With `cluster.peer_ca`, another node plugin's certificate gets through
-/// the handshake, and reaches `Transfer.Read` alone, for a snapshot the
+/// the handshake, and reaches `Transfer.Read` and `Transfer.Hash` alone, for a snapshot the
 /// controller had the node grant; everything else is PERMISSION_DENIED
 /// before any service sees it, and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,6 +389,27 @@ async fn a_peer_reads_only_a_granted_snapshot() {
     assert!(
         ![Code::PermissionDenied, Code::Ok].contains(&got),
         "a granted read reaches the node's work: {got:?}"
+    );
+    // Its hash of a snapshot (a copy's whole check) needs the grant too,
+    // and a volume it cannot hash at all.
+    assert_eq!(
+        hash(p.clone(), (&snap, ""), None).await,
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        hash(p.clone(), (&other, ""), Some(&token.token)).await,
+        Code::PermissionDenied,
+        "a grant is for one snapshot"
+    );
+    assert_eq!(
+        hash(p.clone(), ("", &snap), Some(&token.token)).await,
+        Code::PermissionDenied,
+        "a peer hashes no volume"
+    );
+    let got = hash(p.clone(), (&snap, ""), Some(&token.token)).await;
+    assert!(
+        ![Code::PermissionDenied, Code::Ok].contains(&got),
+        "a granted hash reaches the node's work: {got:?}"
     );
     // The controller reads without a grant.
     let got = read(ctl, &snap, None).await;

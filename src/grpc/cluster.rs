@@ -22,7 +22,7 @@ use crate::proto::thinpool::cluster::v1::{
 };
 use crate::volume::classes::Classes;
 use crate::volume::controller::CachedCapacity;
-use crate::volume::transfer::Piece;
+use crate::volume::transfer::{HashOf, Piece};
 use tokio_stream::StreamExt;
 
 pub struct CapacityService {
@@ -139,6 +139,18 @@ pub struct TransferService {
     pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
+/// A peer's grant header (empty when it sent none); `None` for the
+/// controller's calls.
+fn grant_of<T>(r: &Request<T>) -> Option<String> {
+    r.extensions().get::<crate::channel::Peer>().map(|_| {
+        r.metadata()
+            .get(crate::channel::GRANT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    })
+}
+
 type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadItem, Status>> + Send>>;
 
 impl TransferService {
@@ -147,6 +159,43 @@ impl TransferService {
     fn snapshot(&self, id: &str) -> crate::error::Result<crate::volume::SnapshotId> {
         super::validate::snapshot_id("snapshot_id", id, self.classes.ids())?
             .ok_or_else(|| crate::error::Error::NotFound(format!("snapshot {id:?} does not exist")))
+    }
+
+    /// The snapshot a `Transfer.Read` or `Transfer.Hash` names. A peer
+    /// (`token`: its grant header, `channel::PeerGate`) learns nothing of
+    /// a snapshot without a live grant of it (and of `base`, the one a
+    /// delta read is against): an id this node does not hold is refused
+    /// as any ungranted one.
+    fn granted(
+        &self,
+        id: &str,
+        base: Option<&str>,
+        token: Option<&str>,
+    ) -> crate::error::Result<crate::volume::SnapshotId> {
+        let Some(t) = token else {
+            return self.snapshot(id);
+        };
+        let base = base.map(|b| self.snapshot(b)).transpose();
+        match (self.snapshot(id), base) {
+            (Ok(s), Ok(b))
+                if self
+                    .classes
+                    .transfers()
+                    .granted(t, s.as_str(), b.as_deref()) =>
+            {
+                Ok(s)
+            }
+            _ => {
+                tracing::warn!(
+                    snapshot = id,
+                    "transfer: refused a peer's call without a live grant"
+                );
+                Err(Error::PermissionDenied(format!(
+                    "no live grant of snapshot {id:?} for this peer: {} is missing, expired or for another snapshot",
+                    crate::channel::GRANT_HEADER
+                )))
+            }
+        }
     }
 
     /// The volume a transfer call names (NOT_FOUND as for a snapshot).
@@ -194,28 +243,40 @@ impl Transfer for TransferService {
     }
 
     async fn hash(&self, r: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        let token = grant_of(&r);
         let req = r.into_inner();
+        let what = |snapshot| HashOf {
+            snapshot,
+            length: req.length_bytes,
+            segmented: req.segments,
+        };
         let run = async {
-            match (req.snapshot_id.as_str(), req.volume_id.as_str()) {
-                (s, "") if !s.is_empty() => {
-                    let id = self.snapshot(s)?;
-                    self.classes.hash_whole(&id, (true, req.length_bytes)).await
+            match (req.snapshot_id.as_str(), req.volume_id.as_str(), &token) {
+                (s, "", t) if !s.is_empty() => {
+                    let id = self.granted(s, None, t.as_deref())?;
+                    self.classes.hash_whole(&id, what(true)).await
                 }
-                ("", v) if !v.is_empty() => {
+                ("", v, None) if !v.is_empty() => {
                     let id = self.volume(v)?;
-                    self.classes
-                        .hash_whole(&id, (false, req.length_bytes))
-                        .await
+                    self.classes.hash_whole(&id, what(false)).await
                 }
+                (_, _, Some(_)) => Err(Error::PermissionDenied(
+                    "a peer may hash a snapshot granted to it, nothing else".into(),
+                )),
                 _ => Err(Error::InvalidArgument(
                     "a hash names a snapshot or a volume, one of the two".into(),
                 )),
             }
         };
-        let (size, hash) = run.await.map_err(Status::from)?;
+        let (size, mut hashes) = run.await.map_err(Status::from)?;
+        let (blake3, segments) = match req.segments {
+            true => (vec![], hashes.into_iter().map(|h| h.to_vec()).collect()),
+            false => (hashes.pop().unwrap_or_default().to_vec(), vec![]),
+        };
         Ok(Response::new(HashResponse {
             size_bytes: size,
-            blake3: hash.to_vec(),
+            blake3,
+            segments,
         }))
     }
 
@@ -236,46 +297,15 @@ impl Transfer for TransferService {
     }
 
     async fn read(&self, r: Request<ReadRequest>) -> Result<Response<ReadStream>, Status> {
-        // A peer (`channel::PeerGate`) reads only a snapshot granted to it.
-        let token = r.extensions().get::<crate::channel::Peer>().map(|_| {
-            r.metadata()
-                .get(crate::channel::GRANT_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string()
-        });
+        let token = grant_of(&r);
         let req = r.into_inner();
         let run = async {
             let base = match req.base_snapshot_id.as_str() {
-                "" => Ok(None),
-                b => self.snapshot(b).map(Some),
+                "" => None,
+                b => Some(b),
             };
-            // A peer learns nothing of a snapshot without its grant: an id
-            // this node does not hold, or a base the grant does not name,
-            // is refused as any ungranted one.
-            let id = match (self.snapshot(&req.snapshot_id), &base, &token) {
-                (Ok(id), Ok(b), Some(t))
-                    if self
-                        .classes
-                        .transfers()
-                        .granted(t, id.as_str(), b.as_deref()) =>
-                {
-                    id
-                }
-                (_, _, Some(_)) => {
-                    tracing::warn!(
-                        snapshot = req.snapshot_id,
-                        "transfer: refused a peer's read without a live grant"
-                    );
-                    return Err(crate::error::Error::PermissionDenied(format!(
-                        "no live grant of snapshot {:?} for this peer: {} is missing, expired or for another snapshot",
-                        req.snapshot_id,
-                        crate::channel::GRANT_HEADER
-                    )));
-                }
-                (id, _, None) => id?,
-            };
-            let base = base?;
+            let id = self.granted(&req.snapshot_id, base, token.as_deref())?;
+            let base = base.map(|b| self.snapshot(b)).transpose()?;
             self.classes
                 .read_snapshot(id, req.start, base, self.stopping.clone())
                 .await

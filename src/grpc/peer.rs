@@ -3,7 +3,8 @@
 //! [`Source`] the volume layer fills from. The node's own certificate
 //! (`cluster.tls_cert`) is its client certificate, the peer's server
 //! certificate is checked against `cluster.peer_ca` and the name the
-//! controller gave, and every read carries the grant's token.
+//! controller gave, and every read (and the whole check's
+//! `Transfer.Hash`) carries the grant's token.
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use crate::config::Cluster;
 use crate::error::{Error, Result};
 use crate::naming::Access;
 use crate::proto::thinpool::cluster::v1::transfer_client::TransferClient;
-use crate::proto::thinpool::cluster::v1::{read_item, CopyFrom, ReadRequest};
+use crate::proto::thinpool::cluster::v1::{read_item, CopyFrom, HashRequest, ReadRequest};
 use crate::volume::fill::{Pull, Source, SourceFacts};
 use crate::volume::transfer::Piece;
 
@@ -127,13 +128,11 @@ impl PeerSource {
     }
 }
 
-impl Source for PeerSource {
-    async fn read(&self, start: u64, base: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
-        let mut r = tonic::Request::new(ReadRequest {
-            snapshot_id: self.snapshot_id.clone(),
-            start,
-            base_snapshot_id: base.unwrap_or_default().to_string(),
-        });
+impl PeerSource {
+    /// `msg` as a request to the source node, with the node's name and
+    /// the grant's token.
+    fn request<T>(&self, msg: T) -> Result<tonic::Request<T>> {
+        let mut r = tonic::Request::new(msg);
         let header = |v: &str| {
             v.parse()
                 .map_err(|_| Error::InvalidArgument(format!("{v:?} cannot be a request header")))
@@ -142,6 +141,43 @@ impl Source for PeerSource {
             .insert(crate::channel::NODE_HEADER, header(&self.copy.node_id)?);
         r.metadata_mut()
             .insert(crate::channel::GRANT_HEADER, header(&self.copy.token)?);
+        Ok(r)
+    }
+}
+
+impl Source for PeerSource {
+    async fn segments(&self, length: u64) -> Result<Vec<[u8; 32]>> {
+        let r = self.request(HashRequest {
+            snapshot_id: self.snapshot_id.clone(),
+            length_bytes: length,
+            segments: true,
+            ..Default::default()
+        })?;
+        let node = &self.copy.node_id;
+        let answer = TransferClient::new(self.channel.clone())
+            .hash(r)
+            .await
+            .map_err(|s| error_of(node, s))?
+            .into_inner();
+        answer
+            .segments
+            .into_iter()
+            .map(|h| {
+                h.try_into().map_err(|_| {
+                    Error::DataLoss(format!(
+                        "source node {node:?} sent a segment hash that is not 32 bytes"
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    async fn read(&self, start: u64, base: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
+        let r = self.request(ReadRequest {
+            snapshot_id: self.snapshot_id.clone(),
+            start,
+            base_snapshot_id: base.unwrap_or_default().to_string(),
+        })?;
         let node = self.copy.node_id.clone();
         let mut stream = TransferClient::new(self.channel.clone())
             .read(r)

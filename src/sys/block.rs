@@ -162,6 +162,12 @@ impl ExclusiveDevice {
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
         pread_full(self.fd.as_fd(), &self.path, offset, buf)
     }
+
+    /// Exactly `buf.len()` bytes at `offset` (a copy's whole check reads
+    /// back what it wrote); a read past the device's end is an error.
+    pub fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        pread_exact(self.fd.as_fd(), &self.path, offset, buf)
+    }
 }
 
 /// `buf.len()` bytes of `fd` at `offset`, or fewer at its end.
@@ -176,6 +182,20 @@ fn pread_full(fd: BorrowedFd<'_>, path: &Path, offset: u64, buf: &mut [u8]) -> R
         done += n;
     }
     Ok(done)
+}
+
+/// Exactly `buf.len()` bytes of `fd` at `offset`; fewer is EIO, named.
+fn pread_exact(fd: BorrowedFd<'_>, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
+    let n = pread_full(fd, path, offset, buf)?;
+    if n < buf.len() {
+        return Err(
+            SysError::new("pread", path, Errno::EIO).with_detail(format!(
+                "{n} of {} bytes at offset {offset}: the device ends there",
+                buf.len()
+            )),
+        );
+    }
+    Ok(())
 }
 
 /// A block device opened read-only, shared with whoever else reads it
@@ -199,16 +219,7 @@ impl ReadOnlyDevice {
     /// Exactly `buf.len()` bytes at `offset`; a read that ends early (past
     /// the device's end) is an error.
     pub fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let n = pread_full(self.fd.as_fd(), &self.path, offset, buf)?;
-        if n < buf.len() {
-            return Err(
-                SysError::new("pread", &self.path, Errno::EIO).with_detail(format!(
-                    "{n} of {} bytes at offset {offset}: the device ends there",
-                    buf.len()
-                )),
-            );
-        }
-        Ok(())
+        pread_exact(self.fd.as_fd(), &self.path, offset, buf)
     }
 }
 

@@ -129,10 +129,12 @@ impl Classes {
         Ok((snap, token, ttl, facts))
     }
 
-    /// `Transfer.Hash`: [`Volumes::hash_whole`] of snapshot `id`, or of
-    /// volume `id` when `what.0` is false; of its first `what.1` bytes
-    /// unless 0.
-    pub async fn hash_whole(&self, id: &str, what: (bool, u64)) -> Result<(u64, [u8; 32])> {
+    /// `Transfer.Hash`: [`Volumes::hash_whole`] of snapshot or volume `id`.
+    pub async fn hash_whole(
+        &self,
+        id: &str,
+        what: super::transfer::HashOf,
+    ) -> Result<(u64, Vec<[u8; 32]>)> {
         self.of(id)?
             .hash_whole(id, what, self.transfers.clone())
             .await

@@ -11,6 +11,9 @@
 //! A range or digest that does not match removes the partial LV (the
 //! retry starts again from 0); a cut read is resumed where the last
 //! verified range ended, a few times within the call, then by the retry.
+//! A copy whose ranges came in more than one read (resumed) is checked
+//! whole before it is answered: each 64 MiB of it read back and hashed,
+//! against the same hashes of the snapshot from its node.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::transfer::{Digest, Piece};
+use super::transfer::{Digest, Piece, ReadAt, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::naming;
 use crate::volume::Volumes;
@@ -34,12 +37,18 @@ pub trait Source: Sync {
         start: u64,
         base: Option<&str>,
     ) -> impl Future<Output = Result<mpsc::Receiver<Result<Piece>>>> + Send;
+
+    /// The BLAKE3 of each [`SEGMENT_BYTES`] of the snapshot's first
+    /// `length` bytes (`Transfer.Hash` with segments), for the whole check.
+    fn segments(&self, length: u64) -> impl Future<Output = Result<Vec<[u8; 32]>>> + Send;
 }
 
 /// Where a copy's bytes go (blocking calls: run off the runtime).
 pub trait Sink: Send + Sync + 'static {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
     fn sync(&self) -> Result<()>;
+    /// Reads back what was written, exactly (the whole check).
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
 }
 
 /// A copy's device, its writes counted (`thinpool_csi_copy_bytes_total`).
@@ -56,6 +65,9 @@ impl Sink for Device {
     }
     fn sync(&self) -> Result<()> {
         Ok(self.dev.sync_data()?)
+    }
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        Ok(self.dev.read_exact_at(offset, buf)?)
     }
 }
 
@@ -122,6 +134,11 @@ pub struct Filled {
     pub ranges: u64,
     pub bytes: u64,
     pub written: u64,
+    /// The snapshot's size, as its header said.
+    pub capacity: u64,
+    /// Whether the copy was checked whole ([`check_whole`]): its ranges
+    /// came in more than one read.
+    pub checked_whole: bool,
 }
 
 /// A fill that failed: why, its device when it was activated (to
@@ -314,6 +331,21 @@ where
             &mut recorded,
         );
         match read.await {
+            // Some ranges came in an earlier read (of this call, or of a
+            // call before it): each read checked only its own, so the
+            // copy is checked whole. A delta read leaves that to the
+            // move's last check (`Move.Verify`).
+            Ok(filled) if at > 0 && base.is_none() => {
+                tokio::select! {
+                    c = check_whole(source, &sink, (filled.capacity, SEGMENT_BYTES), bound) => c?,
+                    _ = stop.wait_for(|s| *s) => return Err(stopped_at(filled.capacity)),
+                }
+                return Ok(Filled {
+                    written: recorded.total,
+                    checked_whole: true,
+                    ..filled
+                });
+            }
             Ok(filled) => {
                 return Ok(Filled {
                     written: recorded.total,
@@ -457,10 +489,60 @@ where
                     ranges,
                     bytes,
                     written: 0,
+                    capacity: capacity.unwrap_or(0),
+                    checked_whole: false,
                 });
             }
         }
     }
+}
+
+/// The whole check of a copy of `capacity` bytes: each `segment` bytes
+/// ([`SEGMENT_BYTES`], as the source hashes them) of it read back and
+/// hashed here, and the same of the snapshot on its node, at once. A segment that differs is
+/// DATA_LOSS naming its bytes (the copy is removed); a source that
+/// cannot answer is its error (the retry checks again).
+async fn check_whole<S: Source, K: Sink>(
+    source: &S,
+    sink: &Arc<K>,
+    (capacity, segment): (u64, u64),
+    bound: Duration,
+) -> Result<()> {
+    let read: ReadAt = {
+        let sink = sink.clone();
+        Arc::new(move |at, buf| sink.read_exact_at(at, buf))
+    };
+    let (theirs, mine) = tokio::join!(
+        source.segments(capacity),
+        super::transfer::hash_device(read, capacity, Some(segment), bound)
+    );
+    let (theirs, mine) = (theirs?, mine?);
+    if theirs.len() != mine.len() {
+        return Err(Error::DataLoss(format!(
+            "the source's whole check has {} segments of {segment} bytes, the copy's {}: they cannot be compared",
+            theirs.len(),
+            mine.len()
+        )));
+    }
+    let differ: Vec<String> = (0..mine.len() as u64)
+        .filter(|&i| theirs[i as usize] != mine[i as usize])
+        .map(|i| {
+            let at = i * segment;
+            format!("{at}+{}", (capacity - at).min(segment))
+        })
+        .collect();
+    if !differ.is_empty() {
+        return Err(Error::DataLoss(format!(
+            "the copy read back does not match its source in bytes {}: it is removed",
+            differ.join(", ")
+        )));
+    }
+    tracing::info!(
+        capacity,
+        segments = mine.len(),
+        "copy: checked whole against the source"
+    );
+    Ok(())
 }
 
 async fn sync<K: Sink>(sink: &Arc<K>, bound: Duration) -> Result<()> {
@@ -688,6 +770,8 @@ impl Volumes {
                     ranges: 0,
                     bytes: 0,
                     written: 0,
+                    capacity: 0,
+                    checked_whole: false,
                 },
                 None,
             )),
@@ -722,6 +806,7 @@ impl Volumes {
                     held = hold,
                     last_read_ranges = f.ranges,
                     last_read_bytes = f.bytes,
+                    checked_whole = f.checked_whole,
                     "{}",
                     match hold {
                         true => "copy: filled and verified; held back for the move's next round",
@@ -872,6 +957,8 @@ mod tests {
         spoil_range: Option<u64>,
         spoil_summary: bool,
         starts: Mutex<Vec<u64>>,
+        /// What its whole check hashes by.
+        segment: u64,
     }
 
     fn byte(at: u64) -> u8 {
@@ -887,11 +974,33 @@ mod tests {
                 spoil_range: None,
                 spoil_summary: false,
                 starts: Mutex::new(vec![]),
+                segment: SEGMENT_BYTES,
             }
+        }
+
+        /// The snapshot's first `length` bytes.
+        fn image(&self, length: u64) -> Vec<u8> {
+            let mut image = vec![0; length as usize];
+            for &(o, l) in &self.ranges {
+                for at in o..(o + l).min(length) {
+                    image[at as usize] = byte(at);
+                }
+            }
+            image
         }
     }
 
     impl Source for Fake {
+        async fn segments(&self, length: u64) -> Result<Vec<[u8; 32]>> {
+            let image = Arc::new(self.image(length));
+            let read: ReadAt = Arc::new(move |at, buf: &mut [u8]| {
+                buf.copy_from_slice(&image[at as usize..at as usize + buf.len()]);
+                Ok(())
+            });
+            let bound = Duration::from_secs(5);
+            super::super::transfer::hash_device(read, length, Some(self.segment), bound).await
+        }
+
         async fn read(&self, start: u64, _: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
             self.starts.lock().unwrap().push(start);
             let (tx, rx) = mpsc::channel(1000);
@@ -973,6 +1082,11 @@ mod tests {
             self.events.lock().unwrap().push("sync".into());
             Ok(())
         }
+        fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            let o = offset as usize;
+            buf.copy_from_slice(&self.bytes.lock().unwrap()[o..o + buf.len()]);
+            Ok(())
+        }
     }
 
     const RANGES: &[(u64, u64)] = &[(0, 100), (1000, 300), (4000, 64), (9000, 1000)];
@@ -1044,8 +1158,11 @@ mod tests {
             Filled {
                 ranges: 4,
                 bytes: 1464,
-                written: 1464
-            }
+                written: 1464,
+                capacity: 10_000,
+                checked_whole: false,
+            },
+            "one read covered every range: its summary is the whole check"
         );
         assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
         assert_eq!(
@@ -1093,13 +1210,16 @@ mod tests {
         // (4064).
         assert_eq!(*src.starts.lock().unwrap(), vec![0, 1300, 4064]);
         assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
-        // The last read's summary is its own; what the call wrote is all.
+        // The last read's summary is its own; what the call wrote is all,
+        // and the copy was checked whole.
         assert_eq!(
             r,
             Filled {
                 ranges: 1,
                 bytes: 1000,
-                written: 1464
+                written: 1464,
+                capacity: 10_000,
+                checked_whole: true,
             }
         );
     }
@@ -1113,21 +1233,64 @@ mod tests {
         assert_eq!(src.starts.lock().unwrap().len(), RESUMES as usize + 1);
     }
 
-    #[tokio::test]
-    async fn a_retry_goes_on_from_the_recorded_offset() {
-        let src = Fake::new(10_000, RANGES);
+    /// A device that holds what a call before wrote below `below`.
+    fn written_below(below: u64) -> Arc<Mem> {
         let sink = Mem::new(10_000);
+        let want = expected(0);
+        sink.bytes.lock().unwrap()[..below as usize].copy_from_slice(&want[..below as usize]);
+        sink
+    }
+
+    #[tokio::test]
+    async fn a_retry_goes_on_from_the_recorded_offset_and_checks_the_copy_whole() {
+        let src = Fake::new(10_000, RANGES);
+        let sink = written_below(1150);
         let (r, _) = run(&src, sink.clone(), 1150).await;
         assert_eq!(
             r.unwrap(),
             Filled {
                 ranges: 3,
                 bytes: 1214,
-                written: 1214
+                written: 1214,
+                capacity: 10_000,
+                checked_whole: true,
             }
         );
         assert_eq!(*src.starts.lock().unwrap(), vec![1150]);
-        assert_eq!(*sink.bytes.lock().unwrap(), expected(1150));
+        assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
+    }
+
+    #[tokio::test]
+    async fn a_resumed_copy_that_differs_from_its_source_fails_whole() {
+        // What a call before wrote was lost below 1150 (the device forgot
+        // it): each range of this read checks, the whole does not.
+        let src = Fake::new(10_000, RANGES);
+        let (r, _) = run(&src, Mem::new(10_000), 1150).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::DataLoss);
+        assert!(e.to_string().contains("in bytes 0+10000"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_whole_check_names_the_segments_that_differ() {
+        let mut src = Fake::new(10_000, RANGES);
+        src.segment = 1000;
+        let sink = Mem::new(10_000);
+        sink.bytes.lock().unwrap().copy_from_slice(&expected(0));
+        let src = &src;
+        let check = |sink: Arc<Mem>| async move {
+            check_whole(src, &sink, (10_000, 1000), Duration::from_secs(5)).await
+        };
+        check(sink.clone()).await.unwrap();
+        // One byte wrong in the second segment, one in the last.
+        sink.bytes.lock().unwrap()[1100] ^= 1;
+        sink.bytes.lock().unwrap()[9999] ^= 1;
+        let e = check(sink).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::DataLoss);
+        assert!(
+            e.to_string().contains("in bytes 1000+1000, 9000+1000:"),
+            "{e}"
+        );
     }
 
     #[tokio::test]
@@ -1165,6 +1328,9 @@ mod tests {
     async fn a_summary_without_a_header_is_no_copy() {
         struct Bare;
         impl Source for Bare {
+            async fn segments(&self, _: u64) -> Result<Vec<[u8; 32]>> {
+                unreachable!("this copy is never checked whole: it never completes")
+            }
             async fn read(&self, _: u64, _: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
                 let (tx, rx) = mpsc::channel(1);
                 tx.try_send(Ok(Piece::Summary {
@@ -1193,6 +1359,9 @@ mod tests {
         // A source that sends its header and then nothing.
         struct Silent(Mutex<Vec<mpsc::Sender<Result<Piece>>>>);
         impl Source for Silent {
+            async fn segments(&self, _: u64) -> Result<Vec<[u8; 32]>> {
+                unreachable!("this copy is never checked whole: it never completes")
+            }
             async fn read(&self, _: u64, _: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
                 let (tx, rx) = mpsc::channel(4);
                 tx.try_send(Ok(Piece::Header {

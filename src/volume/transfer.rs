@@ -113,6 +113,66 @@ pub fn pieces(ranges: &[(u64, u64)], max: u64) -> impl Iterator<Item = (u64, u64
     })
 }
 
+/// How much of a device each hash of a segmented whole check covers
+/// (`Transfer.Hash` with `segments`): a mismatch names these ranges.
+pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// What `Transfer.Hash` hashes: a snapshot (or a volume), its first
+/// `length` bytes (0: all of it), as one hash or by segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashOf {
+    pub snapshot: bool,
+    pub length: u64,
+    pub segmented: bool,
+}
+
+/// Reads a device's bytes at an offset, exactly (off the runtime).
+pub type ReadAt = Arc<dyn Fn(u64, &mut [u8]) -> Result<()> + Send + Sync>;
+
+/// The BLAKE3 of the first `size` bytes `read` gives: one hash of them
+/// all, or with `segment` one of each `segment` bytes in order. A step
+/// (a segment, or [`SEGMENT_BYTES`]) at a time on a blocking thread,
+/// each bounded by `bound`.
+pub async fn hash_device(
+    read: ReadAt,
+    size: u64,
+    segment: Option<u64>,
+    bound: std::time::Duration,
+) -> Result<Vec<[u8; 32]>> {
+    let step = segment.unwrap_or(SEGMENT_BYTES).max(1);
+    let mut hashes = Vec::new();
+    let mut whole = blake3::Hasher::new();
+    for at in (0..size).step_by(step as usize) {
+        let read = read.clone();
+        let h = match segment {
+            Some(_) => blake3::Hasher::new(),
+            None => std::mem::take(&mut whole),
+        };
+        let h = crate::blocking::run("hash a device", bound, move || {
+            let mut h = h;
+            let mut buf = vec![0u8; (1024 * 1024).min(step as usize)];
+            let end = (at + step).min(size);
+            let mut o = at;
+            while o < end {
+                let n = ((end - o) as usize).min(buf.len());
+                read(o, &mut buf[..n])?;
+                h.update(&buf[..n]);
+                o += n as u64;
+            }
+            Ok(h)
+        })
+        .await?;
+        match segment {
+            Some(_) => hashes.push(*h.finalize().as_bytes()),
+            None => whole = h,
+        }
+    }
+    if segment.is_none() {
+        hashes.push(*whole.finalize().as_bytes());
+    }
+    Ok(hashes)
+}
+
 /// How many snapshot reads a node serves at once; one more is
 /// RESOURCE_EXHAUSTED (the copy retries).
 pub const MAX_READS: usize = 4;
@@ -367,20 +427,18 @@ impl Volumes {
         Ok(out)
     }
 
-    /// The BLAKE3 of the whole device of snapshot `id` (or, not
-    /// `snapshot`, volume `id`; only its first `length` bytes unless 0)
-    /// and the bytes hashed, read here through a
-    /// read-only descriptor, 64 MiB a step (each step bounded by
-    /// `command_timeout_secs`), under the object's guard, counted as one
-    /// of the node's reads (the first reader activates it, the last
-    /// deactivates it). Not paced by `cluster.transfer_mib_per_sec`: it
-    /// reads locally and sends nothing.
+    /// [`hash_device`] of snapshot `id`'s device (or volume `id`'s, see
+    /// [`HashOf`]) and the bytes hashed, read here through a read-only
+    /// descriptor, under the object's guard, counted as one of the node's
+    /// reads (the first reader activates it, the last deactivates it).
+    /// Not paced by `cluster.transfer_mib_per_sec`: it reads locally and
+    /// sends nothing.
     pub async fn hash_whole(
         self: &Arc<Self>,
         id: &str,
-        what: (bool, u64),
+        what: HashOf,
         transfers: Arc<Transfers>,
-    ) -> Result<(u64, [u8; 32])> {
+    ) -> Result<(u64, Vec<[u8; 32]>)> {
         // Under the object's guard: no stage, delete or grow meanwhile.
         let id = id.to_string();
         self.detached(&id.clone(), "Transfer.Hash", move |d, _| async move {
@@ -392,17 +450,17 @@ impl Volumes {
     async fn hash_held(
         self: &Arc<Self>,
         id: &str,
-        (snapshot, length): (bool, u64),
+        what: HashOf,
         transfers: Arc<Transfers>,
-    ) -> Result<(u64, [u8; 32])> {
+    ) -> Result<(u64, Vec<[u8; 32]>)> {
         let slot = transfers.slot()?;
         let report = self.lvm.report().await?;
-        let lv = match snapshot {
+        let lv = match what.snapshot {
             true => self.must_own_snapshot(&report, id)?.lv.clone(),
             false => self.must_own(&report, id)?.lv.clone(),
         };
         drop(report);
-        let size = match length {
+        let size = match what.length {
             0 => lv.size,
             l if l <= lv.size => l,
             l => {
@@ -413,32 +471,25 @@ impl Volumes {
             }
         };
         let (reading, device) = self.open_reading(&lv, &transfers, slot).await?;
-        let mut hasher = blake3::Hasher::new();
-        let step = 64 * 1024 * 1024;
-        for at in (0..size).step_by(step as usize) {
-            let (device, mut h) = (device.clone(), hasher);
-            hasher = self
-                .tools
-                .blocking("hash a device", move || {
-                    let mut buf = vec![0u8; 1024 * 1024];
-                    let end = (at + step).min(size);
-                    let mut o = at;
-                    while o < end {
-                        let n = ((end - o) as usize).min(buf.len());
-                        device.read_exact_at(o, &mut buf[..n])?;
-                        h.update(&buf[..n]);
-                        o += n as u64;
-                    }
-                    Ok(h)
-                })
-                .await?;
-        }
+        let read: ReadAt = {
+            let device = device.clone();
+            Arc::new(move |at, buf| Ok(device.read_exact_at(at, buf)?))
+        };
+        let segment = what.segmented.then_some(SEGMENT_BYTES);
+        let hashes = hash_device(read, size, segment, self.cfg.command_timeout()).await;
         // Closed before the last reader's deactivation.
         drop(device);
         drop(reading);
-        let hash = *hasher.finalize().as_bytes();
-        tracing::info!(id, size, blake3 = %blake3::Hash::from(hash).to_hex(), "transfer: hashed a whole device");
-        Ok((size, hash))
+        let hashes = hashes?;
+        let whole = (!what.segmented).then(|| blake3::Hash::from(hashes[0]).to_hex().to_string());
+        tracing::info!(
+            id,
+            size,
+            segments = what.segmented.then_some(hashes.len()),
+            blake3 = whole.as_deref(),
+            "transfer: hashed a whole device"
+        );
+        Ok((size, hashes))
     }
 
     /// [`Volumes::start_reading`], and `lv`'s device opened read-only: to
