@@ -1677,3 +1677,221 @@ async fn a_resumed_copy_is_checked_whole_and_one_spoiled_is_removed() {
     )
     .await;
 }
+
+/// A copy across nodes over a bad link (docs/moving.md): node 2's
+/// snapshot restored on node 3 at 1 MiB/s while `tc netem` first delays
+/// and drops packets on node 2's link (both ways; from a seeded point of
+/// the fill), then drops far more for a while, then lets go. The copy
+/// ends (resumed within the call or by the retry, as the link allows),
+/// holds the snapshot's bytes, and is checked whole when it was resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_across_nodes_survives_delay_and_loss() {
+    let mut seed = seed();
+    let mut next = |lo: u64, hi: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        lo + (seed >> 33) % (hi - lo)
+    };
+    let rig = Rig::start_with(8, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
+    let mut c = rig.ctl.controller().await;
+    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
+    let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
+    lvm(&["lvchange", "-ay", "-K", &path]);
+    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 17 % 251) as u8).collect();
+    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
+    lvm(&["lvchange", "-an", &path]);
+    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let req = restoring(on_node("pvc-copy", 3), &s.snapshot_id);
+    let lv = naming::lv_name_for("pvc-copy");
+    let id = naming::with_node(&key(3), &lv);
+    let copy = {
+        let (c, req) = (c.clone(), req.clone());
+        tokio::spawn(async move {
+            until_answered("CreateVolume pvc-copy", || {
+                let mut c = c.clone();
+                let req = req.clone();
+                async move { c.create_volume(req).await }
+            })
+            .await
+        })
+    };
+    until_filling(&c, &id).await;
+    let (start, delay, loss) = (next(200, 2000), next(20, 120), next(1, 10));
+    let (heavy_at, heavy) = (next(1000, 3000), next(25, 60));
+    tokio::time::sleep(Duration::from_millis(start)).await;
+    let mild = format!("delay {delay}ms 10ms loss {loss}%");
+    rig.net.impair(2, Some(&mild));
+    tokio::time::sleep(Duration::from_millis(heavy_at)).await;
+    rig.net
+        .impair(2, Some(&format!("delay {delay}ms loss {heavy}%")));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    rig.net.impair(2, Some(&mild));
+    let v = copy
+        .await
+        .unwrap()
+        .expect("the copy ends over a bad link")
+        .volume
+        .unwrap();
+    rig.net.impair(2, None);
+    let node3 = rig.nodes[2].log();
+    let resumed = node3.matches("the read was cut; resuming").count()
+        + node3
+            .matches("going on with a copy from another node")
+            .count();
+    let whole = node3
+        .matches("copy: checked whole against the source")
+        .count();
+    assert_eq!(
+        whole > 0,
+        resumed > 0,
+        "a resumed copy is checked whole: resumed {resumed}, checked {whole}"
+    );
+    assert_whole_copy(&rig.nodes[2].vg, &lv);
+    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
+    let (src, dst) = (
+        read_lv(&rig.nodes[1].vg, &src_lv),
+        read_lv(&rig.nodes[2].vg, &lv),
+    );
+    assert_eq!(
+        (src.0, src.1),
+        (dst.0, dst.1),
+        "the copy holds the snapshot's bytes"
+    );
+    println!(
+        "MEASURE copy over a bad link: {mild} from {start} ms into the fill, loss {heavy}% for 5 s from {heavy_at} ms after; resumed {resumed} times, checked whole {whole} times"
+    );
+    remove_all(
+        &mut c,
+        &rig,
+        &[&s.snapshot_id],
+        &[&v.volume_id, &a.volume_id],
+    )
+    .await;
+}
+
+/// `tpcsi move` through a controller killed mid-round (docs/moving.md):
+/// node 2's volume, 8 MiB written, moved to node 3 at 1 MiB/s; kill -9 of
+/// the controller at a seeded point of the first round, then a new one.
+/// The round rides through it (asked again while the copy still runs on
+/// node 3) or, past its retries, is resumed by the command it printed;
+/// the last round and the move's whole check then pass, and the new
+/// volume holds the old one's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_survives_a_killed_controller() {
+    let kill_after = 1000 + (seed().wrapping_mul(6364136223846793005) >> 33) % 4000;
+    let mut rig = Rig::start_with(9, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
+    let mut c = rig.ctl.controller().await;
+    let old = create_volume(&mut c, on_node("pvc-old", 2)).await;
+    let (vg2, vg3) = (rig.nodes[1].vg.clone(), rig.nodes[2].vg.clone());
+    write_behind(&vg2, &old.volume_id, 0, 8 * MIB, 0x61);
+    let uri = rig.ctl.uri();
+    let to = node_id(3);
+    let tpcsi = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tpcsi"))
+            .args([
+                "--endpoint",
+                &uri,
+                "--json",
+                "move",
+                &old.volume_id,
+                "--to",
+                &to,
+            ])
+            .args(["--name", "pvc-new"])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run tpcsi")
+    };
+    let json = |out: &std::process::Output| -> Vec<serde_json::Value> {
+        serde_json::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+            .into_iter::<serde_json::Value>()
+            .map(|v| v.unwrap())
+            .collect()
+    };
+    let field = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
+
+    let round = tpcsi(&["--rounds", "1"]);
+    until_filling(
+        &c,
+        &naming::with_node(&key(3), &naming::lv_name_for("pvc-new")),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(kill_after)).await;
+    rig.ctl.kill9_and_restart().await;
+    let out = tokio::task::spawn_blocking(move || round.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    eprintln!(
+        "$ tpcsi move --rounds 1\n{}{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let (base, how) = match out.status.success() {
+        true => (field(&json(&out)[0], "snapshot_id"), "rode through"),
+        false => {
+            // The command it printed, run as printed.
+            let line = stderr
+                .lines()
+                .find_map(|l| l.strip_prefix("resume with: tpcsi "))
+                .unwrap_or_else(|| panic!("no resume hint: {stderr}"));
+            let snap = line
+                .split_whitespace()
+                .skip_while(|w| *w != "--snapshot")
+                .nth(1)
+                .unwrap()
+                .to_string();
+            let again = tpcsi(&["--rounds", "1", "--snapshot", &snap]);
+            let out = tokio::task::spawn_blocking(move || again.wait_with_output().unwrap())
+                .await
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "the resumed round: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (snap, "resumed by its command")
+        }
+    };
+    assert!(
+        stderr.contains("asking again") || how != "rode through",
+        "the round met the killed controller: {stderr}"
+    );
+    let last = tpcsi(&["--base", &base, "--final"]);
+    let out = tokio::task::spawn_blocking(move || last.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "--final: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = json(&out);
+    let moved = field(&done[1], "volume_id");
+    assert_eq!(
+        field(&done[1], "verified_blake3").len(),
+        64,
+        "{:?}",
+        done[1]
+    );
+    let dst_lv = naming::split_node(&moved).1.to_string();
+    assert_whole_copy(&vg3, &dst_lv);
+    let src_lv = naming::split_node(&old.volume_id).1.to_string();
+    let (src, dst) = (read_lv(&vg2, &src_lv), read_lv(&vg3, &dst_lv));
+    assert_eq!(
+        (src.0, src.1),
+        (dst.0, dst.1),
+        "the new volume holds the old one's bytes"
+    );
+    assert_eq!(
+        lv_names(&vg2),
+        std::slice::from_ref(&src_lv),
+        "the move's snapshots are gone"
+    );
+    println!("MEASURE move through a killed controller: killed {kill_after} ms into the first round's fill; the round {how}");
+    let mut c = rig.ctl.controller().await;
+    remove_all(&mut c, &rig, &[], &[&moved, &old.volume_id]).await;
+}

@@ -90,6 +90,26 @@ impl Net {
         format!("/var/run/netns/{}", self.names(i).0)
     }
 
+    /// `tc netem` on both ends of node `i`'s link (e.g. "delay 50ms 20ms
+    /// loss 5%"), replacing what was there; `None` takes it off.
+    pub fn impair(&self, i: usize, netem: Option<&str>) {
+        let (ns, link, peer) = self.names(i);
+        for (prefix, dev) in [(vec![], link), (vec!["-n".to_string(), ns.clone()], peer)] {
+            let mut args: Vec<String> = prefix;
+            match netem {
+                Some(n) => {
+                    args.extend(
+                        ["qdisc", "replace", "dev", &dev, "root", "netem"].map(String::from),
+                    );
+                    args.extend(n.split_whitespace().map(String::from));
+                }
+                None => args.extend(["qdisc", "del", "dev", &dev, "root"].map(String::from)),
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            sh("tc", &args);
+        }
+    }
+
     /// Takes node `i`'s link down or up.
     pub fn link(&self, i: usize, up: bool) {
         let (_, link, _) = self.names(i);

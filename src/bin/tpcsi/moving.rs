@@ -41,6 +41,13 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     let capability = crate::capability::given_capability(&a.access).unwrap_or_else(|| {
         crate::capability::capability(&crate::node::access_of(&volume, &a.access), &[])
     });
+    let params = with_class(&a.volume_id, &a.params);
+    // The parameters as given, for the commands printed to go on.
+    let given: String = a
+        .params
+        .iter()
+        .map(|(k, v)| format!(" --param {k}={v}"))
+        .collect();
     let create = |snapshot_id: &str| csi::CreateVolumeRequest {
         name: a.name.clone(),
         capacity_range: Some(csi::CapacityRange {
@@ -48,7 +55,7 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
             limit_bytes: 0,
         }),
         volume_capabilities: vec![capability.clone()],
-        parameters: a.params.iter().cloned().collect(),
+        parameters: params.iter().cloned().collect(),
         accessibility_requirements: Some(csi::TopologyRequirement {
             requisite: vec![node.clone()],
             preferred: vec![node.clone()],
@@ -64,8 +71,7 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     };
     let mover = MoveClient::new(c.csi().await?);
     // The copy's id on the target: its condition tells how far a round got.
-    let class = a
-        .params
+    let class = params
         .iter()
         .find(|(k, _)| k == "deviceClass")
         .map(|(_, v)| v.as_str())
@@ -119,7 +125,7 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
                     .map(|b| format!(" and tpcsi snapshot delete {b}"))
                     .unwrap_or_default();
                 eprintln!(
-                    "resume with: tpcsi move {} --to {} --name {}{} --snapshot {snap}{} (with the same --param); or give the move up: tpcsi delete {copy_id}, then tpcsi snapshot delete {snap}{also}",
+                    "resume with: tpcsi move {} --to {} --name {}{given}{} --snapshot {snap}{}; or give the move up: tpcsi delete {copy_id}, then tpcsi snapshot delete {snap}{also}",
                     a.volume_id,
                     a.to,
                     a.name,
@@ -210,10 +216,21 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     }
     let base = base.unwrap_or_default();
     eprintln!(
-        "next: stop the volume's workload, then: tpcsi move {} --to {} --name {} --base {base} --final (with the same --param)",
+        "next: stop the volume's workload, then: tpcsi move {} --to {} --name {}{given} --base {base} --final",
         a.volume_id, a.to, a.name
     );
     Ok(())
+}
+
+/// The new volume's parameters: `params`, and the old one's device
+/// class (in its id) unless they name one.
+fn with_class(volume_id: &str, params: &[(String, String)]) -> Vec<(String, String)> {
+    let mut params = params.to_vec();
+    let class = naming::class_of(volume_id);
+    if class != naming::DEFAULT_CLASS && !params.iter().any(|(k, _)| k == "deviceClass") {
+        params.push(("deviceClass".into(), class.to_string()));
+    }
+    params
 }
 
 /// Takes round `k`'s snapshot of the volume; its id.
@@ -340,5 +357,27 @@ async fn forget(
             "warning: could not delete the move's snapshot {id}: {}",
             e.message()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_new_volume_is_of_the_old_one_s_class_unless_told() {
+        let p = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            with_class(
+                &naming::with_node(&naming::node_key("node-1"), "fast.csi-x"),
+                &[p("encrypted", "true")]
+            ),
+            vec![p("encrypted", "true"), p("deviceClass", "fast")]
+        );
+        assert_eq!(
+            with_class("fast.csi-x", &[p("deviceClass", "slow")]),
+            vec![p("deviceClass", "slow")]
+        );
+        assert_eq!(with_class("csi-x", &[]), vec![]);
     }
 }
