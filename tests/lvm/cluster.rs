@@ -1771,7 +1771,8 @@ async fn a_copy_across_nodes_survives_delay_and_loss() {
 }
 
 /// `tpcsi move` through a controller killed mid-round (docs/moving.md):
-/// node 2's volume, 8 MiB written, moved to node 3 at 1 MiB/s; kill -9 of
+/// node 2's raw block volume, 8 MiB written, moved to node 3 at 1 MiB/s
+/// (`tpcsi` reads its block access from its context); kill -9 of
 /// the controller at a seeded point of the first round, then a new one.
 /// The round rides through it (asked again while the copy still runs on
 /// node 3) or, past its retries, is resumed by the command it printed;
@@ -1782,7 +1783,11 @@ async fn a_move_survives_a_killed_controller() {
     let kill_after = 1000 + (seed().wrapping_mul(6364136223846793005) >> 33) % 4000;
     let mut rig = Rig::start_with(9, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
     let mut c = rig.ctl.controller().await;
-    let old = create_volume(&mut c, on_node("pvc-old", 2)).await;
+    let block = CreateVolumeRequest {
+        volume_capabilities: vec![crate::fixtures::block_cap()],
+        ..on_node("pvc-old", 2)
+    };
+    let old = create_volume(&mut c, block).await;
     let (vg2, vg3) = (rig.nodes[1].vg.clone(), rig.nodes[2].vg.clone());
     write_behind(&vg2, &old.volume_id, 0, 8 * MIB, 0x61);
     let uri = rig.ctl.uri();
@@ -1879,6 +1884,15 @@ async fn a_move_survives_a_killed_controller() {
     );
     let dst_lv = naming::split_node(&moved).1.to_string();
     assert_whole_copy(&vg3, &dst_lv);
+    let mut c = rig.ctl.controller().await;
+    assert!(
+        !get(&mut c, &moved)
+            .await
+            .unwrap()
+            .volume_context
+            .contains_key("fsType"),
+        "the new volume is a block volume, as the old one"
+    );
     let src_lv = naming::split_node(&old.volume_id).1.to_string();
     let (src, dst) = (read_lv(&vg2, &src_lv), read_lv(&vg3, &dst_lv));
     assert_eq!(
@@ -1892,6 +1906,5 @@ async fn a_move_survives_a_killed_controller() {
         "the move's snapshots are gone"
     );
     println!("MEASURE move through a killed controller: killed {kill_after} ms into the first round's fill; the round {how}");
-    let mut c = rig.ctl.controller().await;
     remove_all(&mut c, &rig, &[], &[&moved, &old.volume_id]).await;
 }
