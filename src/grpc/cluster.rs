@@ -249,6 +249,7 @@ impl Transfer for TransferService {
             snapshot,
             length: req.length_bytes,
             segmented: req.segments,
+            paced: token.is_some(),
         };
         let run = async {
             match (req.snapshot_id.as_str(), req.volume_id.as_str(), &token) {

@@ -157,6 +157,20 @@ impl ExclusiveDevice {
             .map_err(|e| SysError::new("fdatasync", &self.path, e))
     }
 
+    /// Drops the device's clean cached pages (`posix_fadvise`
+    /// DONTNEED, after a sync): what is read next comes from the device,
+    /// not from what this process wrote into the cache.
+    pub fn drop_cached(&self) -> Result<()> {
+        self.sync_data()?;
+        nix::fcntl::posix_fadvise(
+            self.fd.as_fd(),
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .map_err(|e| SysError::new("posix_fadvise(DONTNEED)", &self.path, e))
+    }
+
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read
     /// (fewer only at the end of the device).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {

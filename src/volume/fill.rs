@@ -49,6 +49,9 @@ pub trait Sink: Send + Sync + 'static {
     fn sync(&self) -> Result<()>;
     /// Reads back what was written, exactly (the whole check).
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Syncs, then forgets what is cached of it: the whole check reads
+    /// the device, not the pages the copy wrote.
+    fn drop_cached(&self) -> Result<()>;
 }
 
 /// A copy's device, its writes counted (`thinpool_csi_copy_bytes_total`).
@@ -68,6 +71,9 @@ impl Sink for Device {
     }
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         Ok(self.dev.read_exact_at(offset, buf)?)
+    }
+    fn drop_cached(&self) -> Result<()> {
+        Ok(self.dev.drop_cached()?)
     }
 }
 
@@ -293,15 +299,18 @@ fn resumable(e: &Error) -> bool {
     )
 }
 
-/// Fills `sink` (of `size` bytes) from `source`, from byte `from` on.
-/// `record(at)` is called, after a sync, as often as `every` says:
-/// everything below `at` is written and verified. A
-/// cut read is resumed [`RESUMES`] times, after a second each time.
+/// Fills `sink` (of `size` bytes) from `source`, from byte `from` on;
+/// `earlier` when a call before this one made the copy (what it holds
+/// may not all come from this call's reads). `record(at)` is called,
+/// after a sync, as often as `every` says: everything below `at` is
+/// written and verified. A cut read is resumed [`RESUMES`] times, after
+/// a second each time. A copy not filled by one read from byte 0 of a
+/// copy made in this call is checked whole ([`check_whole`]).
 pub async fn fill<S, K, R, F>(
     (source, base): (&S, Option<&str>),
     sink: Arc<K>,
     size: u64,
-    from: u64,
+    (from, earlier): (u64, bool),
     (bound, every, mut stop): (Duration, Every, Stop),
     mut record: R,
 ) -> Result<Filled>
@@ -335,11 +344,12 @@ where
             // call before it): each read checked only its own, so the
             // copy is checked whole. A delta read leaves that to the
             // move's last check (`Move.Verify`).
-            Ok(filled) if at > 0 && base.is_none() => {
-                tokio::select! {
-                    c = check_whole(source, &sink, (filled.capacity, SEGMENT_BYTES), bound) => c?,
-                    _ = stop.wait_for(|s| *s) => return Err(stopped_at(filled.capacity)),
-                }
+            Ok(filled) if (at > 0 || earlier) && base.is_none() => {
+                // Recorded first: a retry after a failed check checks
+                // again without reading anything again.
+                record(filled.capacity).await?;
+                let whole = (filled.capacity, SEGMENT_BYTES);
+                check_whole(source, &sink, whole, bound, &stop).await?;
                 return Ok(Filled {
                     written: recorded.total,
                     checked_whole: true,
@@ -499,23 +509,68 @@ where
 
 /// The whole check of a copy of `capacity` bytes: each `segment` bytes
 /// ([`SEGMENT_BYTES`], as the source hashes them) of it read back and
-/// hashed here, and the same of the snapshot on its node, at once. A segment that differs is
-/// DATA_LOSS naming its bytes (the copy is removed); a source that
-/// cannot answer is its error (the retry checks again).
+/// hashed here, and the same of the snapshot on its node, at once. A
+/// segment that differs is DATA_LOSS naming its bytes (the copy is
+/// removed); a source that cannot answer is its error (the retry checks
+/// again). When either side fails, or a DeleteVolume stops the copy,
+/// the local hash ends within a MiB, and is awaited: nothing of it
+/// still reads the device once this returns.
 async fn check_whole<S: Source, K: Sink>(
     source: &S,
     sink: &Arc<K>,
     (capacity, segment): (u64, u64),
     bound: Duration,
+    stop: &Stop,
 ) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if capacity == 0 {
+        return Ok(());
+    }
+    let s = sink.clone();
+    crate::blocking::run("drop a copy's cached pages", bound, move || s.drop_cached()).await?;
+    let quit = Arc::new(AtomicBool::new(false));
     let read: ReadAt = {
         let sink = sink.clone();
         Arc::new(move |at, buf| sink.read_exact_at(at, buf))
     };
-    let (theirs, mine) = tokio::join!(
-        source.segments(capacity),
-        super::transfer::hash_device(read, capacity, Some(segment), bound)
-    );
+    let run = super::transfer::HashRun {
+        bound,
+        quit: quit.clone(),
+        pace: None,
+    };
+    let theirs = async {
+        let mut stop = stop.clone();
+        let r = tokio::select! {
+            r = source.segments(capacity) => r,
+            _ = stop.wait_for(|s| *s) => Err(stopped_at(capacity)),
+        };
+        if r.is_err() {
+            quit.store(true, Ordering::Relaxed);
+        }
+        r
+    };
+    let mine = async {
+        let mut stop = stop.clone();
+        let hash = super::transfer::hash_device(read, capacity, Some(segment), run);
+        tokio::pin!(hash);
+        let r = tokio::select! {
+            r = &mut hash => r,
+            // The guard wait_for gives is dropped before the await below.
+            _ = async { drop(stop.wait_for(|s| *s).await) } => {
+                quit.store(true, Ordering::Relaxed);
+                let _ = (&mut hash).await;
+                Err(stopped_at(capacity))
+            }
+        };
+        if r.is_err() {
+            quit.store(true, Ordering::Relaxed);
+        }
+        r
+    };
+    let (theirs, mine) = tokio::join!(theirs, mine);
+    if *stop.borrow() {
+        return Err(stopped_at(capacity));
+    }
     let (theirs, mine) = (theirs?, mine?);
     if theirs.len() != mine.len() {
         return Err(Error::DataLoss(format!(
@@ -594,6 +649,9 @@ impl Volumes {
                 ))
             };
             let fits = |size| super::size::size_fits(spec.range.as_ref(), size);
+            // Whether a call before this one made the copy: then what it
+            // holds is checked whole once filled.
+            let mut earlier = true;
             match report.find(&lv_name) {
                 Some(lv) if d.filling_here(lv).is_some() => {
                     // What it was made with, read as the volume it will be.
@@ -645,6 +703,7 @@ impl Volumes {
                         tracing::warn!(name, lv = lv_name, at, "CreateVolume: the clone's source is another snapshot now; removed the partial copy, starting again from 0");
                         d.make_filling(&lv_name, &tags, &filling_tags, spec.range.as_ref(), facts.size)
                             .await?;
+                        earlier = false;
                     } else {
                         tracing::info!(name, lv = lv_name, at, "CreateVolume: going on with a copy from another node");
                     }
@@ -676,9 +735,10 @@ impl Volumes {
                     )?;
                     d.make_filling(&lv_name, &tags, &filling_tags, spec.range.as_ref(), facts.size)
                         .await?;
+                    earlier = false;
                 }
             };
-            let (round, size) = d.fill_copy(&lv_name, &source, hold).await?;
+            let (round, size) = d.fill_copy(&lv_name, &source, (hold, earlier)).await?;
             let volume = match hold {
                 true => None,
                 false => {
@@ -749,7 +809,7 @@ impl Volumes {
         &self,
         lv_name: &str,
         source: &S,
-        hold: bool,
+        (hold, earlier): (bool, bool),
     ) -> Result<(Round, u64)> {
         let report = self.lvm.known().await?;
         let lv = report
@@ -776,7 +836,7 @@ impl Volumes {
                 None,
             )),
             _ => self
-                .fill_from(&lv, source, base.as_deref(), &tag)
+                .fill_from(&lv, (source, base.as_deref()), earlier, &tag)
                 .await
                 .map(|(f, dev)| (f, Some(dev))),
         };
@@ -861,8 +921,8 @@ impl Volumes {
     async fn fill_from<S: Source>(
         &self,
         lv: &crate::lvm::report::Lv,
-        source: &S,
-        base: Option<&str>,
+        (source, base): (&S, Option<&str>),
+        earlier: bool,
         tag: &std::sync::Mutex<String>,
     ) -> std::result::Result<(Filled, crate::node::Device), FillFailed> {
         let lv_name = lv.name.as_str();
@@ -915,7 +975,7 @@ impl Volumes {
             async move { self.lvm.retag(lv_name, Some(&old), Some(&new)).await }
         };
         let bounds = (self.cfg.command_timeout(), RECORD, stop);
-        match fill((source, base), sink, size, from, bounds, record).await {
+        match fill((source, base), sink, size, (from, earlier), bounds, record).await {
             Ok(f) => Ok((f, dev)),
             Err(e) => Err(failed(e, Some(dev))),
         }
@@ -997,8 +1057,12 @@ mod tests {
                 buf.copy_from_slice(&image[at as usize..at as usize + buf.len()]);
                 Ok(())
             });
-            let bound = Duration::from_secs(5);
-            super::super::transfer::hash_device(read, length, Some(self.segment), bound).await
+            let run = super::super::transfer::HashRun {
+                bound: Duration::from_secs(5),
+                quit: Default::default(),
+                pace: None,
+            };
+            super::super::transfer::hash_device(read, length, Some(self.segment), run).await
         }
 
         async fn read(&self, start: u64, _: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
@@ -1087,6 +1151,10 @@ mod tests {
             buf.copy_from_slice(&self.bytes.lock().unwrap()[o..o + buf.len()]);
             Ok(())
         }
+        fn drop_cached(&self) -> Result<()> {
+            self.events.lock().unwrap().push("drop cached".into());
+            Ok(())
+        }
     }
 
     const RANGES: &[(u64, u64)] = &[(0, 100), (1000, 300), (4000, 64), (9000, 1000)];
@@ -1101,7 +1169,7 @@ mod tests {
             (src, None),
             sink,
             size,
-            0,
+            (0, false),
             (Duration::from_secs(5), every, never()),
             |at| {
                 events.lock().unwrap().push(format!("record {at}"));
@@ -1127,7 +1195,7 @@ mod tests {
             (src, None),
             sink,
             10_000,
-            from,
+            (from, from > 0),
             (Duration::from_secs(5), RECORD, never()),
             |at| {
                 records.lock().unwrap().push(at);
@@ -1245,7 +1313,7 @@ mod tests {
     async fn a_retry_goes_on_from_the_recorded_offset_and_checks_the_copy_whole() {
         let src = Fake::new(10_000, RANGES);
         let sink = written_below(1150);
-        let (r, _) = run(&src, sink.clone(), 1150).await;
+        let (r, records) = run(&src, sink.clone(), 1150).await;
         assert_eq!(
             r.unwrap(),
             Filled {
@@ -1258,6 +1326,93 @@ mod tests {
         );
         assert_eq!(*src.starts.lock().unwrap(), vec![1150]);
         assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
+        assert_eq!(
+            records,
+            vec![10_000],
+            "recorded whole before the check: a retry after a failed check reads nothing again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_copy_an_earlier_call_made_is_checked_whole_even_from_0() {
+        // A byte the source never maps, wrong on the device (a copy a
+        // failed check could not remove): no range covers it.
+        let src = Fake::new(10_000, RANGES);
+        let fill_from_0 = |earlier: bool| {
+            let sink = Mem::new(10_000);
+            sink.bytes.lock().unwrap()[5000] = 9;
+            let src = &src;
+            async move {
+                fill(
+                    (src, None),
+                    sink,
+                    10_000,
+                    (0, earlier),
+                    (Duration::from_secs(5), RECORD, never()),
+                    |_| async { Ok(()) },
+                )
+                .await
+            }
+        };
+        let e = fill_from_0(true).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::DataLoss, "{e}");
+        assert!(!fill_from_0(false).await.unwrap().checked_whole);
+    }
+
+    #[tokio::test]
+    async fn a_stop_during_the_whole_check_ends_it_and_its_local_hash() {
+        struct Mute(Fake);
+        impl Source for Mute {
+            async fn segments(&self, _: u64) -> Result<Vec<[u8; 32]>> {
+                std::future::pending().await
+            }
+            async fn read(
+                &self,
+                start: u64,
+                b: Option<&str>,
+            ) -> Result<mpsc::Receiver<Result<Piece>>> {
+                self.0.read(start, b).await
+            }
+        }
+        let src = Mute(Fake::new(10_000, RANGES));
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let sink = written_below(1150);
+        let filling = fill(
+            (&src, None),
+            sink,
+            10_000,
+            (1150, true),
+            (Duration::from_secs(5), RECORD, stop),
+            |_| async { Ok(()) },
+        );
+        let stopping = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.send(true).unwrap();
+        };
+        let (r, _) = tokio::join!(filling, stopping);
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(e.to_string().contains("cancelled"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_hash_told_to_quit_ends_aborted() {
+        let read: ReadAt = Arc::new(|_, buf: &mut [u8]| {
+            buf.fill(1);
+            Ok(())
+        });
+        let run = |quit: bool| super::super::transfer::HashRun {
+            bound: Duration::from_secs(5),
+            quit: Arc::new(quit.into()),
+            pace: None,
+        };
+        let h = super::super::transfer::hash_device;
+        let e = h(read.clone(), 4 << 20, None, run(true)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Aborted, "{e}");
+        let whole = h(read.clone(), 3000, None, run(false)).await.unwrap();
+        let segments = h(read, 3000, Some(1000), run(false)).await.unwrap();
+        assert_eq!(whole, vec![*blake3::hash(&[1u8; 3000]).as_bytes()]);
+        assert_eq!(segments, vec![*blake3::hash(&[1u8; 1000]).as_bytes(); 3]);
     }
 
     #[tokio::test]
@@ -1279,7 +1434,7 @@ mod tests {
         sink.bytes.lock().unwrap().copy_from_slice(&expected(0));
         let src = &src;
         let check = |sink: Arc<Mem>| async move {
-            check_whole(src, &sink, (10_000, 1000), Duration::from_secs(5)).await
+            check_whole(src, &sink, (10_000, 1000), Duration::from_secs(5), &never()).await
         };
         check(sink.clone()).await.unwrap();
         // One byte wrong in the second segment, one in the last.
@@ -1346,7 +1501,7 @@ mod tests {
             (&Bare, None),
             Mem::new(10),
             10,
-            0,
+            (0, false),
             (Duration::from_secs(5), RECORD, never()),
             |_| async { Ok(()) },
         )
@@ -1380,7 +1535,7 @@ mod tests {
             (&src, None),
             Mem::new(10),
             10,
-            0,
+            (0, false),
             (Duration::from_secs(5), RECORD, stop),
             |_| async { Ok(()) },
         );

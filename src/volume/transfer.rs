@@ -124,36 +124,59 @@ pub struct HashOf {
     pub snapshot: bool,
     pub length: u64,
     pub segmented: bool,
+    /// Paced by the node's cap (`cluster.transfer_mib_per_sec`): a peer
+    /// asked (a copy's whole check), as a peer's reads are.
+    pub paced: bool,
 }
 
 /// Reads a device's bytes at an offset, exactly (off the runtime).
 pub type ReadAt = Arc<dyn Fn(u64, &mut [u8]) -> Result<()> + Send + Sync>;
 
+/// How much of a device one blocking step of [`hash_device`] reads (and
+/// the cap, when it paces the hash, takes at a time).
+const HASH_STEP: u64 = 8 * 1024 * 1024;
+
+/// How a [`hash_device`] runs: each step bounded by `bound`; `quit`
+/// looked at every MiB (set when the caller went away, or the other
+/// side of a check failed: the hash ends ABORTED at once); paced by the
+/// node's cap when `pace` is given (a peer asked for it).
+pub struct HashRun<'a> {
+    pub bound: std::time::Duration,
+    pub quit: Arc<std::sync::atomic::AtomicBool>,
+    pub pace: Option<&'a Pace>,
+}
+
 /// The BLAKE3 of the first `size` bytes `read` gives: one hash of them
-/// all, or with `segment` one of each `segment` bytes in order. A step
-/// (a segment, or [`SEGMENT_BYTES`]) at a time on a blocking thread,
-/// each bounded by `bound`.
+/// all, or with `segment` one of each `segment` bytes in order, read a
+/// step at a time on a blocking thread.
 pub async fn hash_device(
     read: ReadAt,
     size: u64,
     segment: Option<u64>,
-    bound: std::time::Duration,
+    run: HashRun<'_>,
 ) -> Result<Vec<[u8; 32]>> {
-    let step = segment.unwrap_or(SEGMENT_BYTES).max(1);
     let mut hashes = Vec::new();
-    let mut whole = blake3::Hasher::new();
-    for at in (0..size).step_by(step as usize) {
-        let read = read.clone();
-        let h = match segment {
-            Some(_) => blake3::Hasher::new(),
-            None => std::mem::take(&mut whole),
-        };
-        let h = crate::blocking::run("hash a device", bound, move || {
-            let mut h = h;
-            let mut buf = vec![0u8; (1024 * 1024).min(step as usize)];
-            let end = (at + step).min(size);
+    let mut h = blake3::Hasher::new();
+    let mut at = 0;
+    while at < size {
+        let segment_end = segment
+            .map(|s| (at / s.max(1) + 1) * s.max(1))
+            .unwrap_or(size)
+            .min(size);
+        let end = (at + HASH_STEP).min(segment_end);
+        if let Some(p) = run.pace {
+            p.take(end - at).await;
+        }
+        let (read, quit) = (read.clone(), run.quit.clone());
+        h = crate::blocking::run("hash a device", run.bound, move || {
+            let mut buf = vec![0u8; (1024 * 1024).min((end - at) as usize)];
             let mut o = at;
             while o < end {
+                if quit.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(Error::Aborted(format!(
+                        "the hash stopped at byte {o}: its caller went away"
+                    )));
+                }
                 let n = ((end - o) as usize).min(buf.len());
                 read(o, &mut buf[..n])?;
                 h.update(&buf[..n]);
@@ -162,13 +185,13 @@ pub async fn hash_device(
             Ok(h)
         })
         .await?;
-        match segment {
-            Some(_) => hashes.push(*h.finalize().as_bytes()),
-            None => whole = h,
+        at = end;
+        if segment.is_some() && at == segment_end {
+            hashes.push(*std::mem::take(&mut h).finalize().as_bytes());
         }
     }
     if segment.is_none() {
-        hashes.push(*whole.finalize().as_bytes());
+        hashes.push(*h.finalize().as_bytes());
     }
     Ok(hashes)
 }
@@ -431,8 +454,9 @@ impl Volumes {
     /// [`HashOf`]) and the bytes hashed, read here through a read-only
     /// descriptor, under the object's guard, counted as one of the node's
     /// reads (the first reader activates it, the last deactivates it).
-    /// Not paced by `cluster.transfer_mib_per_sec`: it reads locally and
-    /// sends nothing.
+    /// Paced by `cluster.transfer_mib_per_sec` only when a peer asked
+    /// ([`HashOf::paced`]); the controller's (`Move.Verify`) is not. A
+    /// caller that goes away stops it within a MiB.
     pub async fn hash_whole(
         self: &Arc<Self>,
         id: &str,
@@ -441,8 +465,8 @@ impl Volumes {
     ) -> Result<(u64, Vec<[u8; 32]>)> {
         // Under the object's guard: no stage, delete or grow meanwhile.
         let id = id.to_string();
-        self.detached(&id.clone(), "Transfer.Hash", move |d, _| async move {
-            d.hash_held(&id, what, transfers).await
+        self.detached(&id.clone(), "Transfer.Hash", move |d, cancel| async move {
+            d.hash_held(&id, what, transfers, cancel).await
         })
         .await
     }
@@ -452,6 +476,7 @@ impl Volumes {
         id: &str,
         what: HashOf,
         transfers: Arc<Transfers>,
+        cancel: super::Cancel,
     ) -> Result<(u64, Vec<[u8; 32]>)> {
         let slot = transfers.slot()?;
         let report = self.lvm.report().await?;
@@ -476,7 +501,12 @@ impl Volumes {
             Arc::new(move |at, buf| Ok(device.read_exact_at(at, buf)?))
         };
         let segment = what.segmented.then_some(SEGMENT_BYTES);
-        let hashes = hash_device(read, size, segment, self.cfg.command_timeout()).await;
+        let run = HashRun {
+            bound: self.cfg.command_timeout(),
+            quit: cancel.flag(),
+            pace: what.paced.then_some(&transfers.pace),
+        };
+        let hashes = hash_device(read, size, segment, run).await;
         // Closed before the last reader's deactivation.
         drop(device);
         drop(reading);

@@ -46,7 +46,7 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     let given: String = a
         .params
         .iter()
-        .map(|(k, v)| format!(" --param {k}={v}"))
+        .map(|(k, v)| format!(" --param {}", quoted(&format!("{k}={v}"))))
         .collect();
     let create = |snapshot_id: &str| csi::CreateVolumeRequest {
         name: a.name.clone(),
@@ -222,6 +222,16 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     Ok(())
 }
 
+/// `word` as a shell reads it back: as it is when it is plain, else in
+/// single quotes.
+fn quoted(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-=.,:/@+".contains(c);
+    match word.chars().all(plain) && !word.is_empty() {
+        true => word.to_string(),
+        false => format!("'{}'", word.replace('\'', "'\\''")),
+    }
+}
+
 /// The new volume's parameters: `params`, and the old one's device
 /// class (in its id) unless they name one.
 fn with_class(volume_id: &str, params: &[(String, String)]) -> Vec<(String, String)> {
@@ -379,5 +389,12 @@ mod tests {
             vec![p("deviceClass", "slow")]
         );
         assert_eq!(with_class("csi-x", &[]), vec![]);
+    }
+
+    #[test]
+    fn printed_parameters_read_back_as_given() {
+        assert_eq!(quoted("fsOptions=noatime"), "fsOptions=noatime");
+        assert_eq!(quoted("mkfsOptions=-E a b"), "'mkfsOptions=-E a b'");
+        assert_eq!(quoted("k=it's"), "'k=it'\\''s'");
     }
 }
