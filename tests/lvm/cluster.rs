@@ -1916,3 +1916,82 @@ async fn a_move_survives_a_killed_controller() {
     println!("MEASURE move through a killed controller: killed {kill_after} ms into the first round's fill; the round {how}");
     remove_all(&mut c, &rig, &[], &[&moved, &old.volume_id]).await;
 }
+
+/// A link cut longer than the target's HTTP/2 pings allow (docs/moving.md):
+/// node 2's link down for 25 s from a seeded point of a capped copy.
+/// The target finds the connection dead (pings every 10 s, 10 s each),
+/// resumes the read within the same call once the link is back (at most
+/// `fill::RESUMES` times, a second apart), and, its ranges having come in
+/// more than one read, checks the copy whole before it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_link_cut_is_resumed_within_the_call_and_checked_whole() {
+    let cut_after = 1000 + (seed().wrapping_mul(6364136223846793005) >> 33) % 3000;
+    let rig = Rig::start_with(10, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
+    let mut c = rig.ctl.controller().await;
+    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
+    let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
+    lvm(&["lvchange", "-ay", "-K", &path]);
+    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 19 % 251) as u8).collect();
+    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
+    lvm(&["lvchange", "-an", &path]);
+    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let req = restoring(on_node("pvc-copy", 3), &s.snapshot_id);
+    let lv = naming::lv_name_for("pvc-copy");
+    let copy = {
+        let (c, req) = (c.clone(), req.clone());
+        tokio::spawn(async move {
+            until_answered("CreateVolume pvc-copy", || {
+                let mut c = c.clone();
+                let req = req.clone();
+                async move { c.create_volume(req).await }
+            })
+            .await
+        })
+    };
+    until_filling(&c, &naming::with_node(&key(3), &lv)).await;
+    tokio::time::sleep(Duration::from_millis(cut_after)).await;
+    rig.net.link(2, false);
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    rig.net.link(2, true);
+    let v = copy
+        .await
+        .unwrap()
+        .expect("the copy ends after a long cut")
+        .volume
+        .unwrap();
+    let node3 = rig.nodes[2].log();
+    let resumed = node3.matches("the read was cut; resuming").count();
+    assert!(resumed >= 1, "the read was resumed within the call");
+    assert!(
+        !node3.contains("going on with a copy from another node"),
+        "no retry had to go on with it"
+    );
+    assert_eq!(
+        node3
+            .matches("copy: checked whole against the source")
+            .count(),
+        1,
+        "checked whole once"
+    );
+    assert_whole_copy(&rig.nodes[2].vg, &lv);
+    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
+    let (src, dst) = (
+        read_lv(&rig.nodes[1].vg, &src_lv),
+        read_lv(&rig.nodes[2].vg, &lv),
+    );
+    assert_eq!(
+        (src.0, src.1),
+        (dst.0, dst.1),
+        "the copy holds the snapshot's bytes"
+    );
+    println!(
+        "MEASURE long link cut: node 2's link down for 25 s from {cut_after} ms into the fill; resumed within the call {resumed} times; checked whole"
+    );
+    remove_all(
+        &mut c,
+        &rig,
+        &[&s.snapshot_id],
+        &[&v.volume_id, &a.volume_id],
+    )
+    .await;
+}
