@@ -405,9 +405,11 @@ impl Cluster {
         })
     }
 
-    /// `Move.Verify` (`tpcsi move --final`): the BLAKE3 of the snapshot's
-    /// whole device on its node and of as much of the new volume's on its
-    /// node, read at once on both; equal, or DATA_LOSS naming both.
+    /// `Move.Verify` (`tpcsi move --final`): the BLAKE3 of each 64 MiB of
+    /// the snapshot's whole device on its node and of as much of the new
+    /// volume's on its node, read at once on both; equal (answered with
+    /// the BLAKE3 of those hashes), or DATA_LOSS naming the bytes that
+    /// differ.
     pub async fn move_verify(&self, req: VerifyRequest) -> Reply<VerifyResponse> {
         let volume = self
             .node_of("volume_id", &req.volume_id, Kind::Volume)
@@ -443,6 +445,7 @@ impl Cluster {
                 HashRequest {
                     volume_id: req.volume_id.clone(),
                     length_bytes: length,
+                    segments: true,
                     ..Default::default()
                 }
             ),
@@ -450,27 +453,30 @@ impl Cluster {
                 &snapshot,
                 HashRequest {
                     snapshot_id: req.snapshot_id.clone(),
+                    segments: true,
                     ..Default::default()
                 }
             )
         );
         let v = self.answer(&volume, v).await?;
         let s = self.answer(&snapshot, s).await?;
-        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-        if (v.size_bytes, &v.blake3) != (s.size_bytes, &s.blake3) {
+        let segments = (length, crate::volume::transfer::SEGMENT_BYTES);
+        let differ = match v.size_bytes == s.size_bytes {
+            true => {
+                crate::volume::transfer::segments_that_differ(&v.segments, &s.segments, segments)
+            }
+            false => Some(format!("0+{}", s.size_bytes.max(v.size_bytes))),
+        };
+        if let Some(differ) = differ {
             tracing::error!(
                 volume = req.volume_id,
                 snapshot = req.snapshot_id,
+                differ,
                 "Move.Verify: the new volume does not hold the snapshot's bytes"
             );
             return Err(Status::data_loss(format!(
-                "volume {:?} ({} bytes, BLAKE3 {}) does not hold snapshot {:?} ({} bytes, BLAKE3 {}). What to do: delete the new volume and move again; the old one is as it was",
-                req.volume_id,
-                v.size_bytes,
-                hex(&v.blake3),
-                req.snapshot_id,
-                s.size_bytes,
-                hex(&s.blake3)
+                "volume {:?} does not hold snapshot {:?} ({} bytes against {}): bytes {differ} differ. What to do: delete the new volume and move again; the old one is as it was",
+                req.volume_id, req.snapshot_id, v.size_bytes, s.size_bytes
             )));
         }
         tracing::info!(
@@ -479,9 +485,13 @@ impl Cluster {
             size = v.size_bytes,
             "Move.Verify: the new volume holds the snapshot's bytes"
         );
+        let mut whole = blake3::Hasher::new();
+        for h in &v.segments {
+            whole.update(h);
+        }
         Ok(VerifyResponse {
             size_bytes: v.size_bytes,
-            blake3: v.blake3,
+            blake3: whole.finalize().as_bytes().to_vec(),
         })
     }
 

@@ -572,24 +572,10 @@ async fn check_whole<S: Source, K: Sink>(
         return Err(stopped_at(capacity));
     }
     let (theirs, mine) = (theirs?, mine?);
-    if theirs.len() != mine.len() {
+    if let Some(differ) = super::transfer::segments_that_differ(&theirs, &mine, (capacity, segment))
+    {
         return Err(Error::DataLoss(format!(
-            "the source's whole check has {} segments of {segment} bytes, the copy's {}: they cannot be compared",
-            theirs.len(),
-            mine.len()
-        )));
-    }
-    let differ: Vec<String> = (0..mine.len() as u64)
-        .filter(|&i| theirs[i as usize] != mine[i as usize])
-        .map(|i| {
-            let at = i * segment;
-            format!("{at}+{}", (capacity - at).min(segment))
-        })
-        .collect();
-    if !differ.is_empty() {
-        return Err(Error::DataLoss(format!(
-            "the copy read back does not match its source in bytes {}: it is removed",
-            differ.join(", ")
+            "the copy read back does not match its source in bytes {differ}: it is removed"
         )));
     }
     tracing::info!(

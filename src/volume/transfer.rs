@@ -196,6 +196,29 @@ pub async fn hash_device(
     Ok(hashes)
 }
 
+/// Where two segmented hashes of `length` bytes (each of `segment`
+/// bytes, [`hash_device`]) differ, as `offset+length` ranges joined by
+/// ", "; `None` when they are equal. Hash lists of different lengths
+/// differ everywhere.
+pub fn segments_that_differ<A: AsRef<[u8]>, B: AsRef<[u8]>>(
+    a: &[A],
+    b: &[B],
+    (length, segment): (u64, u64),
+) -> Option<String> {
+    let segment = segment.max(1);
+    let differ: Vec<String> = match a.len() == b.len() {
+        true => (0..a.len() as u64)
+            .filter(|&i| a[i as usize].as_ref() != b[i as usize].as_ref())
+            .map(|i| {
+                let at = i * segment;
+                format!("{at}+{}", length.saturating_sub(at).min(segment))
+            })
+            .collect(),
+        false => vec![format!("0+{length}")],
+    };
+    (!differ.is_empty()).then(|| differ.join(", "))
+}
+
 /// How many snapshot reads a node serves at once; one more is
 /// RESOURCE_EXHAUSTED (the copy retries).
 pub const MAX_READS: usize = 4;
@@ -670,6 +693,28 @@ impl Sending<'_> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn segments_that_differ_are_named_by_their_bytes() {
+        let (a, b) = ([[1u8; 32], [2; 32], [3; 32]], [[1u8; 32], [9; 32], [3; 32]]);
+        let length = 2 * SEGMENT_BYTES + 10;
+        assert_eq!(segments_that_differ(&a, &a, (length, SEGMENT_BYTES)), None);
+        assert_eq!(
+            segments_that_differ(&a, &b, (length, SEGMENT_BYTES)).unwrap(),
+            format!("{SEGMENT_BYTES}+{SEGMENT_BYTES}")
+        );
+        let mut c = b.to_vec();
+        c[2] = [7; 32];
+        assert_eq!(
+            segments_that_differ(&a, &c, (length, SEGMENT_BYTES)).unwrap(),
+            format!("{SEGMENT_BYTES}+{SEGMENT_BYTES}, {}+10", 2 * SEGMENT_BYTES)
+        );
+        assert_eq!(
+            segments_that_differ(&a, &a[..2], (length, SEGMENT_BYTES)).unwrap(),
+            format!("0+{length}"),
+            "lists of different lengths differ everywhere"
+        );
+    }
     use super::*;
 
     #[test]
