@@ -461,6 +461,21 @@ impl Cluster {
         let v = self.answer(&volume, v).await?;
         let s = self.answer(&snapshot, s).await?;
         let segments = (length, crate::volume::transfer::SEGMENT_BYTES);
+        // A node that answers no segments (an earlier version) compared
+        // nothing: never a pass.
+        let expected = length.div_ceil(segments.1) as usize;
+        for (node, id, got) in [
+            (&volume, &req.volume_id, &v),
+            (&snapshot, &req.snapshot_id, &s),
+        ] {
+            if got.segments.len() != expected {
+                return Err(Status::failed_precondition(format!(
+                    "node {:?} answered {} segment hashes of {id:?} for {length} bytes, not {expected}: it does not hash by segments. What to do: run this version of the node plugin there, then verify again",
+                    node.id,
+                    got.segments.len()
+                )));
+            }
+        }
         let differ = match v.size_bytes == s.size_bytes {
             true => {
                 crate::volume::transfer::segments_that_differ(&v.segments, &s.segments, segments)

@@ -130,7 +130,9 @@ fn stopped_at(at: u64) -> Error {
 /// Turns true when a copy is to stop ([`Copies::stop`]).
 pub type Stop = tokio::sync::watch::Receiver<bool>;
 
-/// How many times one call resumes a read that was cut.
+/// How many times one call resumes a read that was cut, after 1, 4 and
+/// 16 s: a link away for up to about half a minute (beyond the 20 s the
+/// HTTP/2 pings take to find it gone) is ridden out within the call.
 pub const RESUMES: u32 = 3;
 
 /// What a finished fill wrote: the ranges and bytes of its last read,
@@ -304,7 +306,7 @@ fn resumable(e: &Error) -> bool {
 /// may not all come from this call's reads). `record(at)` is called,
 /// after a sync, as often as `every` says: everything below `at` is
 /// written and verified. A cut read is resumed [`RESUMES`] times, after
-/// a second each time. A copy not filled by one read from byte 0 of a
+/// 1, 4 and 16 s. A copy not filled by one read from byte 0 of a
 /// copy made in this call is checked whole ([`check_whole`]).
 pub async fn fill<S, K, R, F>(
     (source, base): (&S, Option<&str>),
@@ -368,7 +370,7 @@ where
                     "copy: the read was cut; resuming where it stopped");
                 at = reached;
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1 << (2 * (resumed - 1)))) => {}
                     _ = stop.wait_for(|s| *s) => return Err(stopped_at(at)),
                 }
             }
@@ -529,6 +531,9 @@ async fn check_whole<S: Source, K: Sink>(
     let s = sink.clone();
     crate::blocking::run("drop a copy's cached pages", bound, move || s.drop_cached()).await?;
     let quit = Arc::new(AtomicBool::new(false));
+    // Turns true when the local hash failed: the source's is dropped
+    // (its node stops hashing when its caller goes away).
+    let (failed, local_failed) = tokio::sync::watch::channel(false);
     let read: ReadAt = {
         let sink = sink.clone();
         Arc::new(move |at, buf| sink.read_exact_at(at, buf))
@@ -539,10 +544,11 @@ async fn check_whole<S: Source, K: Sink>(
         pace: None,
     };
     let theirs = async {
-        let mut stop = stop.clone();
+        let (mut stop, mut local_failed) = (stop.clone(), local_failed);
         let r = tokio::select! {
             r = source.segments(capacity) => r,
             _ = stop.wait_for(|s| *s) => Err(stopped_at(capacity)),
+            _ = local_failed.wait_for(|f| *f) => Err(Error::Aborted("the copy's own hash failed".into())),
         };
         if r.is_err() {
             quit.store(true, Ordering::Relaxed);
@@ -564,6 +570,7 @@ async fn check_whole<S: Source, K: Sink>(
         };
         if r.is_err() {
             quit.store(true, Ordering::Relaxed);
+            let _ = failed.send(true);
         }
         r
     };
@@ -571,7 +578,18 @@ async fn check_whole<S: Source, K: Sink>(
     if *stop.borrow() {
         return Err(stopped_at(capacity));
     }
-    let (theirs, mine) = (theirs?, mine?);
+    // The local failure is the cause when there is one (the source's
+    // hash was dropped for it).
+    let mine = mine?;
+    let theirs = theirs?;
+    let expected = capacity.div_ceil(segment) as usize;
+    if theirs.len() != expected {
+        return Err(Error::FailedPrecondition(format!(
+            "the source node answered {} segment hashes for {capacity} bytes, not {expected}: it does not hash by segments",
+            theirs.len()
+        ))
+        .advise("run this version of the node plugin on the source node; the retry checks the copy again without reading it again"));
+    }
     if let Some(differ) = super::transfer::segments_that_differ(&theirs, &mine, (capacity, segment))
     {
         return Err(Error::DataLoss(format!(
@@ -1105,6 +1123,8 @@ mod tests {
         /// What happened, in order: `w<offset>`, `sync`, and what the
         /// test's record adds.
         events: Arc<Mutex<Vec<String>>>,
+        /// Reads back fail (a device error).
+        unreadable: std::sync::atomic::AtomicBool,
     }
 
     impl Mem {
@@ -1112,6 +1132,7 @@ mod tests {
             Arc::new(Mem {
                 bytes: Mutex::new(vec![0; size]),
                 written: Mutex::new(vec![]),
+                unreadable: false.into(),
                 events: Default::default(),
             })
         }
@@ -1133,6 +1154,9 @@ mod tests {
             Ok(())
         }
         fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            if self.unreadable.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::Internal(format!("EIO at {offset}")));
+            }
             let o = offset as usize;
             buf.copy_from_slice(&self.bytes.lock().unwrap()[o..o + buf.len()]);
             Ok(())
@@ -1345,21 +1369,51 @@ mod tests {
         assert!(!fill_from_0(false).await.unwrap().checked_whole);
     }
 
+    /// A source whose whole check never answers.
+    struct Mute(Fake);
+    impl Source for Mute {
+        async fn segments(&self, _: u64) -> Result<Vec<[u8; 32]>> {
+            std::future::pending().await
+        }
+        async fn read(&self, start: u64, b: Option<&str>) -> Result<mpsc::Receiver<Result<Piece>>> {
+            self.0.read(start, b).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_local_hash_ends_the_check_without_waiting_for_the_source() {
+        let src = Mute(Fake::new(10_000, RANGES));
+        let stop = never();
+        let sink = written_below(10_000);
+        sink.unreadable
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let check = check_whole(&src, &sink, (10_000, 1000), Duration::from_secs(5), &stop);
+        let e = tokio::time::timeout(Duration::from_secs(10), check)
+            .await
+            .expect("the check ends on its own failure")
+            .unwrap_err();
+        assert!(e.to_string().contains("EIO at 0"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_source_that_does_not_hash_by_segments_fails_the_check_but_keeps_the_copy() {
+        let mut src = Fake::new(10_000, RANGES);
+        src.segment = 10_000;
+        let sink = written_below(10_000);
+        let e = check_whole(
+            &src,
+            &sink,
+            (10_000, 1000),
+            Duration::from_secs(5),
+            &never(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    }
+
     #[tokio::test]
     async fn a_stop_during_the_whole_check_ends_it_and_its_local_hash() {
-        struct Mute(Fake);
-        impl Source for Mute {
-            async fn segments(&self, _: u64) -> Result<Vec<[u8; 32]>> {
-                std::future::pending().await
-            }
-            async fn read(
-                &self,
-                start: u64,
-                b: Option<&str>,
-            ) -> Result<mpsc::Receiver<Result<Piece>>> {
-                self.0.read(start, b).await
-            }
-        }
         let src = Mute(Fake::new(10_000, RANGES));
         let (tx, stop) = tokio::sync::watch::channel(false);
         let sink = written_below(1150);

@@ -139,11 +139,13 @@ const HASH_STEP: u64 = 8 * 1024 * 1024;
 /// How a [`hash_device`] runs: each step bounded by `bound`; `quit`
 /// looked at every MiB (set when the caller went away, or the other
 /// side of a check failed: the hash ends ABORTED at once); paced by the
-/// node's cap when `pace` is given (a peer asked for it).
+/// node's cap when `pace` is given (a peer asked for it), each step
+/// charged its share of mapped bytes (the fraction given): the cap is
+/// for what the disks read, and a hole reads none.
 pub struct HashRun<'a> {
     pub bound: std::time::Duration,
     pub quit: Arc<std::sync::atomic::AtomicBool>,
-    pub pace: Option<&'a Pace>,
+    pub pace: Option<(&'a Pace, f64)>,
 }
 
 /// The BLAKE3 of the first `size` bytes `read` gives: one hash of them
@@ -164,8 +166,9 @@ pub async fn hash_device(
             .unwrap_or(size)
             .min(size);
         let end = (at + HASH_STEP).min(segment_end);
-        if let Some(p) = run.pace {
-            p.take(end - at).await;
+        if let Some((p, mapped)) = run.pace {
+            p.take(((end - at) as f64 * mapped.clamp(0.0, 1.0)) as u64)
+                .await;
         }
         let (read, quit) = (read.clone(), run.quit.clone());
         h = crate::blocking::run("hash a device", run.bound, move || {
@@ -527,7 +530,11 @@ impl Volumes {
         let run = HashRun {
             bound: self.cfg.command_timeout(),
             quit: cancel.flag(),
-            pace: what.paced.then_some(&transfers.pace),
+            // Charged by the share of the device the pool maps for it.
+            pace: what.paced.then(|| {
+                let mapped = lv.data_percent.map_or(1.0, |p| p / 100.0);
+                (&transfers.pace, mapped)
+            }),
         };
         let hashes = hash_device(read, size, segment, run).await;
         // Closed before the last reader's deactivation.

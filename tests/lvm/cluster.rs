@@ -1754,10 +1754,11 @@ async fn a_copy_across_nodes_survives_delay_and_loss() {
     let whole = node3
         .matches("copy: checked whole against the source")
         .count();
-    assert_eq!(
-        whole > 0,
-        resumed > 0,
-        "a resumed copy is checked whole: resumed {resumed}, checked {whole}"
+    // A read cut before its first range resumes at byte 0 and needs no
+    // whole check; one checked was resumed, and checked once.
+    assert!(
+        whole <= 1 && (whole == 0 || resumed > 0),
+        "resumed {resumed}, checked whole {whole}"
     );
     assert_whole_copy(&rig.nodes[2].vg, &lv);
     let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
@@ -1926,8 +1927,8 @@ async fn a_move_survives_a_killed_controller() {
 /// node 2's link down for 25 s from a seeded point of a capped copy.
 /// The target finds the connection dead (pings every 10 s, 10 s each),
 /// resumes the read within the same call once the link is back (at most
-/// `fill::RESUMES` times, a second apart), and, its ranges having come in
-/// more than one read, checks the copy whole before it is served.
+/// `fill::RESUMES` times, after 1, 4 and 16 s), and, its ranges having
+/// come in more than one read, checks the copy whole before it is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_link_cut_is_resumed_within_the_call_and_checked_whole() {
     let cut_after = 1000 + (seed().wrapping_mul(6364136223846793005) >> 33) % 3000;
