@@ -1177,7 +1177,11 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
     // The workload changes 1 MiB, then stops: the last round.
     write(4 * MIB, MIB, 0x33);
     let mut args = common.to_vec();
-    args.extend(["--base", base.as_str(), "--final"]);
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("moved.yaml");
+    let manifest = manifest.to_str().unwrap();
+    args.extend(["--base", base.as_str(), "--final", "--manifest", manifest]);
+    args.extend(["--claim", "default/data", "--storage-class", "thinpool-csi"]);
     let last = tpcsi(&args);
     assert_eq!(field(&last[0], "read"), "changes since the base");
     let delta: u64 = field(&last[0], "bytes").parse().unwrap();
@@ -1194,6 +1198,18 @@ async fn a_volume_moves_to_another_node_by_rounds_of_changes() {
         last[1]
     );
     assert_eq!(naming::split_node(&moved).0, Some(key(3).as_str()));
+    // The cut-over's PV and claim, written for kubectl.
+    assert_eq!(field(&last[1], "manifest"), manifest);
+    let yaml = std::fs::read_to_string(manifest).unwrap();
+    for want in [
+        format!("volumeHandle: \"{moved}\""),
+        format!("values: [\"{to}\"]"),
+        "fsType: \"ext4\"".to_string(),
+        "volumeName: \"pvc-new\"".to_string(),
+        format!("storage: \"{}\"", 32 * MIB),
+    ] {
+        assert!(yaml.contains(&want), "{want} in:\n{yaml}");
+    }
 
     let dst_lv = naming::split_node(&moved).1.to_string();
     assert_whole_copy(&dst_vg, &dst_lv);

@@ -247,6 +247,17 @@ pub struct MoveArgs {
     /// At most this many rounds while the workload runs
     #[arg(long, default_value_t = 5)]
     pub rounds: u32,
+    /// With --final: write the new volume's PersistentVolume (named
+    /// --name, pinned to --to) and the claim bound to it, as YAML for
+    /// `kubectl apply -f`, to this file
+    #[arg(long, value_name = "FILE", requires_all = ["final", "claim", "storage_class"])]
+    pub manifest: Option<std::path::PathBuf>,
+    /// The claim the manifest binds to the new volume: NAMESPACE/NAME
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "manifest")]
+    pub claim: Option<String>,
+    /// The claim's StorageClass, for the manifest
+    #[arg(long, value_name = "CLASS", requires = "manifest")]
+    pub storage_class: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -423,6 +434,44 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("tpcsi").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn a_move_s_manifest_needs_final_a_claim_and_a_class() {
+        let base = ["move", "v", "--to", "node-3", "--name", "pv-new"];
+        let with = |extra: &[&str]| parse(&[&base[..], extra].concat());
+        let ok = with(&[
+            "--final",
+            "--manifest",
+            "m.yaml",
+            "--claim",
+            "a/b",
+            "--storage-class",
+            "sc",
+        ]);
+        let Command::Move(m) = ok.unwrap().command else {
+            panic!("not move")
+        };
+        assert_eq!(m.manifest.as_deref(), Some(std::path::Path::new("m.yaml")));
+        assert_eq!(
+            (m.claim.as_deref(), m.storage_class.as_deref()),
+            (Some("a/b"), Some("sc"))
+        );
+        for bad in [
+            &[
+                "--manifest",
+                "m.yaml",
+                "--claim",
+                "a/b",
+                "--storage-class",
+                "sc",
+            ][..],
+            &["--final", "--manifest", "m.yaml", "--storage-class", "sc"],
+            &["--final", "--manifest", "m.yaml", "--claim", "a/b"],
+            &["--final", "--claim", "a/b"],
+        ] {
+            assert!(with(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod cluster;
 mod connect;
 mod failure;
 mod info;
+mod manifest;
 mod moving;
 mod node;
 mod output;

@@ -23,6 +23,11 @@ use crate::failure::Result;
 use crate::output::Done;
 
 pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
+    // Found before anything moves, not after.
+    if a.manifest.is_some() {
+        crate::manifest::claim_of(a.claim.as_deref().unwrap_or_default())
+            .map_err(crate::failure::Failure::Local)?;
+    }
     let mut ctl = c.controller().await?;
     let volume = ctl
         .controller_get_volume(csi::ControllerGetVolumeRequest {
@@ -192,19 +197,33 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
             };
             forget(&mut ctl, &snap).await;
             let hash: String = verified.blake3.iter().map(|b| format!("{b:02x}")).collect();
-            c.show(&Done::new(
-                "moved",
-                &[
-                    ("volume_id", &v.volume_id),
-                    ("node", &a.to),
-                    ("from_volume_id", &a.volume_id),
-                    ("verified_blake3", &hash),
-                ],
-            ));
-            eprintln!(
-                "next: point a PersistentVolume at {} (node affinity: {}), bind the claim to it, check the data, then delete the old volume {} (docs/moving.md)",
-                v.volume_id, a.to, a.volume_id
-            );
+            let written = match &a.manifest {
+                Some(path) => {
+                    write_manifest(path, &a, &v, (&driver, &capability))?;
+                    path.display().to_string()
+                }
+                None => String::new(),
+            };
+            let mut fields = vec![
+                ("volume_id", v.volume_id.as_str()),
+                ("node", a.to.as_str()),
+                ("from_volume_id", a.volume_id.as_str()),
+                ("verified_blake3", hash.as_str()),
+            ];
+            if !written.is_empty() {
+                fields.push(("manifest", written.as_str()));
+            }
+            c.show(&Done::new("moved", &fields));
+            match written.is_empty() {
+                true => eprintln!(
+                    "next: point a PersistentVolume at {} (node affinity: {}), bind the claim to it, check the data, then delete the old volume {} (docs/moving.md; --manifest writes both)",
+                    v.volume_id, a.to, a.volume_id
+                ),
+                false => eprintln!(
+                    "next: set the old PV to Retain and delete the claim, then kubectl apply -f {written}; check the data, then delete the old volume {} (docs/moving.md)",
+                    a.volume_id
+                ),
+            }
             return Ok(());
         }
         // While the workload runs, go on while what changed shrinks.
@@ -219,6 +238,50 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
         "next: stop the volume's workload, then: tpcsi move {} --to {} --name {}{given} --base {base} --final",
         a.volume_id, a.to, a.name
     );
+    Ok(())
+}
+
+/// Writes the PV of the moved volume `v` and the claim bound to it
+/// (`--manifest`, [`crate::manifest`]) to `path`, through a file beside
+/// it renamed into place.
+fn write_manifest(
+    path: &std::path::Path,
+    a: &MoveArgs,
+    v: &csi::Volume,
+    (driver, capability): (&str, &csi::VolumeCapability),
+) -> Result<()> {
+    use csi::volume_capability::{access_mode::Mode, AccessType};
+    let claim = a.claim.as_deref().unwrap_or_default();
+    let (namespace, claim) =
+        crate::manifest::claim_of(claim).map_err(crate::failure::Failure::Local)?;
+    let key = thinpool_csi::config::topology_key(driver);
+    let fs_type = match &capability.access_type {
+        Some(AccessType::Mount(m)) => Some(m.fs_type.as_str()),
+        _ => None,
+    };
+    let single_writer = capability
+        .access_mode
+        .as_ref()
+        .is_some_and(|m| m.mode == Mode::SingleNodeSingleWriter as i32);
+    let text = crate::manifest::moved_volume(&crate::manifest::Moved {
+        pv: &a.name,
+        namespace,
+        claim,
+        storage_class: a.storage_class.as_deref().unwrap_or_default(),
+        driver,
+        node: &a.to,
+        topology_key: &key,
+        volume_id: &v.volume_id,
+        bytes: v.capacity_bytes,
+        fs_type,
+        single_writer,
+    });
+    let part = path.with_extension("part");
+    std::fs::write(&part, text)
+        .and_then(|_| std::fs::rename(&part, path))
+        .map_err(|e| {
+            crate::failure::Failure::Local(format!("--manifest {}: {e}", path.display()))
+        })?;
     Ok(())
 }
 
