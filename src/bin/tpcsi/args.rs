@@ -440,15 +440,15 @@ mod tests {
     fn a_move_s_manifest_needs_final_a_claim_and_a_class() {
         let base = ["move", "v", "--to", "node-3", "--name", "pv-new"];
         let with = |extra: &[&str]| parse(&[&base[..], extra].concat());
-        let ok = with(&[
-            "--final",
+        let manifest = [
             "--manifest",
             "m.yaml",
             "--claim",
             "a/b",
             "--storage-class",
             "sc",
-        ]);
+        ];
+        let ok = with(&[&["--final"][..], &manifest].concat());
         let Command::Move(m) = ok.unwrap().command else {
             panic!("not move")
         };
@@ -458,14 +458,7 @@ mod tests {
             (Some("a/b"), Some("sc"))
         );
         for bad in [
-            &[
-                "--manifest",
-                "m.yaml",
-                "--claim",
-                "a/b",
-                "--storage-class",
-                "sc",
-            ][..],
+            &manifest[..],
             &["--final", "--manifest", "m.yaml", "--storage-class", "sc"],
             &["--final", "--manifest", "m.yaml", "--claim", "a/b"],
             &["--final", "--claim", "a/b"],
