@@ -113,6 +113,23 @@ pub struct Every {
     pub time: Duration,
 }
 
+/// What a fill records: the offset up to which the copy is written,
+/// verified and synced; `Checking` when that is its end, before its
+/// whole check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    Reached(u64),
+    Checking(u64),
+}
+
+impl Mark {
+    pub fn at(self) -> u64 {
+        match self {
+            Mark::Reached(at) | Mark::Checking(at) => at,
+        }
+    }
+}
+
 /// Every 64 MiB or 5 s: each record is a metadata commit.
 pub const RECORD: Every = Every {
     bytes: 64 * 1024 * 1024,
@@ -189,6 +206,8 @@ struct Running {
     size: u64,
     started: Instant,
     stop: tokio::sync::watch::Sender<bool>,
+    /// Whole, and being checked against its source ([`check_whole`]).
+    checking: bool,
 }
 
 /// A copy counted in [`Copies`] while it fills; out of it when dropped.
@@ -214,6 +233,7 @@ impl Copies {
             size,
             started: Instant::now(),
             stop,
+            checking: false,
         };
         self.0.lock().unwrap().insert(lv.to_string(), running);
         (
@@ -225,9 +245,10 @@ impl Copies {
         )
     }
 
-    fn reached(&self, lv: &str, at: u64) {
+    fn reached(&self, lv: &str, mark: Mark) {
         if let Some(r) = self.0.lock().unwrap().get_mut(lv) {
-            r.at = at;
+            r.at = mark.at();
+            r.checking = matches!(mark, Mark::Checking(_));
         }
     }
 
@@ -255,6 +276,12 @@ impl Copies {
                 recorded as f64 * 100.0 / size.max(1) as f64
             );
         };
+        if r.checking {
+            return format!(
+                "a copy from another node, every range written ({} bytes), being checked whole against its source (each 64 MiB hashed on both nodes): no volume until it passes",
+                r.at
+            );
+        }
         let secs = r.started.elapsed().as_secs_f64().max(0.001);
         let rate = (r.at - r.from) as f64 / secs;
         let left = match rate > 0.0 {
@@ -303,7 +330,7 @@ fn resumable(e: &Error) -> bool {
 
 /// Fills `sink` (of `size` bytes) from `source`, from byte `from` on;
 /// `earlier` when a call before this one made the copy (what it holds
-/// may not all come from this call's reads). `record(at)` is called,
+/// may not all come from this call's reads). `record(Mark::Reached(at))` is called,
 /// after a sync, as often as `every` says: everything below `at` is
 /// written and verified. A cut read is resumed [`RESUMES`] times, after
 /// 1, 4 and 16 s. A copy not filled by one read from byte 0 of a
@@ -319,7 +346,7 @@ pub async fn fill<S, K, R, F>(
 where
     S: Source,
     K: Sink,
-    R: FnMut(u64) -> F,
+    R: FnMut(Mark) -> F,
     F: Future<Output = Result<()>>,
 {
     let mut at = from;
@@ -349,7 +376,7 @@ where
             Ok(filled) if (at > 0 || earlier) && base.is_none() => {
                 // Recorded first: a retry after a failed check checks
                 // again without reading anything again.
-                record(filled.capacity).await?;
+                record(Mark::Checking(filled.capacity)).await?;
                 let whole = (filled.capacity, SEGMENT_BYTES);
                 check_whole(source, &sink, whole, bound, &stop).await?;
                 return Ok(Filled {
@@ -393,7 +420,7 @@ async fn read_once<S, K, R, F>(
 where
     S: Source,
     K: Sink,
-    R: FnMut(u64) -> F,
+    R: FnMut(Mark) -> F,
     F: Future<Output = Result<()>>,
 {
     let cut = |at: u64, e: Error| {
@@ -474,7 +501,7 @@ where
                 recorded.total += length;
                 if recorded.written >= every.bytes || recorded.when.elapsed() >= every.time {
                     sync(sink, bound).await.map_err(Ended::Failed)?;
-                    record(next).await.map_err(Ended::Failed)?;
+                    record(Mark::Reached(next)).await.map_err(Ended::Failed)?;
                     recorded.written = 0;
                     recorded.when = Instant::now();
                 }
@@ -959,21 +986,29 @@ impl Volumes {
             base,
             "copy: filling from the source node"
         );
-        let record = |at: u64| {
+        let record = |mark: Mark| {
+            let at = mark.at();
             // Progress by offset (holes count as done): a rough rate, and
             // how long what is left takes at it.
             let secs = started.elapsed().as_secs_f64().max(0.001);
             let rate = (at - from) as f64 / secs;
             let eta = (rate > 0.0).then(|| size.saturating_sub(at) as f64 / rate);
-            tracing::info!(
-                lv = lv_name,
-                at,
-                size,
-                mib_per_sec = rate / 1048576.0,
-                eta_secs = eta.map(|e| e.round()),
-                "copy: progress recorded"
-            );
-            self.copies.reached(lv_name, at);
+            match mark {
+                Mark::Reached(_) => tracing::info!(
+                    lv = lv_name,
+                    at,
+                    size,
+                    mib_per_sec = rate / 1048576.0,
+                    eta_secs = eta.map(|e| e.round()),
+                    "copy: progress recorded"
+                ),
+                Mark::Checking(_) => tracing::info!(
+                    lv = lv_name,
+                    at,
+                    "copy: every range written; checking the copy whole against the source"
+                ),
+            }
+            self.copies.reached(lv_name, mark);
             let new = naming::filling_tag(at, &driver);
             let old = std::mem::replace(&mut *tag.lock().unwrap(), new.clone());
             async move { self.lvm.retag(lv_name, Some(&old), Some(&new)).await }
@@ -1181,8 +1216,8 @@ mod tests {
             size,
             (0, false),
             (Duration::from_secs(5), every, never()),
-            |at| {
-                events.lock().unwrap().push(format!("record {at}"));
+            |m: Mark| {
+                events.lock().unwrap().push(format!("record {}", m.at()));
                 async { Ok(()) }
             },
         )
@@ -1199,7 +1234,7 @@ mod tests {
         rx
     }
 
-    async fn run(src: &Fake, sink: Arc<Mem>, from: u64) -> (Result<Filled>, Vec<u64>) {
+    async fn run(src: &Fake, sink: Arc<Mem>, from: u64) -> (Result<Filled>, Vec<Mark>) {
         let records = Mutex::new(vec![]);
         let r = fill(
             (src, None),
@@ -1207,8 +1242,8 @@ mod tests {
             10_000,
             (from, from > 0),
             (Duration::from_secs(5), RECORD, never()),
-            |at| {
-                records.lock().unwrap().push(at);
+            |m| {
+                records.lock().unwrap().push(m);
                 async { Ok(()) }
             },
         )
@@ -1338,7 +1373,7 @@ mod tests {
         assert_eq!(*sink.bytes.lock().unwrap(), expected(0));
         assert_eq!(
             records,
-            vec![10_000],
+            vec![Mark::Checking(10_000)],
             "recorded whole before the check: a retry after a failed check reads nothing again"
         );
     }
@@ -1597,9 +1632,15 @@ mod tests {
         let copies = Copies::default();
         let (_counted, _stop) = copies.start("csi-x", 0, 4 << 20);
         tokio::time::advance(Duration::from_secs(2)).await;
-        copies.reached("csi-x", 1 << 20);
+        copies.reached("csi-x", Mark::Reached(1 << 20));
         let running = copies.describe("csi-x", 0, 4 << 20);
         assert!(running.starts_with("being copied from another node: byte 1048576 of 4194304 (25 %), 0.5 MiB/s, about 6 s left"), "{running}");
+        copies.reached("csi-x", Mark::Checking(3 << 20));
+        let checking = copies.describe("csi-x", 3 << 20, 4 << 20);
+        assert!(
+            checking.contains("every range written (3145728 bytes), being checked whole"),
+            "{checking}"
+        );
         let stopped = copies.describe("csi-y", 1 << 20, 4 << 20);
         assert!(
             stopped.contains("stopped at byte 1048576 of 4194304 (25 %)"),
