@@ -258,6 +258,14 @@ pub struct MoveArgs {
     /// The claim's StorageClass, for the manifest
     #[arg(long, value_name = "CLASS", requires = "manifest")]
     pub storage_class: Option<String>,
+    /// The Secret the old PV names in csi.nodeStageSecretRef (an
+    /// encrypted volume's passphrase), for the manifest: NAMESPACE/NAME
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "manifest")]
+    pub node_stage_secret: Option<String>,
+    /// A mount option the old PV has (its class's mountOptions), for the
+    /// manifest (repeatable)
+    #[arg(long = "mount-option", value_name = "OPTION", requires = "manifest")]
+    pub mount_options: Vec<String>,
 }
 
 #[derive(Debug, Args)]

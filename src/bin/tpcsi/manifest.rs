@@ -25,6 +25,44 @@ pub struct Moved<'a> {
     pub fs_type: Option<&'a str>,
     /// ReadWriteOncePod for a single-writer volume, else ReadWriteOnce.
     pub single_writer: bool,
+    /// `csi.nodeStageSecretRef` (namespace, name): an encrypted volume's
+    /// passphrase, as the old PV names it.
+    pub stage_secret: Option<(&'a str, &'a str)>,
+    /// `spec.mountOptions`, as the old PV has them (its class's).
+    pub mount_options: &'a [String],
+}
+
+/// Why a Kubernetes name is not one: `None` when it is a DNS-1123
+/// subdomain (lower case alphanumerics, '-' and '.', starting and ending
+/// alphanumeric, at most 253), or with `label` a DNS-1123 label (no
+/// '.', at most 63), as a namespace is.
+pub fn bad_name(what: &str, s: &str, label: bool) -> Option<String> {
+    let max = if label { 63 } else { 253 };
+    let inner =
+        |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (!label && c == '.');
+    let ends = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let ok =
+        s.len() <= max && s.chars().all(inner) && ends(s.chars().next()) && ends(s.chars().last());
+    (!ok).then(|| {
+        format!(
+            "{what} {s:?} is no Kubernetes name (lower case letters, digits{}, '-' inside, at most {max})",
+            if label { "" } else { " and '.'" }
+        )
+    })
+}
+
+/// `NAMESPACE/NAME` of `--claim` or `--node-stage-secret`, each checked.
+pub fn ref_of<'a>(what: &str, s: &'a str) -> Result<(&'a str, &'a str), String> {
+    let (ns, name) = s
+        .split_once('/')
+        .filter(|(_, name)| !name.contains('/'))
+        .ok_or_else(|| format!("{what} {s:?}: give it as NAMESPACE/NAME"))?;
+    if let Some(e) = bad_name(&format!("{what}'s namespace"), ns, true)
+        .or_else(|| bad_name(&format!("{what}'s name"), name, false))
+    {
+        return Err(e);
+    }
+    Ok((ns, name))
 }
 
 /// A YAML string: JSON's double-quoted form, which YAML reads alike.
@@ -37,6 +75,21 @@ pub fn moved_volume(m: &Moved) -> String {
     let mode = match m.single_writer {
         true => "ReadWriteOncePod",
         false => "ReadWriteOnce",
+    };
+    let secret = match m.stage_secret {
+        Some((ns, name)) => format!(
+            "    nodeStageSecretRef:\n      namespace: {}\n      name: {}\n",
+            q(ns),
+            q(name)
+        ),
+        None => String::new(),
+    };
+    let mount_options = match m.mount_options {
+        [] => String::new(),
+        o => format!(
+            "  mountOptions: [{}]\n",
+            o.iter().map(|o| q(o)).collect::<Vec<_>>().join(", ")
+        ),
     };
     let (volume_mode, fs) = match m.fs_type {
         Some(fs) if !fs.is_empty() => ("Filesystem", format!("    fsType: {}\n", q(fs))),
@@ -59,13 +112,13 @@ spec:
   accessModes: [{mode}]
   persistentVolumeReclaimPolicy: Delete
   storageClassName: {class}
-  claimRef:
+{mount_options}  claimRef:
     namespace: {ns}
     name: {claim}
   csi:
     driver: {driver}
     volumeHandle: {id}
-{fs}  nodeAffinity:
+{fs}{secret}  nodeAffinity:
     required:
       nodeSelectorTerms:
         - matchExpressions:
@@ -99,16 +152,6 @@ spec:
     )
 }
 
-/// `NAMESPACE/NAME` of `--claim`.
-pub fn claim_of(s: &str) -> Result<(&str, &str), String> {
-    match s.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-            Ok((ns, name))
-        }
-        _ => Err(format!("--claim {s:?}: give it as NAMESPACE/NAME")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +174,8 @@ mod tests {
             bytes: 1 << 30,
             fs_type: Some("ext4"),
             single_writer: false,
+            stage_secret: None,
+            mount_options: &[],
         };
         assert_eq!(
             moved_volume(&m),
@@ -143,13 +188,40 @@ mod tests {
         });
         assert!(block.contains("volumeMode: Block") && !block.contains("fsType"));
         assert!(block.contains("accessModes: [ReadWriteOncePod]"));
+        let options = ["noatime".to_string(), "discard".to_string()];
+        let encrypted = moved_volume(&Moved {
+            stage_secret: Some(("apps", "luks-key")),
+            mount_options: &options,
+            ..m
+        });
+        assert!(encrypted.contains(
+            "    fsType: \"ext4\"\n    nodeStageSecretRef:\n      namespace: \"apps\"\n      name: \"luks-key\"\n  nodeAffinity:"
+        ), "{encrypted}");
+        assert!(
+            encrypted.contains("  mountOptions: [\"noatime\", \"discard\"]\n  claimRef:"),
+            "{encrypted}"
+        );
     }
 
     #[test]
-    fn a_claim_is_namespace_and_name() {
-        assert_eq!(claim_of("apps/data"), Ok(("apps", "data")));
-        for bad in ["data", "/data", "apps/", "a/b/c"] {
-            assert!(claim_of(bad).is_err(), "{bad}");
+    fn a_claim_is_namespace_and_name_each_a_kubernetes_name() {
+        assert_eq!(ref_of("--claim", "apps/data.v2"), Ok(("apps", "data.v2")));
+        for bad in [
+            "data",
+            "/data",
+            "apps/",
+            "a/b/c",
+            "Apps/data",
+            "apps/Data",
+            "a.b/data",
+            "apps/-x",
+            "apps/x-",
+        ] {
+            assert!(ref_of("--claim", bad).is_err(), "{bad}");
         }
+        assert!(bad_name("--name", &"a".repeat(253), false).is_none());
+        assert!(bad_name("--name", &"a".repeat(254), false).is_some());
+        assert!(bad_name("namespace", &"a".repeat(64), true).is_some());
+        assert!(bad_name("--storage-class", "", false).is_some());
     }
 }

@@ -24,9 +24,8 @@ use crate::output::Done;
 
 pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     // Found before anything moves, not after.
-    if a.manifest.is_some() {
-        crate::manifest::claim_of(a.claim.as_deref().unwrap_or_default())
-            .map_err(crate::failure::Failure::Local)?;
+    if let Some(path) = &a.manifest {
+        manifest_inputs(path, &a).map_err(crate::failure::Failure::Local)?;
     }
     let mut ctl = c.controller().await?;
     let volume = ctl
@@ -195,15 +194,24 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
                     return Err(e.into());
                 }
             };
-            forget(&mut ctl, &snap).await;
             let hash: String = verified.blake3.iter().map(|b| format!("{b:02x}")).collect();
-            let written = match &a.manifest {
-                Some(path) => {
-                    write_manifest(path, &a, &v, (&driver, &capability))?;
-                    path.display().to_string()
+            // Written while the last snapshot is kept: the same command
+            // again answers the volume made, checks it and writes it.
+            if let Some(path) = &a.manifest {
+                if let Err(e) = write_manifest(path, &a, &v, (&driver, &capability)) {
+                    eprintln!(
+                        "the move is done and checked (volume {}, BLAKE3 {hash}), but its manifest is not written; snapshot {snap} is kept: fix the cause, then run tpcsi move {} --to {} --name {}{given} --snapshot {snap} --final with the same --manifest flags (it answers the volume made, checks it again and writes the file)",
+                        v.volume_id, a.volume_id, a.to, a.name
+                    );
+                    return Err(e);
                 }
-                None => String::new(),
-            };
+            }
+            forget(&mut ctl, &snap).await;
+            let written = a
+                .manifest
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
             let mut fields = vec![
                 ("volume_id", v.volume_id.as_str()),
                 ("node", a.to.as_str()),
@@ -241,9 +249,41 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     Ok(())
 }
 
+/// What `--manifest` needs, checked before anything moves: names that
+/// Kubernetes takes, and a file that can be written (a directory that
+/// exists; not `-`: stdout carries the command's own output).
+fn manifest_inputs(path: &std::path::Path, a: &MoveArgs) -> std::result::Result<(), String> {
+    use crate::manifest::{bad_name, ref_of};
+    ref_of("--claim", a.claim.as_deref().unwrap_or_default())?;
+    if let Some(s) = &a.node_stage_secret {
+        ref_of("--node-stage-secret", s)?;
+    }
+    let class = a.storage_class.as_deref().unwrap_or_default();
+    if let Some(e) =
+        bad_name("--storage-class", class, false).or_else(|| bad_name("--name", &a.name, false))
+    {
+        return Err(e);
+    }
+    if path.as_os_str() == "-" {
+        return Err("--manifest -: give a file (stdout carries the command's own output)".into());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "--manifest {}: {} is no directory",
+            path.display(),
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
 /// Writes the PV of the moved volume `v` and the claim bound to it
-/// (`--manifest`, [`crate::manifest`]) to `path`, through a file beside
-/// it renamed into place.
+/// (`--manifest`, [`crate::manifest`]) to `path`: written and synced
+/// beside it as `<name>.part`, then renamed into place.
 fn write_manifest(
     path: &std::path::Path,
     a: &MoveArgs,
@@ -251,9 +291,17 @@ fn write_manifest(
     (driver, capability): (&str, &csi::VolumeCapability),
 ) -> Result<()> {
     use csi::volume_capability::{access_mode::Mode, AccessType};
-    let claim = a.claim.as_deref().unwrap_or_default();
+    use std::io::Write;
+    let local = |e: String| crate::failure::Failure::Local(e);
     let (namespace, claim) =
-        crate::manifest::claim_of(claim).map_err(crate::failure::Failure::Local)?;
+        crate::manifest::ref_of("--claim", a.claim.as_deref().unwrap_or_default())
+            .map_err(local)?;
+    let stage_secret = a
+        .node_stage_secret
+        .as_deref()
+        .map(|s| crate::manifest::ref_of("--node-stage-secret", s))
+        .transpose()
+        .map_err(local)?;
     let key = thinpool_csi::config::topology_key(driver);
     let fs_type = match &capability.access_type {
         Some(AccessType::Mount(m)) => Some(m.fs_type.as_str()),
@@ -275,13 +323,18 @@ fn write_manifest(
         bytes: v.capacity_bytes,
         fs_type,
         single_writer,
+        stage_secret,
+        mount_options: &a.mount_options,
     });
-    let part = path.with_extension("part");
-    std::fs::write(&part, text)
-        .and_then(|_| std::fs::rename(&part, path))
-        .map_err(|e| {
-            crate::failure::Failure::Local(format!("--manifest {}: {e}", path.display()))
-        })?;
+    let mut part = path.as_os_str().to_owned();
+    part.push(".part");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&part)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&part, path)
+    };
+    write().map_err(|e| local(format!("--manifest {}: {e}", path.display())))?;
     Ok(())
 }
 
@@ -436,6 +489,83 @@ async fn forget(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `tpcsi move` parsed with `extra`, as main would get it.
+    fn move_args(extra: &[&str]) -> MoveArgs {
+        use clap::Parser;
+        let base = [
+            "tpcsi", "move", "v", "--to", "node-3", "--name", "pv-new", "--final",
+        ];
+        let cli = crate::args::Cli::try_parse_from([&base[..], extra].concat()).unwrap();
+        match cli.command {
+            crate::args::Command::Move(m) => m,
+            _ => panic!("not move"),
+        }
+    }
+
+    #[test]
+    fn manifest_inputs_are_checked_before_anything_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("moved.yaml");
+        let file = file.to_str().unwrap();
+        let with = |claim: &str, class: &str, path: &str, more: &[&str]| {
+            let m = [
+                &[
+                    "--manifest",
+                    path,
+                    "--claim",
+                    claim,
+                    "--storage-class",
+                    class,
+                ][..],
+                more,
+            ]
+            .concat();
+            let a = move_args(&m);
+            manifest_inputs(a.manifest.as_deref().unwrap(), &a)
+        };
+        with("apps/data", "thinpool-csi", file, &[]).unwrap();
+        with(
+            "apps/data",
+            "thinpool-csi",
+            file,
+            &[
+                "--node-stage-secret",
+                "apps/key",
+                "--mount-option",
+                "noatime",
+            ],
+        )
+        .unwrap();
+        for (claim, class, path, more, why) in [
+            (
+                "apps/Data",
+                "thinpool-csi",
+                file,
+                &[][..],
+                "no Kubernetes name",
+            ),
+            ("apps/data", "Fast", file, &[], "no Kubernetes name"),
+            ("apps/data", "thinpool-csi", "-", &[], "give a file"),
+            (
+                "apps/data",
+                "thinpool-csi",
+                "/nonexistent/dir/m.yaml",
+                &[],
+                "is no directory",
+            ),
+            (
+                "apps/data",
+                "thinpool-csi",
+                file,
+                &["--node-stage-secret", "key"],
+                "NAMESPACE/NAME",
+            ),
+        ] {
+            let e = with(claim, class, path, more).unwrap_err();
+            assert!(e.contains(why), "{claim} {class} {path} {more:?}: {e}");
+        }
+    }
 
     #[test]
     fn the_new_volume_is_of_the_old_one_s_class_unless_told() {
