@@ -11,9 +11,10 @@
 //! A range or digest that does not match removes the partial LV (the
 //! retry starts again from 0); a cut read is resumed where the last
 //! verified range ended, a few times within the call, then by the retry.
-//! A copy whose ranges came in more than one read (resumed) is checked
-//! whole before it is answered: each 64 MiB of it read back and hashed,
-//! against the same hashes of the snapshot from its node.
+//! A copy whose ranges came in more than one read (resumed), or that an
+//! earlier call made, is checked whole before it is answered: each
+//! 64 MiB of it read back from the device and hashed, against the same
+//! hashes of the snapshot from its node.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -162,7 +163,7 @@ pub struct Filled {
     /// The snapshot's size, as its header said.
     pub capacity: u64,
     /// Whether the copy was checked whole ([`check_whole`]): its ranges
-    /// came in more than one read.
+    /// came in more than one read, or an earlier call made it.
     pub checked_whole: bool,
 }
 
@@ -330,9 +331,9 @@ fn resumable(e: &Error) -> bool {
 
 /// Fills `sink` (of `size` bytes) from `source`, from byte `from` on;
 /// `earlier` when a call before this one made the copy (what it holds
-/// may not all come from this call's reads). `record(Mark::Reached(at))` is called,
-/// after a sync, as often as `every` says: everything below `at` is
-/// written and verified. A cut read is resumed [`RESUMES`] times, after
+/// may not all come from this call's reads). `record(Mark::Reached(at))`
+/// is called, after a sync, as often as `every` says: everything below
+/// `at` is written and verified. A cut read is resumed [`RESUMES`] times, after
 /// 1, 4 and 16 s. A copy not filled by one read from byte 0 of a
 /// copy made in this call is checked whole ([`check_whole`]).
 pub async fn fill<S, K, R, F>(
