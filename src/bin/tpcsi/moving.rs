@@ -188,7 +188,7 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
                 Ok(v) => v,
                 Err(e) => {
                     eprintln!(
-                        "the new volume {} is made but not checked: snapshot {snap} is kept; check again: tpcsi move {} --to {} --name {} --snapshot {snap} --final (it answers the volume made and checks it); or delete the new volume (tpcsi delete {}) and move again; the old volume is as it was",
+                        "the new volume {} is made but not checked: snapshot {snap} is kept; check again: tpcsi move {} --to {} --name {}{given} --snapshot {snap} --final (it answers the volume made and checks it); or delete the new volume (tpcsi delete {}) and move again; the old volume is as it was",
                         v.volume_id, a.volume_id, a.to, a.name, v.volume_id
                     );
                     return Err(e.into());
