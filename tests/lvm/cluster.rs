@@ -1624,14 +1624,19 @@ async fn kill_after_a_record(node: &mut crate::harness::TestDriver, vg: &str, lv
 async fn a_resumed_copy_is_checked_whole_and_one_spoiled_is_removed() {
     let mut rig = Rig::start_with(7, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
     let mut c = rig.ctl.controller().await;
-    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
+    // 16 MiB at 1 MiB/s: the first record (at 5 s) comes 11 s before
+    // the copy's end, time enough to see it and kill the target.
+    let a = create_volume(&mut c, sized(on_node("pvc-src", 2), 16 * MIB as i64)).await;
     let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
     lvm(&["lvchange", "-ay", "-K", &path]);
-    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 11 % 251) as u8).collect();
+    let data: Vec<u8> = (0..16 * MIB).map(|i| (i * 11 % 251) as u8).collect();
     write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
     lvm(&["lvchange", "-an", &path]);
     let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
-    let req = restoring(on_node("pvc-copy", 3), &s.snapshot_id);
+    let req = restoring(
+        sized(on_node("pvc-copy", 3), 16 * MIB as i64),
+        &s.snapshot_id,
+    );
     let lv = naming::lv_name_for("pvc-copy");
     let vg3 = rig.nodes[2].vg.clone();
     let create = |c: &ControllerClient<Channel>| {
@@ -1659,7 +1664,7 @@ async fn a_resumed_copy_is_checked_whole_and_one_spoiled_is_removed() {
     let e = retry(&c).await.unwrap_err();
     assert_eq!(e.code(), Code::DataLoss, "{e:?}");
     assert!(
-        e.message().contains(&format!("in bytes 0+{}", 8 * MIB)),
+        e.message().contains(&format!("in bytes 0+{}", 16 * MIB)),
         "the bytes that differ are named: {e:?}"
     );
     assert!(lvs(&vg3).find(&lv).is_none(), "the spoiled copy is removed");
