@@ -500,6 +500,54 @@ fn read_lv(vg: &str, lv: &str) -> (usize, [u8; 32], u64) {
     (bytes.len(), *blake3::hash(&bytes).as_bytes(), used)
 }
 
+/// Node 2's volume of `req`, its first `len` bytes written behind the
+/// driver (byte `i` is `i * step % 251`), and its snapshot "snap-src".
+async fn written_snapshot(
+    c: &mut ControllerClient<Channel>,
+    rig: &Rig,
+    req: CreateVolumeRequest,
+    (len, step): (u64, u64),
+) -> (Volume, Snapshot) {
+    let a = create_volume(c, req).await;
+    let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
+    lvm(&["lvchange", "-ay", "-K", &path]);
+    let data: Vec<u8> = (0..len).map(|i| (i * step % 251) as u8).collect();
+    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
+    lvm(&["lvchange", "-an", &path]);
+    let s = snapshot_of(c, "snap-src", &a.volume_id).await;
+    (a, s)
+}
+
+/// `req` through the controller in a task, asked again as a sidecar asks
+/// ([`until_answered`]).
+fn created_when_answered(
+    c: &ControllerClient<Channel>,
+    req: &CreateVolumeRequest,
+) -> tokio::task::JoinHandle<Result<CreateVolumeResponse, tonic::Status>> {
+    let (c, req) = (c.clone(), req.clone());
+    tokio::spawn(async move {
+        let what = format!("CreateVolume {}", req.name);
+        until_answered(&what, || {
+            let mut c = c.clone();
+            let req = req.clone();
+            async move { c.create_volume(req).await }
+        })
+        .await
+    })
+}
+
+/// The copy `lv` on `vg` holds node 2's snapshot `snapshot_id`, byte for
+/// byte.
+fn assert_holds_snapshot(rig: &Rig, snapshot_id: &str, (vg, lv): (&str, &str)) {
+    let src_lv = naming::split_node(snapshot_id).1;
+    let (src, dst) = (read_lv(&rig.nodes[1].vg, src_lv), read_lv(vg, lv));
+    assert_eq!(
+        (src.0, src.1),
+        (dst.0, dst.1),
+        "the copy holds the snapshot's bytes"
+    );
+}
+
 /// A channel to node 2's internal port across its link, presenting
 /// `identity` (certificate and key files of the rig's directory), if any.
 async fn to_node_2(rig: &Rig, identity: Option<(&str, &str)>) -> Result<Channel, String> {
@@ -997,14 +1045,7 @@ async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
     };
     let mut rig = Rig::start_with(3, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
     let mut c = rig.ctl.controller().await;
-    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
-    let lv_a = naming::split_node(&a.volume_id).1.to_string();
-    let path = format!("{}/{lv_a}", rig.nodes[1].vg);
-    lvm(&["lvchange", "-ay", "-K", &path]);
-    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 7 % 251) as u8).collect();
-    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
-    lvm(&["lvchange", "-an", &path]);
-    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let (a, s) = written_snapshot(&mut c, &rig, on_node("pvc-src", 2), (8 * MIB, 7)).await;
     let req = restoring(on_node("pvc-moved", 3), &s.snapshot_id);
     let lv = naming::lv_name_for("pvc-moved");
     let dst_vg = rig.nodes[2].vg.clone();
@@ -1036,18 +1077,7 @@ async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
 
     // The retry, with node 2's link cut for 4 s at a seeded point.
     let cut_at = next_ms(1000, 3000);
-    let retry = {
-        let c = c.clone();
-        let req = req.clone();
-        tokio::spawn(async move {
-            until_answered("CreateVolume pvc-moved", || {
-                let mut c = c.clone();
-                let req = req.clone();
-                async move { c.create_volume(req).await }
-            })
-            .await
-        })
-    };
+    let retry = created_when_answered(&c, &req);
     tokio::time::sleep(Duration::from_millis(cut_at)).await;
     rig.net.link(2, false);
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -1069,13 +1099,7 @@ async fn a_copy_across_nodes_survives_a_killed_target_and_a_cut_link() {
         node3.matches("the read was cut; resuming").count()
     );
     assert_whole_copy(&dst_vg, &lv);
-    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
-    let (src, dst) = (read_lv(&rig.nodes[1].vg, &src_lv), read_lv(&dst_vg, &lv));
-    assert_eq!(
-        (src.0, src.1),
-        (dst.0, dst.1),
-        "the copy holds the snapshot's bytes"
-    );
+    assert_holds_snapshot(&rig, &s.snapshot_id, (&dst_vg, &lv));
 
     remove_all(
         &mut c,
@@ -1524,13 +1548,7 @@ async fn a_copy_across_nodes_survives_a_killed_source() {
     let kill_after = 500 + (seed.wrapping_mul(6364136223846793005) >> 33) % 4000;
     let mut rig = Rig::start_with(6, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
     let mut c = rig.ctl.controller().await;
-    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
-    let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
-    lvm(&["lvchange", "-ay", "-K", &path]);
-    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 13 % 251) as u8).collect();
-    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
-    lvm(&["lvchange", "-an", &path]);
-    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let (a, s) = written_snapshot(&mut c, &rig, on_node("pvc-src", 2), (8 * MIB, 13)).await;
     let req = restoring(on_node("pvc-copy", 3), &s.snapshot_id);
     let lv = naming::lv_name_for("pvc-copy");
     let id = naming::with_node(&key(3), &lv);
@@ -1566,16 +1584,7 @@ async fn a_copy_across_nodes_survives_a_killed_source() {
         "resumed"
     );
     assert_whole_copy(&rig.nodes[2].vg, &lv);
-    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
-    let (src, dst) = (
-        read_lv(&rig.nodes[1].vg, &src_lv),
-        read_lv(&rig.nodes[2].vg, &lv),
-    );
-    assert_eq!(
-        (src.0, src.1),
-        (dst.0, dst.1),
-        "the copy holds the snapshot's bytes"
-    );
+    assert_holds_snapshot(&rig, &s.snapshot_id, (&rig.nodes[2].vg, &lv));
     println!(
         "MEASURE copy source fault: node 2 killed {kill_after} ms into the fill; the first call: {:?}",
         e.code()
@@ -1626,13 +1635,13 @@ async fn a_resumed_copy_is_checked_whole_and_one_spoiled_is_removed() {
     let mut c = rig.ctl.controller().await;
     // 16 MiB at 1 MiB/s: the first record (at 5 s) comes 11 s before
     // the copy's end, time enough to see it and kill the target.
-    let a = create_volume(&mut c, sized(on_node("pvc-src", 2), 16 * MIB as i64)).await;
-    let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
-    lvm(&["lvchange", "-ay", "-K", &path]);
-    let data: Vec<u8> = (0..16 * MIB).map(|i| (i * 11 % 251) as u8).collect();
-    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
-    lvm(&["lvchange", "-an", &path]);
-    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let (a, s) = written_snapshot(
+        &mut c,
+        &rig,
+        sized(on_node("pvc-src", 2), 16 * MIB as i64),
+        (16 * MIB, 11),
+    )
+    .await;
     let req = restoring(
         sized(on_node("pvc-copy", 3), 16 * MIB as i64),
         &s.snapshot_id,
@@ -1643,17 +1652,7 @@ async fn a_resumed_copy_is_checked_whole_and_one_spoiled_is_removed() {
         let (mut c, req) = (c.clone(), req.clone());
         tokio::spawn(async move { c.create_volume(req).await })
     };
-    let retry = |c: &ControllerClient<Channel>| {
-        let (c, req) = (c.clone(), req.clone());
-        async move {
-            until_answered("CreateVolume pvc-copy", || {
-                let mut c = c.clone();
-                let req = req.clone();
-                async move { c.create_volume(req).await }
-            })
-            .await
-        }
-    };
+    let retry = |c: &ControllerClient<Channel>| created_when_answered(c, &req);
 
     // Cut after its first record; its first MiB spoiled meanwhile.
     let first = create(&c);
@@ -1661,7 +1660,7 @@ async fn a_resumed_copy_is_checked_whole_and_one_spoiled_is_removed() {
     assert!(retried(&first.await.unwrap().unwrap_err()));
     write_behind(&vg3, &lv, 0, MIB, 0xEE);
     rig.nodes[2].spawn().await;
-    let e = retry(&c).await.unwrap_err();
+    let e = retry(&c).await.unwrap().unwrap_err();
     assert_eq!(e.code(), Code::DataLoss, "{e:?}");
     assert!(
         e.message().contains(&format!("in bytes 0+{}", 16 * MIB)),
@@ -1674,7 +1673,12 @@ async fn a_resumed_copy_is_checked_whole_and_one_spoiled_is_removed() {
     let at2 = kill_after_a_record(&mut rig.nodes[2], &vg3, &lv).await;
     assert!(retried(&second.await.unwrap().unwrap_err()));
     rig.nodes[2].spawn().await;
-    let v = retry(&c).await.expect("the copy ends").volume.unwrap();
+    let v = retry(&c)
+        .await
+        .unwrap()
+        .expect("the copy ends")
+        .volume
+        .unwrap();
     let node3 = rig.nodes[2].log();
     assert_eq!(
         node3
@@ -1684,13 +1688,7 @@ async fn a_resumed_copy_is_checked_whole_and_one_spoiled_is_removed() {
         "the resumed copy was checked whole once (the spoiled one failed its check)"
     );
     assert_whole_copy(&vg3, &lv);
-    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
-    let (src, dst) = (read_lv(&rig.nodes[1].vg, &src_lv), read_lv(&vg3, &lv));
-    assert_eq!(
-        (src.0, src.1),
-        (dst.0, dst.1),
-        "the copy holds the snapshot's bytes"
-    );
+    assert_holds_snapshot(&rig, &s.snapshot_id, (&vg3, &lv));
     println!(
         "MEASURE copy whole check: killed after records at byte {at} and {at2}; the spoiled copy: {}",
         e.message()
@@ -1721,27 +1719,11 @@ async fn a_copy_across_nodes_survives_delay_and_loss() {
     };
     let rig = Rig::start_with(8, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
     let mut c = rig.ctl.controller().await;
-    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
-    let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
-    lvm(&["lvchange", "-ay", "-K", &path]);
-    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 17 % 251) as u8).collect();
-    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
-    lvm(&["lvchange", "-an", &path]);
-    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let (a, s) = written_snapshot(&mut c, &rig, on_node("pvc-src", 2), (8 * MIB, 17)).await;
     let req = restoring(on_node("pvc-copy", 3), &s.snapshot_id);
     let lv = naming::lv_name_for("pvc-copy");
     let id = naming::with_node(&key(3), &lv);
-    let copy = {
-        let (c, req) = (c.clone(), req.clone());
-        tokio::spawn(async move {
-            until_answered("CreateVolume pvc-copy", || {
-                let mut c = c.clone();
-                let req = req.clone();
-                async move { c.create_volume(req).await }
-            })
-            .await
-        })
-    };
+    let copy = created_when_answered(&c, &req);
     until_filling(&c, &id).await;
     // A loss of a few per cent over tens of ms already holds TCP to a
     // few hundred KiB/s (about MSS / RTT / sqrt(loss)): kept within what
@@ -1782,16 +1764,7 @@ async fn a_copy_across_nodes_survives_delay_and_loss() {
         "resumed {resumed}, checked whole {whole}"
     );
     assert_whole_copy(&rig.nodes[2].vg, &lv);
-    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
-    let (src, dst) = (
-        read_lv(&rig.nodes[1].vg, &src_lv),
-        read_lv(&rig.nodes[2].vg, &lv),
-    );
-    assert_eq!(
-        (src.0, src.1),
-        (dst.0, dst.1),
-        "the copy holds the snapshot's bytes"
-    );
+    assert_holds_snapshot(&rig, &s.snapshot_id, (&rig.nodes[2].vg, &lv));
     println!(
         "MEASURE copy over a bad link: ended {:.1} s after the heavy loss; resumed {resumed} times, checked whole {whole} times",
         impaired.elapsed().as_secs_f64()
@@ -1955,26 +1928,10 @@ async fn a_long_link_cut_is_resumed_within_the_call_and_checked_whole() {
     let cut_after = 1000 + (seed().wrapping_mul(6364136223846793005) >> 33) % 3000;
     let rig = Rig::start_with(10, 96 * MIB, "", "transfer_mib_per_sec = 1").await;
     let mut c = rig.ctl.controller().await;
-    let a = create_volume(&mut c, on_node("pvc-src", 2)).await;
-    let path = format!("{}/{}", rig.nodes[1].vg, naming::split_node(&a.volume_id).1);
-    lvm(&["lvchange", "-ay", "-K", &path]);
-    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 19 % 251) as u8).collect();
-    write_at(std::path::Path::new(&format!("/dev/{path}")), 0, &data).unwrap();
-    lvm(&["lvchange", "-an", &path]);
-    let s = snapshot_of(&mut c, "snap-src", &a.volume_id).await;
+    let (a, s) = written_snapshot(&mut c, &rig, on_node("pvc-src", 2), (8 * MIB, 19)).await;
     let req = restoring(on_node("pvc-copy", 3), &s.snapshot_id);
     let lv = naming::lv_name_for("pvc-copy");
-    let copy = {
-        let (c, req) = (c.clone(), req.clone());
-        tokio::spawn(async move {
-            until_answered("CreateVolume pvc-copy", || {
-                let mut c = c.clone();
-                let req = req.clone();
-                async move { c.create_volume(req).await }
-            })
-            .await
-        })
-    };
+    let copy = created_when_answered(&c, &req);
     until_filling(&c, &naming::with_node(&key(3), &lv)).await;
     tokio::time::sleep(Duration::from_millis(cut_after)).await;
     rig.net.link(2, false);
@@ -2001,16 +1958,7 @@ async fn a_long_link_cut_is_resumed_within_the_call_and_checked_whole() {
         "checked whole once"
     );
     assert_whole_copy(&rig.nodes[2].vg, &lv);
-    let src_lv = naming::split_node(&s.snapshot_id).1.to_string();
-    let (src, dst) = (
-        read_lv(&rig.nodes[1].vg, &src_lv),
-        read_lv(&rig.nodes[2].vg, &lv),
-    );
-    assert_eq!(
-        (src.0, src.1),
-        (dst.0, dst.1),
-        "the copy holds the snapshot's bytes"
-    );
+    assert_holds_snapshot(&rig, &s.snapshot_id, (&rig.nodes[2].vg, &lv));
     println!(
         "MEASURE long link cut: node 2's link down for 25 s from {cut_after} ms into the fill; resumed within the call {resumed} times; checked whole"
     );
