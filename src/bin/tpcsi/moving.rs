@@ -24,9 +24,10 @@ use crate::output::Done;
 
 pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     // Found before anything moves, not after.
-    if let Some(path) = &a.manifest {
-        manifest_inputs(path, &a).map_err(crate::failure::Failure::Local)?;
-    }
+    let manifest = match &a.manifest {
+        Some(path) => Some(manifest_inputs(path, &a).map_err(crate::failure::Failure::Local)?),
+        None => None,
+    };
     let mut ctl = c.controller().await?;
     let volume = ctl
         .controller_get_volume(csi::ControllerGetVolumeRequest {
@@ -197,8 +198,8 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
             let hash: String = verified.blake3.iter().map(|b| format!("{b:02x}")).collect();
             // Written while the last snapshot is kept: the same command
             // again answers the volume made, checks it and writes it.
-            if let Some(path) = &a.manifest {
-                if let Err(e) = write_manifest(path, &a, &v, (&driver, &capability)) {
+            if let Some(inputs) = &manifest {
+                if let Err(e) = write_manifest(inputs, &a, &v, (&driver, &capability)) {
                     eprintln!(
                         "the move is done and checked (volume {}, BLAKE3 {hash}), but its manifest is not written; snapshot {snap} is kept: fix the cause, then run tpcsi move {} --to {} --name {}{given} --snapshot {snap} --final with the same --manifest flags (it answers the volume made, checks it again and writes the file)",
                         v.volume_id, a.volume_id, a.to, a.name
@@ -249,15 +250,30 @@ pub async fn move_volume(c: &mut Ctx, a: MoveArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--manifest`'s inputs, read once from the arguments.
+struct ManifestInputs<'a> {
+    path: &'a std::path::Path,
+    /// `--claim`: namespace and name.
+    claim: (&'a str, &'a str),
+    storage_class: &'a str,
+    /// `--node-stage-secret`: namespace and name.
+    stage_secret: Option<(&'a str, &'a str)>,
+}
+
 /// What `--manifest` needs, checked before anything moves: names that
 /// Kubernetes takes, and a file that can be written (a directory that
 /// exists; not `-`: stdout carries the command's own output).
-fn manifest_inputs(path: &std::path::Path, a: &MoveArgs) -> std::result::Result<(), String> {
+fn manifest_inputs<'a>(
+    path: &'a std::path::Path,
+    a: &'a MoveArgs,
+) -> std::result::Result<ManifestInputs<'a>, String> {
     use crate::manifest::{bad_name, ref_of};
-    ref_of("--claim", a.claim.as_deref().unwrap_or_default())?;
-    if let Some(s) = &a.node_stage_secret {
-        ref_of("--node-stage-secret", s)?;
-    }
+    let claim = ref_of("--claim", a.claim.as_deref().unwrap_or_default())?;
+    let stage_secret = a
+        .node_stage_secret
+        .as_deref()
+        .map(|s| ref_of("--node-stage-secret", s))
+        .transpose()?;
     let class = a.storage_class.as_deref().unwrap_or_default();
     if let Some(e) =
         bad_name("--storage-class", class, false).or_else(|| bad_name("--name", &a.name, false))
@@ -278,30 +294,26 @@ fn manifest_inputs(path: &std::path::Path, a: &MoveArgs) -> std::result::Result<
             dir.display()
         ));
     }
-    Ok(())
+    Ok(ManifestInputs {
+        path,
+        claim,
+        storage_class: class,
+        stage_secret,
+    })
 }
 
 /// Writes the PV of the moved volume `v` and the claim bound to it
-/// (`--manifest`, [`crate::manifest`]) to `path`: written and synced
+/// (`--manifest`, [`crate::manifest`]) to its path: written and synced
 /// beside it as `<name>.part`, then renamed into place.
 fn write_manifest(
-    path: &std::path::Path,
+    inputs: &ManifestInputs,
     a: &MoveArgs,
     v: &csi::Volume,
     (driver, capability): (&str, &csi::VolumeCapability),
 ) -> Result<()> {
     use csi::volume_capability::{access_mode::Mode, AccessType};
     use std::io::Write;
-    let local = |e: String| crate::failure::Failure::Local(e);
-    let (namespace, claim) =
-        crate::manifest::ref_of("--claim", a.claim.as_deref().unwrap_or_default())
-            .map_err(local)?;
-    let stage_secret = a
-        .node_stage_secret
-        .as_deref()
-        .map(|s| crate::manifest::ref_of("--node-stage-secret", s))
-        .transpose()
-        .map_err(local)?;
+    let (path, (namespace, claim)) = (inputs.path, inputs.claim);
     let key = thinpool_csi::config::topology_key(driver);
     let fs_type = match &capability.access_type {
         Some(AccessType::Mount(m)) => Some(m.fs_type.as_str()),
@@ -315,7 +327,7 @@ fn write_manifest(
         pv: &a.name,
         namespace,
         claim,
-        storage_class: a.storage_class.as_deref().unwrap_or_default(),
+        storage_class: inputs.storage_class,
         driver,
         node: &a.to,
         topology_key: &key,
@@ -323,7 +335,7 @@ fn write_manifest(
         bytes: v.capacity_bytes,
         fs_type,
         single_writer,
-        stage_secret,
+        stage_secret: inputs.stage_secret,
         mount_options: &a.mount_options,
     });
     let mut part = path.as_os_str().to_owned();
@@ -334,7 +346,9 @@ fn write_manifest(
         f.sync_all()?;
         std::fs::rename(&part, path)
     };
-    write().map_err(|e| local(format!("--manifest {}: {e}", path.display())))?;
+    write().map_err(|e| {
+        crate::failure::Failure::Local(format!("--manifest {}: {e}", path.display()))
+    })?;
     Ok(())
 }
 
@@ -522,7 +536,7 @@ mod tests {
             ]
             .concat();
             let a = move_args(&m);
-            manifest_inputs(a.manifest.as_deref().unwrap(), &a)
+            manifest_inputs(a.manifest.as_deref().unwrap(), &a).map(drop)
         };
         with("apps/data", "thinpool-csi", file, &[]).unwrap();
         with(
