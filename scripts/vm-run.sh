@@ -33,8 +33,6 @@
 #                          to see every kernel message in the console log)
 #   VM_KERNEL=             the guest kernel: empty (Debian 12's default, 6.1)
 #                          or 6.12 (scripts/vm-setup.sh)
-#   VM_BOOT_TRIES=2        boots of a guest whose kernel panics before the
-#                          job begins (the job never ran: it is safe to boot again)
 #   VM_OUT=                a host folder: what CMD writes under the folder
 #                          named by $THINPOOL_VM_OUT (in the guest) is copied
 #                          there after the run (reports, logs)
@@ -59,7 +57,6 @@ VM_ACCEL=${VM_ACCEL:-auto}
 VM_KEEP=${VM_KEEP:-0}
 VM_LOCK_TIMEOUT=${VM_LOCK_TIMEOUT:-3600}
 VM_TMP=${VM_TMP:-overlay}
-VM_BOOT_TRIES=${VM_BOOT_TRIES:-2}
 
 EXIT_TIMEOUT=124
 EXIT_VM_FAILED=125
@@ -196,11 +193,7 @@ main() {
 	# Forget runs older than a day that were kept after failures.
 	find "$VM_DIR/runs" -mindepth 1 -maxdepth 1 -mtime +1 -exec rm -rf {} + 2>/dev/null || true
 
-	local run accel kver qemu cpu tsc='' start qpid t_out t_err qrc=0 rc try=1
-	# A guest kernel that panics before the job begins (no output, no
-	# status) never ran the job: it is booted again, VM_BOOT_TRIES times
-	# in all. A panic once the job began is the run's failure.
-	while :; do
+	local run accel kver qemu cpu tsc='' start qpid t_out t_err qrc=0 rc
 	run=$(mktemp -d "$VM_DIR/runs/run.XXXXXX")
 	write_job "$run/job.sh" "$@"
 	: >"$run/stdout"
@@ -280,16 +273,6 @@ main() {
 		msg "interrupted; VM stopped (run folder: $run)"
 		exit 130
 	fi
-	if [ ! -s "$run/status" ] && [ ! -s "$run/stdout" ] && [ ! -s "$run/stderr" ] &&
-		[ "$qrc" != "$EXIT_TIMEOUT" ] && [ "$try" -lt "$VM_BOOT_TRIES" ] &&
-		grep -q "Kernel panic" "$run/console.log" 2>/dev/null; then
-		msg "the guest kernel panicked before the job began; booting again (try $((try + 1)) of $VM_BOOT_TRIES)"
-		show_console_tail "$run"
-		try=$((try + 1))
-		continue
-	fi
-	break
-	done
 	if [ "$qrc" = "$EXIT_TIMEOUT" ] && [ ! -s "$run/status" ]; then
 		msg "ERROR: the VM did not finish within VM_TIMEOUT=${VM_TIMEOUT}s; qemu was killed"
 		show_console_tail "$run"
